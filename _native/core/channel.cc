@@ -1,0 +1,108 @@
+#include "channel.h"
+
+namespace rdmadev {
+
+void RingLayout::Validate() const {
+  if (slots < 2) {
+    throw Error(ErrorKind::kConfig, "Failed to lay out ring: " + std::to_string(slots) +
+                                        " slot(s); at least 2 are needed to overlap transfers",
+                0, "set RDMADEV_SLOTS >= 2");
+  }
+  if (capacity > (uint64_t(1) << 48)) {
+    throw Error(ErrorKind::kConfig, "Failed to lay out ring: capacity " +
+                                        std::to_string(capacity) + " bytes is absurd");
+  }
+}
+
+RingSender::RingSender(std::shared_ptr<Endpoint> to_receiver, std::shared_ptr<RemoteRegion> ring,
+                       RingLayout layout, std::shared_ptr<Region> credit, uint64_t epoch,
+                       WaitPolicy policy)
+    : ep_(std::move(to_receiver)), ring_(std::move(ring)), layout_(layout),
+      credit_(std::move(credit)), epoch_(epoch), sent_(epoch), policy_(policy) {
+  layout_.Validate();
+  if (ring_->desc.size < layout_.bytes()) {
+    throw Error(ErrorKind::kConfig, "Failed to set up channel: the receiver's ring region has " +
+                                        std::to_string(ring_->desc.size) + " bytes, the layout needs " +
+                                        std::to_string(layout_.bytes()),
+                0, "both sides must use the same slot count and capacity");
+  }
+  credit_->CheckRange(0, kCreditBytes, "use credit region");
+}
+
+uint64_t RingSender::Send(const void* src, uint64_t len, const Deadline& deadline) {
+  if (len > layout_.capacity) {
+    throw Error(ErrorKind::kBounds, "Failed to send: " + std::to_string(len) +
+                                        " bytes exceed the channel's planned slot capacity of " +
+                                        std::to_string(layout_.capacity),
+                0, "the tensor is larger than planned: re-plan the channel for this size");
+  }
+  uint64_t n = sent_ + 1;
+  uint64_t k = layout_.slots;
+  if (n - epoch_ > k) {
+    auto ep = ep_;
+    WaitWord(credit_->Word(0), n - k, deadline, policy_,
+             [ep](std::string* why) { return ep->Alive(why); }, "a free slot (credit)");
+  }
+  uint64_t slot = (n - epoch_ - 1) % k;
+  Signal sig{layout_.header(slot), n, len};
+  ep_->Write(src, *ring_, layout_.payload(slot), len, &sig, deadline);
+  sent_ = n;
+  return n;
+}
+
+RingReceiver::RingReceiver(std::shared_ptr<Region> ring, RingLayout layout,
+                           std::shared_ptr<Endpoint> to_sender, std::shared_ptr<RemoteRegion> credit,
+                           uint64_t epoch, WaitPolicy policy)
+    : ring_(std::move(ring)), layout_(layout), ep_(std::move(to_sender)),
+      credit_(std::move(credit)), epoch_(epoch), acquired_(epoch), credit_seq_(epoch),
+      released_(layout.slots, false), policy_(policy) {
+  layout_.Validate();
+  ring_->CheckRange(0, layout_.bytes(), "lay out ring");
+  CheckRemoteRange(credit_->desc, 0, kSignalBytes, nullptr);
+}
+
+Slot RingReceiver::Acquire(const Deadline& deadline) {
+  uint64_t n = acquired_ + 1;
+  if (n - credit_seq_ > layout_.slots) {
+    throw Error(ErrorKind::kProtocol, "Failed to acquire: all " + std::to_string(layout_.slots) +
+                                          " slots are held",
+                0, "release a slot before acquiring the next");
+  }
+  uint64_t slot = (n - epoch_ - 1) % layout_.slots;
+  auto* word = ring_->Word(layout_.header(slot));
+  auto ep = ep_;
+  uint64_t seen = WaitWord(word, n, deadline, policy_,
+                           [ep](std::string* why) { return ep->Alive(why); },
+                           "transfer " + std::to_string(n));
+  uint64_t len = ring_->Word(layout_.header(slot) + 8)->load(std::memory_order_relaxed);
+  if (seen != n || len > layout_.capacity) {
+    throw Error(ErrorKind::kProtocol, "Channel out of step: slot " + std::to_string(slot) +
+                                          " holds sequence " + std::to_string(seen) + " (" +
+                                          std::to_string(len) + " bytes), expected " +
+                                          std::to_string(n),
+                0, "both sides must agree on the epoch and slot count");
+  }
+  acquired_ = n;
+  return Slot{n, ring_->base() + layout_.payload(slot), len};
+}
+
+void RingReceiver::Release(uint64_t seq, const Deadline& deadline) {
+  if (seq <= credit_seq_ || seq > acquired_) {
+    throw Error(ErrorKind::kProtocol, "Failed to release transfer " + std::to_string(seq) +
+                                          ": it is not held (held: " + std::to_string(credit_seq_ + 1) +
+                                          ".." + std::to_string(acquired_) + ")");
+  }
+  uint64_t k = layout_.slots;
+  released_[(seq - epoch_ - 1) % k] = true;
+  uint64_t before = credit_seq_;
+  while (credit_seq_ < acquired_ && released_[(credit_seq_ - epoch_) % k]) {
+    released_[(credit_seq_ - epoch_) % k] = false;
+    ++credit_seq_;
+  }
+  if (credit_seq_ != before) {
+    Signal sig{0, credit_seq_, 0};
+    ep_->Write(nullptr, *credit_, 0, 0, &sig, deadline);
+  }
+}
+
+}  // namespace rdmadev

@@ -1,0 +1,80 @@
+// Channel: one transfer stream from a sender task to a receiver task, as a ring of K >= 2
+// slots in a region on the receiver, with credits returned to the sender so that a slot
+// the receiver still holds is never overwritten.
+//
+// Slot i (of stride S = 64 + capacity rounded up to 64) starts with a 64-byte header:
+// u64 sequence word at +0 and u64 byte length at +8, written by the sender's Signal after
+// the payload at +64. Transfer n (counted from epoch+1, an epoch both sides agree on at
+// setup, never read from memory) goes to slot (n - epoch - 1) % K. The sender's credit
+// region holds at +0 the highest n the receiver has released (in order).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "completion.h"
+#include "fabric.h"
+#include "region.h"
+
+namespace rdmadev {
+
+struct RingLayout {
+  uint32_t slots = 2;
+  uint64_t capacity = 0;  // payload bytes per slot
+
+  static constexpr uint64_t kHeader = kCacheLine;
+  uint64_t stride() const { return kHeader + RoundUp(capacity, kCacheLine); }
+  uint64_t bytes() const { return stride() * slots; }
+  uint64_t header(uint64_t i) const { return i * stride(); }
+  uint64_t payload(uint64_t i) const { return i * stride() + kHeader; }
+  void Validate() const;  // throws kConfig
+};
+constexpr uint64_t kCreditBytes = kCacheLine;
+
+class RingSender {
+ public:
+  RingSender(std::shared_ptr<Endpoint> to_receiver, std::shared_ptr<RemoteRegion> ring,
+             RingLayout layout, std::shared_ptr<Region> credit, uint64_t epoch, WaitPolicy policy);
+  // Waits for a free slot (credit), writes len bytes from src and signals; returns n.
+  uint64_t Send(const void* src, uint64_t len, const Deadline& deadline);
+  uint64_t sent() const { return sent_; }
+
+ private:
+  std::shared_ptr<Endpoint> ep_;
+  std::shared_ptr<RemoteRegion> ring_;
+  RingLayout layout_;
+  std::shared_ptr<Region> credit_;
+  uint64_t epoch_, sent_;
+  WaitPolicy policy_;
+};
+
+struct Slot {
+  uint64_t seq = 0;
+  const uint8_t* data = nullptr;
+  uint64_t length = 0;
+};
+
+class RingReceiver {
+ public:
+  RingReceiver(std::shared_ptr<Region> ring, RingLayout layout,
+               std::shared_ptr<Endpoint> to_sender, std::shared_ptr<RemoteRegion> credit,
+               uint64_t epoch, WaitPolicy policy);
+  // Waits for the next transfer in order. At most K may be held (acquired, not released).
+  Slot Acquire(const Deadline& deadline);
+  // Gives slot `seq` back; the sender's credit advances over every released prefix.
+  void Release(uint64_t seq, const Deadline& deadline);
+  uint64_t acquired() const { return acquired_; }
+  uint64_t credit() const { return credit_seq_; }
+
+ private:
+  std::shared_ptr<Region> ring_;
+  RingLayout layout_;
+  std::shared_ptr<Endpoint> ep_;
+  std::shared_ptr<RemoteRegion> credit_;
+  uint64_t epoch_, acquired_, credit_seq_;
+  std::vector<bool> released_;  // by slot, for transfers in (credit_seq_, acquired_]
+  WaitPolicy policy_;
+};
+
+}  // namespace rdmadev

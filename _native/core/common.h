@@ -1,0 +1,69 @@
+// Shared vocabulary of the remote-device core: errors, deadlines, layout constants.
+#pragma once
+
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace rdmadev {
+
+// What went wrong, coarse enough for Python to pick an exception class.
+enum class ErrorKind : int {
+  kConfig = 1,     // bad option or environment
+  kFabric = 2,     // a fabric could not be opened or used
+  kRegion = 3,     // allocating or mapping a region failed
+  kBounds = 4,     // offset/length outside a region
+  kTimeout = 5,    // a deadline passed
+  kPeerLost = 6,   // the peer died or closed its connection
+  kAuth = 7,       // the peer failed authentication
+  kProtocol = 8,   // malformed descriptor or frame
+  kClosed = 9,     // the object was closed
+};
+
+// Every failure in the core is an Error: a kind, the errno (0 if none) and a fix-it hint.
+class Error : public std::runtime_error {
+ public:
+  Error(ErrorKind kind, const std::string& what, int err = 0, std::string hint = "")
+      : std::runtime_error(what), kind_(kind), errno_(err), hint_(std::move(hint)) {}
+  ErrorKind kind() const { return kind_; }
+  int err() const { return errno_; }
+  const std::string& hint() const { return hint_; }
+
+ private:
+  ErrorKind kind_;
+  int errno_;
+  std::string hint_;
+};
+
+// "Failed to <verb> <object>: strerror(errno)" with the errno attached.
+[[noreturn]] void ThrowErrno(ErrorKind kind, const std::string& what, int err,
+                             const std::string& hint = "");
+
+// Cache line: sequence words and slot headers are aligned to it so that a writer's
+// payload and a reader's polled word never share a line.
+constexpr uint64_t kCacheLine = 64;
+constexpr uint64_t kPageSize = 4096;
+
+inline uint64_t RoundUp(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
+
+using Clock = std::chrono::steady_clock;
+
+// A point in time after which an operation fails with kTimeout. Zero means "no deadline".
+struct Deadline {
+  Clock::time_point at;
+  bool infinite = true;
+  static Deadline After(double seconds);
+  static Deadline Never() { return Deadline{}; }
+  bool passed() const { return !infinite && Clock::now() >= at; }
+  // Milliseconds left, clamped to [0, cap_ms]; cap_ms when infinite.
+  int remaining_ms(int cap_ms) const;
+};
+
+// Logs one line to stderr ("rdmadev[pid]: ...") and keeps it in a bounded in-memory ring
+// that tests and `rdmadev doctor` can read back.
+void LogEvent(const std::string& line);
+std::string RecentEvents();  // newline-separated, oldest first
+
+}  // namespace rdmadev

@@ -1,0 +1,65 @@
+// Domain: one process's view of the remote-device layer: its regions (the registry the
+// fabrics serve them from), its open fabrics, its identity and secret.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "completion.h"
+#include "fabric.h"
+#include "region.h"
+
+namespace rdmadev {
+
+struct DomainOptions {
+  std::string name = "task";          // identity presented to peers (e.g. "worker:0")
+  std::string secret;                 // cluster secret for authenticated fabrics
+  std::vector<std::string> fabrics;   // which to open, e.g. {"shm", "tcp"}
+  std::string tcp_listen = "127.0.0.1:0";  // host:port the tcp fabric listens on
+  WaitPolicy wait;
+};
+
+class Domain : public std::enable_shared_from_this<Domain> {
+ public:
+  static std::shared_ptr<Domain> Open(const DomainOptions& options);
+  ~Domain();
+
+  const DomainOptions& options() const { return options_; }
+  // Every opened fabric's reach, best first: "shm=<reach>;tcp=<reach>".
+  std::string address() const;
+  std::vector<std::string> fabric_names() const;
+
+  std::shared_ptr<Region> Allocate(uint64_t size, const std::string& label);
+  // The live region with this id, or null (the tcp fabric serves frames through this).
+  std::shared_ptr<Region> Find(uint64_t id) const;
+  void Release(uint64_t id);
+
+  // An endpoint to the peer at `peer_address` over `fabric` ("auto": the best fabric both
+  // ends can reach, in FabricPriority order).
+  std::shared_ptr<Endpoint> Connect(const std::string& peer_address, const std::string& fabric,
+                                    const Deadline& deadline);
+  // The fabric Connect would pick, or throws kFabric naming what each side offered.
+  std::string Choose(const std::string& peer_address, const std::string& fabric) const;
+
+  Progress& progress() { return *progress_; }
+  void Close();
+  bool closed() const;
+
+ private:
+  explicit Domain(const DomainOptions& options);
+  DomainOptions options_;
+  mutable std::mutex mu_;
+  bool closed_ = false;
+  uint64_t next_region_ = 1;
+  std::map<uint64_t, std::shared_ptr<Region>> regions_;
+  std::vector<std::unique_ptr<Fabric>> fabrics_;  // in priority order
+  std::unique_ptr<Progress> progress_;
+};
+
+// Parses "name=reach;name=reach" into pairs; throws kProtocol on malformed input.
+std::vector<std::pair<std::string, std::string>> ParseAddress(const std::string& address);
+
+}  // namespace rdmadev

@@ -1,0 +1,66 @@
+#include "frame.h"
+
+#include <atomic>
+
+namespace rdmadev {
+
+std::string CheckFrame(const FrameHeader& h, const std::string& peer, const RegionLookup& find,
+                       std::shared_ptr<Region>* region) {
+  if (h.magic != kFrameMagic) return "bad magic (not an rdmadev frame)";
+  if (h.op != kOpWrite && h.op != kOpRead) return "unknown op " + std::to_string(h.op);
+  if ((h.flags & ~uint16_t(kFlagSignal)) != 0) return "unknown flags " + std::to_string(h.flags);
+  if (h.op == kOpRead && h.flags != 0) return "a READ cannot carry a signal";
+  *region = find(h.region);
+  const Region* r = region->get();
+  if (!r || r->closed()) return "no region " + std::to_string(h.region);
+  if (h.rkey != r->desc().rkey) return "wrong key for region " + std::to_string(h.region);
+  if (!r->Granted(peer)) return "region " + std::to_string(h.region) + " is not granted to it";
+  if (!RangeInside(h.offset, h.length, r->size())) {
+    return "range [" + std::to_string(h.offset) + ", +" + std::to_string(h.length) +
+           ") outside region " + std::to_string(h.region) + " of " + std::to_string(r->size()) +
+           " bytes";
+  }
+  if ((h.flags & kFlagSignal) && (h.sig_off % 8 != 0 || !RangeInside(h.sig_off, 16, r->size()))) {
+    return "signal at " + std::to_string(h.sig_off) + " unaligned or outside region " +
+           std::to_string(h.region);
+  }
+  return "";
+}
+
+ServeResult ServeFrames(ByteStream& stream, const std::string& peer, const RegionLookup& find) {
+  ServeResult out;
+  for (;;) {
+    FrameHeader h;
+    if (!stream.RecvExact(&h, sizeof h)) return out;  // end of stream between frames
+    std::shared_ptr<Region> region;  // keeps the memory mapped while we fill it
+    std::string why = CheckFrame(h, peer, find, &region);
+    if (!why.empty()) {
+      out.rejected = why;
+      return out;
+    }
+    uint8_t* base = region->base();
+    if (h.op == kOpWrite) {
+      if (h.length && !stream.RecvExact(base + h.offset, h.length)) {
+        out.rejected = "truncated frame: connection ended inside a " + std::to_string(h.length) +
+                       "-byte payload";
+        return out;
+      }
+      if (h.flags & kFlagSignal) {
+        auto* words = reinterpret_cast<uint64_t*>(base + h.sig_off);
+        __atomic_store_n(&words[1], h.sig_aux, __ATOMIC_RELAXED);
+        __atomic_store_n(&words[0], h.sig_seq, __ATOMIC_RELEASE);
+      }
+    } else {
+      FrameHeader resp{};
+      resp.magic = kFrameMagic;
+      resp.op = kOpReadResponse;
+      resp.region = h.region;
+      resp.length = h.length;
+      __atomic_thread_fence(__ATOMIC_ACQUIRE);
+      if (!stream.SendAll(&resp, sizeof resp, base + h.offset, h.length)) return out;
+    }
+    ++out.frames;
+  }
+}
+
+}  // namespace rdmadev

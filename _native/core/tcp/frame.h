@@ -1,0 +1,62 @@
+// Wire format of the tcp fabric and the receiving side's frame loop, kept apart from the
+// sockets so that the exact code that guards a region can be fuzzed from a byte buffer.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "../region.h"
+
+namespace rdmadev {
+
+enum FrameOp : uint16_t { kOpWrite = 1, kOpRead = 2, kOpReadResponse = 3 };
+enum FrameFlags : uint16_t { kFlagSignal = 1 };
+constexpr uint32_t kFrameMagic = 0x464d4452;  // "RDMF"
+
+// Every frame starts with this 64-byte little-endian header; a WRITE carries `length`
+// payload bytes after it. A READ_RESPONSE reuses `offset` as its status (0 = ok) and
+// carries `length` bytes.
+struct FrameHeader {
+  uint32_t magic;
+  uint16_t op;
+  uint16_t flags;
+  uint64_t region;
+  uint64_t rkey;
+  uint64_t offset;
+  uint64_t length;
+  uint64_t sig_off;
+  uint64_t sig_seq;
+  uint64_t sig_aux;
+};
+static_assert(sizeof(FrameHeader) == 64, "frame header is 64 bytes on the wire");
+
+// Where a serving loop gets bytes from and sends replies to (a socket, or a buffer in tests).
+class ByteStream {
+ public:
+  virtual ~ByteStream() = default;
+  // Reads exactly n bytes; false on end of stream or error (the connection is over).
+  virtual bool RecvExact(void* dst, size_t n) = 0;
+  virtual bool SendAll(const void* a, size_t na, const void* b, size_t nb) = 0;
+};
+
+// Looks up a region by id (null if none).
+using RegionLookup = std::function<std::shared_ptr<Region>(uint64_t id)>;
+
+// Checks one header from `peer` and returns "" if it may be applied, else why not;
+// *region is set to the target region when found.
+std::string CheckFrame(const FrameHeader& h, const std::string& peer, const RegionLookup& find,
+                       std::shared_ptr<Region>* region);
+
+struct ServeResult {
+  uint64_t frames = 0;     // frames applied
+  std::string rejected;    // why the stream was cut ("" = clean end of stream)
+};
+
+// Applies frames until the stream ends or a frame is rejected. Never writes a byte outside
+// a region granted to `peer`; never reads outside one either.
+ServeResult ServeFrames(ByteStream& stream, const std::string& peer, const RegionLookup& find);
+
+}  // namespace rdmadev

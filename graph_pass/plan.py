@@ -1,0 +1,290 @@
+"""The plan: the versioned, JSON-serialisable contract between graph_pass and the native pass.
+
+Schema ``rdmadev.plan`` version ``PLAN_VERSION`` (see ``Plan.to_dict`` for the exact keys)::
+
+    {"schema": "rdmadev.plan", "version": 1,
+     "layout": {...graph_pass.layout.layout_dict()...},
+     "config": {...Config fields...},
+     "instance_id": "9f2c..." | null,
+     "transfers": [Transfer, ...],     # every cross-task pair found, swapped or kept, with its reason
+     "regions":   [Region, ...],       # one per (receiving task, sending task) with swapped pairs
+     "tasks":     [TaskBlock, ...]}    # per receiving task: total bytes to register, its regions
+
+The native side applies a plan and never re-decides: a transfer with ``decision == "swap"`` becomes
+a write on ``send_task`` into ``region`` at ``offset`` and a wait on ``recv_task``; a ``"keep"``
+transfer is left to TF's gRPC rendezvous. Offsets are authoritative on the receiving task, which
+sends its region descriptor to the sender at setup.
+"""
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+from . import layout as _layout
+from .attrs import task_of
+from .errors import ConfigError, PlanFormatError
+
+__all__ = ["PLAN_SCHEMA", "PLAN_VERSION", "DEFAULT_SLOTS", "DEFAULT_MAX_DYNAMIC_RANK", "CLIENT_JOBS",
+           "Config", "Transfer", "Region", "TaskBlock", "Plan", "channel_id", "channel_key"]
+
+#: Schema name written into every serialized plan.
+PLAN_SCHEMA = "rdmadev.plan"
+#: Version of the schema; bump on any incompatible change (the native side refuses other versions).
+PLAN_VERSION = 1
+#: Slots per channel. 2 lets the sender write step n+1 while the receiver still holds step n's
+#: tensor (zero-copy aliasing returns the slot only when TF frees the tensor); fewer than 2 would
+#: serialize every step on the slowest consumer, so the architecture requires K >= 2.
+DEFAULT_SLOTS = 2
+#: Dims a dynamic channel's shape block holds when the rank itself is unknown. Rank 8 covers every
+#: tensor of common models (conv kernels are rank 4, attention tensors rank 4-5); a larger rank at
+#: run time fails the write with a clear error rather than corrupting the slot.
+DEFAULT_MAX_DYNAMIC_RANK = 8
+#: Jobs of the client/coordinator: pairs to or from them (arguments, return values) stay on gRPC
+#: unless ``Config.plan_client_pairs`` is set.
+CLIENT_JOBS = ("localhost", "chief")
+
+
+def channel_id(tensor_name, send_device, recv_device, send_device_incarnation):
+    """Derive a channel's identity from the rendezvous attrs alone (same on both halves).
+
+    The identity is BLAKE2b with an 8-byte digest over the UTF-8 text
+    ``tensor_name + "\\n" + send_device + "\\n" + recv_device + "\\n" + str(incarnation)`` (the
+    incarnation as a signed decimal int64, exactly as the attr holds it), as 16 hex digits.
+
+    Args:
+        tensor_name: the pair's ``tensor_name`` attr, e.g. ``"edge_5_MatMul/ReadVariableOp"``.
+        send_device: the ``send_device`` attr.
+        recv_device: the ``recv_device`` attr.
+        send_device_incarnation: the ``send_device_incarnation`` attr (int).
+
+    Returns:
+        A 16-character lowercase hex string.
+
+    Example:
+        >>> channel_id("edge_4_x", "/job:a/replica:0/task:0/device:CPU:0", "/job:b/replica:0/task:0/device:CPU:0", 1)
+        '...'  # doctest: +SKIP
+    """
+    text = f"{tensor_name}\n{send_device}\n{recv_device}\n{int(send_device_incarnation)}"
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=8).hexdigest()
+
+
+def channel_key(cid, instance_id):
+    """Return the key naming a channel in a plan: ``cid`` alone, or ``cid@instance_id`` when given."""
+    return f"{cid}@{instance_id}" if instance_id else cid
+
+
+@dataclass
+class Config:
+    """Planner settings (all serialized into the plan).
+
+    Attributes:
+        slots: slots per channel (K >= 2).
+        client_jobs: jobs whose pairs stay on gRPC unless ``plan_client_pairs``.
+        plan_client_pairs: plan pairs to/from ``client_jobs`` too.
+        min_bytes: static transfers smaller than this stay on gRPC (0 = swap everything eligible).
+        capacity_hints: upper bound in bytes for dynamic transfers, keyed by ``tensor_name`` or by
+            the producing node's name (the ``_src`` attr).
+        default_dynamic_capacity: bound for every other dynamic transfer; None keeps them on gRPC.
+        half_pair_capacity: when only one half of a pair is planned (TF1: each task rewrites its
+            own half), both halves must decide from the attrs alone; None keeps such pairs on gRPC,
+            a number swaps them as dynamic channels with this capacity.
+        max_dynamic_rank: dims reserved in the shape block when a dynamic rank is unknown.
+    """
+
+    slots: int = DEFAULT_SLOTS
+    client_jobs: tuple = CLIENT_JOBS
+    plan_client_pairs: bool = False
+    min_bytes: int = 0
+    capacity_hints: dict = field(default_factory=dict)
+    default_dynamic_capacity: int = None
+    half_pair_capacity: int = None
+    max_dynamic_rank: int = DEFAULT_MAX_DYNAMIC_RANK
+
+    def __post_init__(self):
+        self.client_jobs = tuple(self.client_jobs)
+        self.capacity_hints = dict(self.capacity_hints)
+        if not isinstance(self.slots, int) or self.slots < 2:
+            raise ConfigError(f"slots={self.slots!r}: must be an int >= 2 (K >= 2 slots per channel)")
+        for name in ("min_bytes", "max_dynamic_rank"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise ConfigError(f"{name}={getattr(self, name)!r}: must be an int >= 0")
+        for name in ("default_dynamic_capacity", "half_pair_capacity"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or v < 0):
+                raise ConfigError(f"{name}={v!r}: must be None or an int >= 0 (bytes)")
+        for k, v in self.capacity_hints.items():
+            if not isinstance(v, int) or v < 0:
+                raise ConfigError(f"capacity_hints[{k!r}]={v!r}: must be an int >= 0 (bytes)")
+
+
+@dataclass
+class Transfer:
+    """One cross-task `_Send`/`_Recv` pair (or the half of it present), with its decision.
+
+    Facts (set by ``find_transfers``): the rendezvous attrs, ``send_node``/``recv_node`` (None for
+    the half not present), ``src``/``dst`` (original producer and consumer, from ``_src``/``_dst``),
+    ``kind`` ("data" or "control"), ``dtype`` (name), ``shape`` (list, -1 = unknown dim; None =
+    unknown rank), ``shape_source``, ``bytes`` (static size or None).
+    Decision (set by ``plan_regions``): ``decision`` ("swap"/"keep"), ``reason`` (a code of
+    ``graph_pass.policy.REASONS``), ``detail`` (text), ``channel_key`` and, for swaps, the layout:
+    ``region``, ``offset`` (in the region), ``task_offset`` (in the task block), ``slots``,
+    ``slot_bytes``, ``payload_offset``, ``capacity_bytes``, ``rank_capacity`` (None = static).
+    """
+
+    channel_id: str
+    tensor_name: str
+    send_device: str
+    recv_device: str
+    send_device_incarnation: int
+    client_terminated: bool = False
+    send_node: str = None
+    recv_node: str = None
+    send_op: str = None
+    recv_op: str = None
+    src: str = None
+    dst: str = None
+    kind: str = "data"
+    dtype: str = "DT_INVALID"
+    shape: list = None
+    shape_source: str = "unknown"
+    bytes: int = None
+    decision: str = None
+    reason: str = None
+    detail: str = None
+    channel_key: str = None
+    region: str = None
+    offset: int = None
+    task_offset: int = None
+    slots: int = None
+    slot_bytes: int = None
+    payload_offset: int = None
+    capacity_bytes: int = None
+    rank_capacity: int = None
+
+    @property
+    def send_task(self):
+        """The sending task, ``/job:J/replica:R/task:T``."""
+        return task_of(self.send_device)
+
+    @property
+    def recv_task(self):
+        """The receiving task."""
+        return task_of(self.recv_device)
+
+    @property
+    def halves(self):
+        """"both", "send" or "recv": which ends are in the planned graphs."""
+        if self.send_node and self.recv_node:
+            return "both"
+        return "send" if self.send_node else "recv"
+
+    @property
+    def label(self):
+        """A short human name: the node present on the sending side, else the receiving one."""
+        return self.send_node or self.recv_node or self.tensor_name
+
+
+@dataclass
+class Region:
+    """A receive region: the channels from one sending task into one receiving task."""
+
+    region_id: str
+    recv_task: str
+    send_task: str
+    offset: int
+    bytes: int
+    used_bytes: int
+    channels: list = field(default_factory=list)
+
+
+@dataclass
+class TaskBlock:
+    """Everything one receiving task registers for a plan: ``total_bytes`` over its ``regions``."""
+
+    task: str
+    total_bytes: int
+    regions: list = field(default_factory=list)
+
+
+def _build(cls, data, what):
+    names = {f.name for f in dataclasses.fields(cls)}
+    required = {f.name for f in dataclasses.fields(cls)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    missing = required - set(data)
+    if missing:
+        raise PlanFormatError(f"{what} is missing {sorted(missing)}; re-create the plan with this graph_pass")
+    return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass
+class Plan:
+    """A complete plan for one instantiation (or one task's half, in TF1)."""
+
+    transfers: list = field(default_factory=list)
+    regions: list = field(default_factory=list)
+    tasks: list = field(default_factory=list)
+    config: Config = field(default_factory=Config)
+    instance_id: str = None
+    layout: dict = field(default_factory=_layout.layout_dict)
+    version: int = PLAN_VERSION
+    schema: str = PLAN_SCHEMA
+
+    def swapped(self):
+        """Return the transfers with ``decision == "swap"``."""
+        return [t for t in self.transfers if t.decision == "swap"]
+
+    def kept(self):
+        """Return the transfers left on gRPC."""
+        return [t for t in self.transfers if t.decision != "swap"]
+
+    def transfer(self, key):
+        """Return the transfer whose ``channel_key`` or ``channel_id`` is ``key`` (KeyError if none)."""
+        for t in self.transfers:
+            if key in (t.channel_key, t.channel_id):
+                return t
+        raise KeyError(key)
+
+    def to_dict(self):
+        """Return the plan as plain JSON-ready data (keys as in the module docstring)."""
+        return {"schema": self.schema, "version": self.version, "layout": dict(self.layout),
+                "config": dataclasses.asdict(self.config), "instance_id": self.instance_id,
+                "transfers": [dataclasses.asdict(t) for t in self.transfers],
+                "regions": [dataclasses.asdict(r) for r in self.regions],
+                "tasks": [dataclasses.asdict(b) for b in self.tasks]}
+
+    def to_json(self, indent=None):
+        """Serialize to a JSON string (stable key order)."""
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data):
+        """Rebuild a plan from ``to_dict()`` output.
+
+        Raises:
+            PlanFormatError: wrong schema or version, or missing fields.
+        """
+        if not isinstance(data, dict) or data.get("schema") != PLAN_SCHEMA:
+            raise PlanFormatError(f"not an {PLAN_SCHEMA} document (schema={data.get('schema') if isinstance(data, dict) else None!r})")
+        if data.get("version") != PLAN_VERSION:
+            raise PlanFormatError(f"plan version {data.get('version')!r} is not supported (this graph_pass reads "
+                                  f"version {PLAN_VERSION}); re-plan with the graph_pass that matches the native library")
+        cfg = dict(data.get("config", {}))
+        return cls(transfers=[_build(Transfer, t, "a transfer") for t in data.get("transfers", [])],
+                   regions=[_build(Region, r, "a region") for r in data.get("regions", [])],
+                   tasks=[_build(TaskBlock, b, "a task block") for b in data.get("tasks", [])],
+                   config=_build(Config, cfg, "the config"), instance_id=data.get("instance_id"),
+                   layout=dict(data.get("layout", {})), version=data["version"], schema=data["schema"])
+
+    @classmethod
+    def from_json(cls, text):
+        """Parse ``to_json()`` output.
+
+        Raises:
+            PlanFormatError: not JSON, or not a plan of this version.
+        """
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise PlanFormatError(f"plan is not valid JSON: {exc}") from exc
+        return cls.from_dict(data)
