@@ -160,8 +160,9 @@ def partition_sets(run_metadata):
             with ``export_run_metadata().SerializeToString()``).
 
     Returns:
-        ``[[GraphDef, ...], ...]``: each ``function_graphs[i].partition_graphs`` that is not empty,
-        then the top-level ``partition_graphs`` (TF1 sessions) if any.
+        ``[[GraphDef, ...], ...]``: each ``function_graphs[i].partition_graphs`` that is not empty;
+        when there are no function graphs (a TF1 session), the top-level ``partition_graphs``. (Eager
+        run metadata repeats every function's partitions at top level, so those are skipped.)
 
     Raises:
         LoadError: the bytes are not a RunMetadata.
@@ -174,6 +175,6 @@ def partition_sets(run_metadata):
             raise LoadError(f"not a serialized RunMetadata ({exc}); save it with "
                             f"context.context().export_run_metadata().SerializeToString()") from exc
     sets = [list(fg.partition_graphs) for fg in md.function_graphs if len(fg.partition_graphs)]
-    if len(md.partition_graphs):
+    if not len(md.function_graphs) and len(md.partition_graphs):
         sets.append(list(md.partition_graphs))
     return sets

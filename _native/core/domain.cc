@@ -17,8 +17,8 @@ std::string FabricUnviableReason(const std::string& name) {
   if (name == "shm") return ShmUnviableReason();
   if (name == "tcp") return TcpUnviableReason();
   if (name == "verbs") {
-    return "rdmadev's verbs fabric is not built yet (tracked by the verbs fabric issue); "
-           "run `rdmadev doctor` to see whether libibverbs and a device are present";
+    return "not implemented in this rdmadev version yet (see the verbs fabric issue); "
+           "`rdmadev doctor` shows whether libibverbs loads and which devices it sees";
   }
   return "unknown fabric '" + name + "' (choose one of shm, tcp, verbs)";
 }

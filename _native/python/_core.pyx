@@ -446,7 +446,7 @@ cdef class RingReceiver:
     """Receiving half of a channel over the local `ring` region; credits go back through
     `endpoint` into the sender's `credit` RemoteRegion."""
     cdef CReceiver* p
-    cdef Region ring
+    cdef Region _ring
     cdef Endpoint endpoint
     cdef RemoteRegion credit
     cdef uint64_t stride
@@ -455,7 +455,7 @@ cdef class RingReceiver:
                   RemoteRegion credit, uint64_t epoch=0):
         lay = _layout(slots, capacity)
         self.p = new CReceiver(ring.p, lay, endpoint.p, credit.p, epoch, endpoint.domain.policy)
-        self.ring, self.endpoint, self.credit = ring, endpoint, credit
+        self._ring, self.endpoint, self.credit = ring, endpoint, credit
 
     def __dealloc__(self):
         del self.p
@@ -467,12 +467,17 @@ cdef class RingReceiver:
         cdef CSlot s
         with nogil:
             s = self.p.Acquire(dl)
-        return s.seq, <uint64_t>(s.data - self.ring.p.get().base()), s.length
+        return s.seq, <uint64_t>(s.data - self._ring.p.get().base()), s.length
 
     def release(self, uint64_t seq, timeout=30.0):
         cdef Deadline dl = _deadline(timeout)
         with nogil:
             self.p.Release(seq, dl)
+
+    @property
+    def ring(self):
+        """The local ring Region (slot payloads are read from it)."""
+        return self._ring
 
     @property
     def credit_seq(self):

@@ -1,0 +1,150 @@
+"""Pass 2, find_transfers: the cross-task `_Send`/`_Recv` pairs of a loaded graph, with their facts.
+
+A pair is matched by its rendezvous attrs (``tensor_name``, ``send_device``, ``recv_device``,
+``send_device_incarnation``); pairs whose two devices are on one task are not cross-task traffic
+and are skipped. A half whose peer is not loaded (TF1: each task rewrites only its own partitions)
+is still a transfer, with ``send_node`` or ``recv_node`` None. This pass records facts only; every
+decision is ``plan_regions``'s. Results are also kept on the graph: each pair node gets
+``data["rdmadev"] = {"channel_id": ..., "end": "send" | "recv"}``, a matched pair gets an edge
+send -> recv with ``transfer=True``, and ``graph.graph["rdmadev"]["transfers"]`` holds the list.
+"""
+
+import logging
+
+from .attrs import attr, task_of, tensor_shape
+from .dtypes import dtype_name, dtype_size
+from .errors import PlanError
+from .load import NS, RECV_OPS, SEND_OPS
+from .plan import Transfer, channel_id
+from .shapes import ShapeInference, fully_defined
+
+__all__ = ["find_transfers", "RENDEZVOUS_ATTRS"]
+
+log = logging.getLogger(__name__)
+log.addHandler(logging.NullHandler())
+
+#: The attrs both halves of a pair carry; together they are the rendezvous key.
+RENDEZVOUS_ATTRS = ("tensor_name", "send_device", "recv_device", "send_device_incarnation")
+
+
+def _rendezvous(key, data):
+    nd = data["node_def"]
+    values = tuple(attr(nd, a) for a in RENDEZVOUS_ATTRS)
+    missing = [a for a, v in zip(RENDEZVOUS_ATTRS, values) if v is None]
+    if missing:
+        raise PlanError(f"{data['op']} node {key[1]!r} on {key[0]} lacks attr(s) {missing}; pass the partition "
+                        f"graphs exactly as TF's partitioner produced them")
+    return values
+
+
+def _is_control_send(g, si, send_key):
+    """A control edge's `_Send` sends an empty dummy Const that has only control inputs."""
+    ins = si.data_inputs(send_key)
+    if not ins:
+        return False
+    src = g.nodes[ins[0][0]]
+    if src["op"] != "Const" or si.data_inputs(ins[0][0]):
+        return False
+    shape = tensor_shape(attr(src["node_def"], "value"))
+    return shape is not None and 0 in shape
+
+
+def _is_control_recv(g, recv_key):
+    """A control edge's `_Recv` feeds only control edges, directly or through an Identity."""
+    out = list(g.out_edges(recv_key, data=True))
+    if not out:
+        return False
+    for _, dst, data in out:
+        if data["control"]:
+            continue
+        if g.nodes[dst]["op"] != "Identity":
+            return False
+        if not all(d["control"] for _, _, d in g.out_edges(dst, data=True)):
+            return False
+    return True
+
+
+def find_transfers(graph):
+    """Find every cross-task pair (or half) in a graph from ``load``.
+
+    Args:
+        graph: the networkx graph returned by ``graph_pass.load``.
+
+    Returns:
+        A list of ``Transfer`` (facts only; ``decision`` is None), sorted by rendezvous key.
+
+    Raises:
+        PlanError: a pair node lacks a rendezvous attr, two nodes share one rendezvous key on the
+            same end, or the two halves disagree on the dtype.
+
+    Example:
+        >>> transfers = find_transfers(load(partitions))  # doctest: +SKIP
+    """
+    sends, recvs, same_task = {}, {}, 0
+    for key, data in graph.nodes(data=True):
+        op = data["op"]
+        if op not in SEND_OPS and op not in RECV_OPS:
+            continue
+        rv = _rendezvous(key, data)
+        client = bool(attr(data["node_def"], "client_terminated", False))
+        if task_of(rv[1]) == task_of(rv[2]):
+            same_task += 1
+            continue
+        table = sends if op in SEND_OPS else recvs
+        if rv in table:
+            raise PlanError(f"{op} nodes {table[rv][1]!r} and {key[1]!r} share the rendezvous key {rv}; a key "
+                            f"must name one pair: plan each instantiation's partitions separately")
+        table[rv] = key
+        data[NS]["client_terminated"] = client
+    peer_send = {recvs[rv]: sends[rv] for rv in recvs if rv in sends}
+    si = ShapeInference(graph, peer_send)
+    transfers = []
+    for rv in sorted(set(sends) | set(recvs), key=lambda r: (r[0], r[1], r[2], r[3])):
+        s_key, r_key = sends.get(rv), recvs.get(rv)
+        transfers.append(_transfer(graph, si, rv, s_key, r_key))
+    graph.graph.setdefault(NS, {})
+    graph.graph[NS]["transfers"] = transfers
+    graph.graph[NS]["same_task_pairs"] = same_task
+    log.debug("found %d cross-task transfers (%d same-task pair nodes skipped)", len(transfers), same_task)
+    return transfers
+
+
+def _transfer(g, si, rv, s_key, r_key):
+    tensor_name, send_device, recv_device, incarnation = rv
+    cid = channel_id(tensor_name, send_device, recv_device, incarnation)
+    s_nd = g.nodes[s_key]["node_def"] if s_key else None
+    r_nd = g.nodes[r_key]["node_def"] if r_key else None
+    s_type = attr(s_nd, "T") if s_nd is not None else None
+    r_type = attr(r_nd, "tensor_type") if r_nd is not None else None
+    if s_type is not None and r_type is not None and s_type != r_type:
+        raise PlanError(f"pair {tensor_name!r}: _Send {s_key[1]!r} has T={dtype_name(s_type)} but _Recv "
+                        f"{r_key[1]!r} has tensor_type={dtype_name(r_type)}; the partition graphs are "
+                        f"inconsistent (mixed instantiations?)")
+    dtype = s_type if s_type is not None else r_type
+    client = any(bool(attr(nd, "client_terminated", False)) for nd in (s_nd, r_nd) if nd is not None)
+    if s_key is not None:
+        control = _is_control_send(g, si, s_key)
+    else:
+        control = _is_control_recv(g, r_key)
+    shape, source = si.transfer_shape(s_key, r_key)
+    size = dtype_size(dtype) if dtype is not None else None
+    nbytes = None
+    if fully_defined(shape) and size is not None:
+        nbytes = size
+        for d in shape:
+            nbytes *= d
+    either = s_nd if s_nd is not None else r_nd
+    t = Transfer(channel_id=cid, tensor_name=tensor_name, send_device=send_device, recv_device=recv_device,
+                 send_device_incarnation=int(incarnation), client_terminated=client,
+                 send_node=s_key[1] if s_key else None, recv_node=r_key[1] if r_key else None,
+                 send_op=s_nd.op if s_nd is not None else None, recv_op=r_nd.op if r_nd is not None else None,
+                 src=attr(either, "_src"), dst=attr(either, "_dst"), kind="control" if control else "data",
+                 dtype=dtype_name(dtype) if dtype is not None else "DT_INVALID",
+                 shape=list(shape) if shape is not None else None, shape_source=source, bytes=nbytes)
+    for end, key in (("send", s_key), ("recv", r_key)):
+        if key is not None:
+            g.nodes[key][NS].update(channel_id=cid, end=end)
+    if s_key is not None and r_key is not None:
+        g.add_edge(s_key, r_key, key=NS, src_output=-2, dst_input=-2, control=False, transfer=True,
+                   **{NS: {"channel_id": cid}})
+    return t

@@ -1,0 +1,94 @@
+"""The swap policy: for each transfer, swap or keep, and why. The only place the policy lives.
+
+Rules, first match wins:
+
+1. ``client_terminated`` (a TF1 feed/fetch) -> keep.
+2. an end on a client job (``/job:localhost``, ``/job:chief``) -> keep unless ``plan_client_pairs``.
+3. DT_STRING / DT_VARIANT / DT_RESOURCE, reference or unknown dtypes -> keep.
+4. only one half loaded -> keep, unless ``half_pair_capacity`` is set: then swap as a dynamic
+   channel of that capacity. Both halves see the same attrs and config, so they decide alike.
+5. a control edge's empty dummy -> swap as a header-only signal.
+6. a static shape -> swap with exact-size slots (keep if below ``min_bytes``).
+7. a dynamic shape -> swap with a shape block when a bound is known (``capacity_hints``,
+   ``default_dynamic_capacity``), else keep.
+"""
+
+from .attrs import job_of
+from .dtypes import DTYPES, UNSUPPORTED
+from .errors import PlanError
+
+__all__ = ["REASONS", "Decision", "decide"]
+
+#: reason code -> (decision, explanation). Every plan's transfers carry one of these codes.
+REASONS = {
+    "static": ("swap", "static shape: K slots of exactly the tensor's bytes"),
+    "control_signal": ("swap", "cross-task control edge (empty dummy tensor): a header-only signal slot"),
+    "dynamic_bounded": ("swap", "dynamic shape with a known bound: shape block + capacity"),
+    "half_pair_capacity": ("swap", "only this half is planned here: dynamic channel of half_pair_capacity"),
+    "client_terminated": ("keep", "feed or fetch of a TF1 client (client_terminated): TF's own path"),
+    "client_task": ("keep", "to or from the client task: arguments and results stay on gRPC "
+                            "(set plan_client_pairs to plan them)"),
+    "unsupported_dtype": ("keep", "string/variant/resource, reference or unknown dtype: not flat bytes"),
+    "dynamic_unbounded": ("keep", "dynamic shape without a bound (set capacity_hints or "
+                                  "default_dynamic_capacity)"),
+    "half_pair": ("keep", "only this half is in the planned graphs and the receiver cannot size it from "
+                          "the attrs alone (set half_pair_capacity)"),
+    "below_min_bytes": ("keep", "smaller than min_bytes: gRPC is as fast for tiny tensors"),
+}
+
+_SIZES = {name: size for name, size in DTYPES.values()}
+
+
+class Decision(tuple):
+    """``(decision, reason, detail, capacity_bytes, rank_capacity)``; capacity is None for keeps."""
+
+    __slots__ = ()
+
+    def __new__(cls, reason, detail, capacity=None, rank_capacity=None):
+        return super().__new__(cls, (REASONS[reason][0], reason, detail, capacity, rank_capacity))
+
+
+def decide(t, config):
+    """Decide one transfer.
+
+    Args:
+        t: a ``Transfer`` with facts from ``find_transfers``.
+        config: the planner ``Config``.
+
+    Returns:
+        A ``Decision``.
+
+    Raises:
+        PlanError: a half pair whose known size exceeds ``half_pair_capacity`` (the other half
+            cannot know it, so the write would fail at run time).
+    """
+    if t.client_terminated:
+        return Decision("client_terminated", f"{t.label}: client_terminated=true")
+    client = [d for d in (t.send_device, t.recv_device) if job_of(d) in config.client_jobs]
+    if client and not config.plan_client_pairs:
+        return Decision("client_task", f"{t.label}: end on {client[0]}")
+    if t.dtype in UNSUPPORTED or _SIZES.get(t.dtype) is None:
+        return Decision("unsupported_dtype", f"{t.label}: dtype {t.dtype}")
+    if t.halves != "both":
+        cap = config.half_pair_capacity
+        if cap is None:
+            return Decision("half_pair", f"{t.label}: only the {t.halves} half is in these graphs")
+        if t.bytes is not None and t.bytes > cap:
+            raise PlanError(f"{t.send_op or t.recv_op} node {t.label!r} ({t.tensor_name}) carries {t.bytes} bytes, "
+                            f"more than half_pair_capacity={cap}; raise half_pair_capacity to at least "
+                            f"{t.bytes} on every task (both halves must use the same value)")
+        return Decision("half_pair_capacity", f"{t.label}: capacity {cap} B", cap, config.max_dynamic_rank)
+    if t.kind == "control":
+        return Decision("control_signal", f"{t.label}: signal only", 0, None)
+    if t.bytes is not None:
+        if t.bytes < config.min_bytes:
+            return Decision("below_min_bytes", f"{t.label}: {t.bytes} B < min_bytes={config.min_bytes}")
+        return Decision("static", f"{t.label}: {t.bytes} B ({t.shape_source})", t.bytes, None)
+    cap = config.capacity_hints.get(t.tensor_name, config.capacity_hints.get(t.src))
+    if cap is None:
+        cap = config.default_dynamic_capacity
+    rank = len(t.shape) if t.shape is not None else config.max_dynamic_rank
+    if cap is None:
+        return Decision("dynamic_unbounded", f"{t.label}: shape {t.shape} (rank "
+                                             f"{'unknown' if t.shape is None else rank}), no bound")
+    return Decision("dynamic_bounded", f"{t.label}: shape {t.shape}, capacity {cap} B", cap, rank)

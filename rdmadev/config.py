@@ -1,0 +1,112 @@
+"""Configuration from environment variables, validated once with messages that name the
+variable and the fix.
+
+Example:
+    >>> cfg = Config.from_env({"RDMADEV_FABRIC": "tcp", "RDMADEV_SECRET": "s3cret"})
+    >>> cfg.fabric
+    'tcp'
+"""
+import dataclasses
+import logging
+import os
+
+from .errors import ConfigError
+
+__all__ = ["Config", "VARIABLES", "FABRIC_CHOICES"]
+
+log = logging.getLogger(__name__)
+log.addHandler(logging.NullHandler())
+
+FABRIC_CHOICES = ("auto", "shm", "tcp", "verbs")
+
+# (variable, default shown in docs, meaning). README's configuration table is checked
+# against this list by tests/test_config.py.
+VARIABLES = (
+    ("RDMADEV_FABRIC", "auto", "Fabric for every peer: auto (best both ends reach: shm > verbs > tcp), shm, tcp or verbs."),
+    ("RDMADEV_SLOTS", "2", "Slots per channel ring (>= 2): how many transfers may be in flight before the sender waits for a credit."),
+    ("RDMADEV_SPIN_US", "20", "Microseconds a waiter spins before yielding: a spin-polled word is seen in ~0.2 us, a sleeping waiter pays ~30 us to wake here."),
+    ("RDMADEV_YIELD_US", "200", "Microseconds a waiter then yields the core (sched_yield) before it sleeps with backoff (at most 100 us per sleep)."),
+    ("RDMADEV_DEADLINE_S", "300", "Seconds any wait or transfer may take before it fails with DeadlineExceeded (never a hang)."),
+    ("RDMADEV_SECRET", "(generated)", "Cluster secret every task shares; the tcp fabric authenticates peers with HMAC-SHA256 over it. Generated per process if unset, which only suits single-process use."),
+    ("RDMADEV_SECRET_FILE", "", "File holding the cluster secret (instead of RDMADEV_SECRET)."),
+    ("RDMADEV_TCP_ADDR", "127.0.0.1:0", "host:port the tcp fabric listens on and advertises; host must be an address peers can reach (port 0 = any free port)."),
+)
+
+# Below 2 slots a sender would wait for every release: no overlap of transfers at all.
+MIN_SLOTS = 2
+# More than this many slots only multiplies registered memory; nothing gains from it.
+MAX_SLOTS = 64
+
+
+def _number(env, name, default, kind, low, high):
+    text = env.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = kind(text)
+    except ValueError:
+        raise ConfigError(f"{name}={text!r} is not a number",
+                          hint=f"set {name} to a {kind.__name__} in [{low}, {high}]") from None
+    if not low <= value <= high:
+        raise ConfigError(f"{name}={text!r} is out of range",
+                          hint=f"set {name} to a value in [{low}, {high}]")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Validated settings (see VARIABLES for their meaning)."""
+
+    fabric: str = "auto"
+    slots: int = 2
+    spin_us: float = 20.0
+    yield_us: float = 200.0
+    deadline_s: float = 300.0
+    secret: bytes = b""
+    tcp_addr: str = "127.0.0.1:0"
+
+    @classmethod
+    def from_env(cls, env=None):
+        """Reads and validates every RDMADEV_* variable.
+
+        Args:
+            env: a mapping (default os.environ).
+        Returns:
+            Config.
+        Raises:
+            ConfigError: naming the variable, its value and the fix.
+        """
+        env = os.environ if env is None else env
+        fabric = env.get("RDMADEV_FABRIC", "auto").strip().lower() or "auto"
+        if fabric not in FABRIC_CHOICES:
+            raise ConfigError(f"RDMADEV_FABRIC={fabric!r} is not a fabric",
+                              hint=f"choose one of {', '.join(FABRIC_CHOICES)}")
+        secret = env.get("RDMADEV_SECRET", "").encode()
+        secret_file = env.get("RDMADEV_SECRET_FILE", "").strip()
+        if secret and secret_file:
+            raise ConfigError("both RDMADEV_SECRET and RDMADEV_SECRET_FILE are set",
+                              hint="set only one of them")
+        if secret_file:
+            try:
+                with open(secret_file, "rb") as f:
+                    secret = f.read().strip()
+            except OSError as e:
+                raise ConfigError(f"RDMADEV_SECRET_FILE={secret_file!r} cannot be read: {e.strerror}",
+                                  e.errno, "point it at a readable file holding the secret") from None
+            if not secret:
+                raise ConfigError(f"RDMADEV_SECRET_FILE={secret_file!r} is empty",
+                                  hint="write the cluster secret into it")
+        tcp_addr = env.get("RDMADEV_TCP_ADDR", "127.0.0.1:0").strip()
+        host, sep, port = tcp_addr.rpartition(":")
+        if not sep or not host or not port.isdigit() or int(port) > 65535:
+            raise ConfigError(f"RDMADEV_TCP_ADDR={tcp_addr!r} is not host:port",
+                              hint="set it to an address of this host, e.g. 10.0.0.5:0")
+        return cls(
+            fabric=fabric,
+            slots=_number(env, "RDMADEV_SLOTS", 2, int, MIN_SLOTS, MAX_SLOTS),
+            spin_us=_number(env, "RDMADEV_SPIN_US", 20.0, float, 0.0, 1e6),
+            yield_us=_number(env, "RDMADEV_YIELD_US", 200.0, float, 0.0, 1e7),
+            deadline_s=_number(env, "RDMADEV_DEADLINE_S", 300.0, float, 0.001, 1e7),
+            secret=secret,
+            tcp_addr=tcp_addr,
+        )

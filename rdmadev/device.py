@@ -1,0 +1,75 @@
+"""Opening this process's remote-device domain with the configured fabrics.
+
+Example:
+    >>> import rdmadev
+    >>> with rdmadev.open_domain("worker:0") as dom:
+    ...     region = dom.allocate(1 << 20)
+    ...     print(dom.address, region.descriptor.hex()[:16])
+"""
+import logging
+import secrets
+
+from . import _core
+from .config import Config
+from .errors import FabricError
+
+__all__ = ["open_domain", "viable_fabrics", "fabric_report"]
+
+log = logging.getLogger(__name__)
+log.addHandler(logging.NullHandler())
+
+# Bytes of a generated cluster secret: 256 bits, the HMAC-SHA256 key size.
+GENERATED_SECRET_BYTES = 32
+
+
+def fabric_report():
+    """[(fabric, viable, reason)] for every fabric rdmadev knows, best first."""
+    out = []
+    for name in _core.fabric_priority():
+        why = _core.unviable_reason(name)
+        out.append((name, not why, why))
+    return out
+
+
+def viable_fabrics():
+    """Names of the fabrics this process can open, best first."""
+    return [name for name, ok, _ in fabric_report() if ok]
+
+
+def _resolve(fabric):
+    if fabric == "auto":
+        names = viable_fabrics()
+        if not names:
+            raise FabricError("no fabric is viable in this process",
+                              hint="run `rdmadev doctor` to see why each fabric is not viable")
+        return names
+    why = _core.unviable_reason(fabric)
+    if why:
+        raise FabricError(f"RDMADEV_FABRIC={fabric} is not viable here: {why}",
+                          hint="use RDMADEV_FABRIC=auto, or run `rdmadev doctor`")
+    return [fabric]
+
+
+def open_domain(name, config=None, fabrics=None, tcp_addr=None):
+    """Opens the remote-device domain of this process.
+
+    Args:
+        name: this task's identity as peers see it (e.g. "worker:0").
+        config: a Config (default: Config.from_env()).
+        fabrics: fabric names to open, overriding config.fabric ("auto" = all viable).
+        tcp_addr: host:port for the tcp fabric, overriding config.tcp_addr.
+    Returns:
+        rdmadev._core.Domain.
+    Raises:
+        ConfigError, FabricError.
+    """
+    cfg = config or Config.from_env()
+    names = _resolve(cfg.fabric) if fabrics is None else [n for f in fabrics for n in _resolve(f)]
+    secret = cfg.secret
+    if not secret:
+        secret = secrets.token_bytes(GENERATED_SECRET_BYTES)
+        if "tcp" in names:
+            log.info("no RDMADEV_SECRET set: generated one; tcp peers in other processes "
+                     "will fail authentication unless they share it")
+    return _core.Domain(name, names, secret=secret, tcp_listen=tcp_addr or cfg.tcp_addr,
+                        spin_us=cfg.spin_us, yield_us=cfg.yield_us)

@@ -1,0 +1,120 @@
+"""`rdmadev doctor`: what this machine offers rdmadev, and why a fabric is not viable.
+
+Example:
+    $ rdmadev doctor
+    $ rdmadev doctor --json
+"""
+import ctypes
+import ctypes.util
+import importlib.metadata
+import json
+import os
+import resource
+
+from . import _core
+from .config import Config
+from .device import fabric_report
+from .errors import ConfigError
+
+__all__ = ["collect", "main"]
+
+
+def _memlock():
+    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    show = lambda v: "unlimited" if v == resource.RLIM_INFINITY else f"{v // 1024} KiB"
+    note = ("RDMA registration pins memory: raise it (ulimit -l unlimited, or memlock in "
+            "/etc/security/limits.conf / LimitMEMLOCK= for systemd) for the verbs fabric"
+            if soft != resource.RLIM_INFINITY else "")
+    return {"soft": show(soft), "hard": show(hard), "note": note}
+
+
+def _dev_shm():
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError as e:
+        return {"size": None, "note": f"/dev/shm unavailable ({e.strerror}); rdmadev's shm "
+                                      "fabric uses memfd and does not need it"}
+    return {"size": f"{st.f_blocks * st.f_frsize / 2**30:.1f} GiB",
+            "free": f"{st.f_bavail * st.f_frsize / 2**30:.1f} GiB",
+            "note": "rdmadev's shm regions are memfds: nothing is ever left in /dev/shm"}
+
+
+def _verbs_devices():
+    """Loads libibverbs the way the verbs fabric will (at run time) and lists devices."""
+    path = ctypes.util.find_library("ibverbs") or "libibverbs.so.1"
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as e:
+        return {"libibverbs": f"not loadable ({e})", "devices": []}
+    lib.ibv_get_device_list.restype = ctypes.POINTER(ctypes.c_void_p)
+    lib.ibv_get_device_list.argtypes = [ctypes.POINTER(ctypes.c_int)]
+    lib.ibv_get_device_name.restype = ctypes.c_char_p
+    lib.ibv_get_device_name.argtypes = [ctypes.c_void_p]
+    lib.ibv_free_device_list.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+    n = ctypes.c_int(0)
+    devs = lib.ibv_get_device_list(ctypes.byref(n))
+    if not devs:
+        return {"libibverbs": f"loaded ({path})", "devices": [],
+                "note": f"ibv_get_device_list failed: {os.strerror(ctypes.get_errno())}"}
+    names = [lib.ibv_get_device_name(devs[i]).decode() for i in range(n.value)]
+    lib.ibv_free_device_list(devs)
+    return {"libibverbs": f"loaded ({path})", "devices": names}
+
+
+def _tensorflow():
+    for dist in ("tensorflow-cpu", "tensorflow"):
+        try:
+            return {"version": importlib.metadata.version(dist), "wheel": dist}
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return {"version": None, "note": "TensorFlow is not installed: pip install 'rdmadev[tf]'"}
+
+
+def collect(env=None):
+    """Everything doctor reports, as a dict (what --json prints)."""
+    try:
+        Config.from_env(env)
+        config = "ok"
+    except ConfigError as e:
+        config = str(e)
+    return {
+        "config": config,
+        "fabrics": [{"fabric": n, "viable": ok, "reason": why} for n, ok, why in fabric_report()],
+        "memlock": _memlock(),
+        "dev_shm": _dev_shm(),
+        "verbs": _verbs_devices(),
+        "tensorflow": _tensorflow(),
+        "op_library": "not part of this version yet (built by the end-to-end TF integration)",
+        "recent_events": _core.recent_events(),
+    }
+
+
+def main(argv=None):
+    """Prints the report; exit status 0 if at least one fabric is viable and the
+    configuration is valid, else 1."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="rdmadev doctor", description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="print JSON instead of text")
+    args = ap.parse_args(argv)
+    info = collect()
+    healthy = info["config"] == "ok" and any(f["viable"] for f in info["fabrics"])
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0 if healthy else 1
+    print("rdmadev doctor")
+    print(f"  configuration : {info['config']}")
+    for f in info["fabrics"]:
+        state = "viable" if f["viable"] else f"not viable: {f['reason']}"
+        print(f"  fabric {f['fabric']:<6} : {state}")
+    m = info["memlock"]
+    print(f"  memlock limit : soft {m['soft']}, hard {m['hard']}" + (f"  ({m['note']})" if m["note"] else ""))
+    s = info["dev_shm"]
+    print(f"  /dev/shm      : {s.get('size')} ({s['note']})")
+    v = info["verbs"]
+    print(f"  libibverbs    : {v['libibverbs']}; devices: {', '.join(v['devices']) or 'none'}")
+    t = info["tensorflow"]
+    print(f"  tensorflow    : {t.get('version') or t.get('note')}")
+    print(f"  op library    : {info['op_library']}")
+    print("  healthy" if healthy else "  NOT healthy: see above")
+    return 0 if healthy else 1

@@ -1,0 +1,81 @@
+"""Two-process bootstrap over a multiprocessing pipe: how the demo, the benchmarks and
+the tests set up a channel between processes before the control plane of the TF layer
+exists. A real cluster exchanges the same addresses and descriptors over rdmadev's
+authenticated control connections instead.
+
+Example:
+    >>> proc, conn = spawn(child_main, "tcp")     # child_main(conn, fabric) runs in the child
+    >>> rx = ring_receiver(domain, conn, slots=2, capacity=1 << 20)
+"""
+import logging
+import multiprocessing
+
+from ._core import RingReceiver, RingSender, ring_bytes
+from .errors import DeadlineExceeded, PeerLostError
+
+__all__ = ["spawn", "ring_receiver", "ring_sender", "recv", "stop"]
+
+log = logging.getLogger(__name__)
+log.addHandler(logging.NullHandler())
+
+# Credit region: one cache line holding the credit word (see channel.h).
+CREDIT_BYTES = 64
+
+
+def spawn(target, *args):
+    """Starts target(conn, *args) in a fresh interpreter; returns (process, parent conn)."""
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=target, args=(child,) + args, daemon=True)
+    proc.start()
+    child.close()
+    return proc, parent
+
+
+def recv(conn, timeout=60.0, proc=None):
+    """conn.recv() with a deadline, failing fast if `proc` (the other side) died."""
+    waited = 0.0
+    step = 0.05
+    while not conn.poll(step):
+        waited += step
+        if proc is not None and not proc.is_alive():
+            raise PeerLostError(f"peer process {proc.pid} exited with code {proc.exitcode}",
+                                hint="see the peer's stderr above")
+        if waited >= timeout:
+            raise DeadlineExceeded(f"no message from the peer process within {timeout:.0f} s")
+    msg = conn.recv()
+    if isinstance(msg, BaseException):
+        raise msg
+    return msg
+
+
+def stop(proc, conn=None, timeout=10.0):
+    """Asks the peer to finish (sends None), then makes sure it is gone."""
+    if conn is not None:
+        try:
+            conn.send(None)
+        except (OSError, ValueError):
+            pass
+    proc.join(timeout)
+    if proc.is_alive():
+        proc.kill()
+        proc.join(timeout)
+
+
+def ring_receiver(domain, conn, slots, capacity, fabric="auto", epoch=0, timeout=60.0, proc=None):
+    """Receiving side: allocates the ring, sends (address, ring descriptor), receives the
+    sender's (address, credit descriptor) and connects back for credits."""
+    ring = domain.allocate(ring_bytes(slots, capacity), label="ring")
+    conn.send((domain.address, ring.descriptor))
+    address, credit_desc = recv(conn, timeout, proc)
+    ep = domain.connect(address, fabric, timeout=timeout)
+    return RingReceiver(ring, slots, capacity, ep, ep.attach(credit_desc), epoch)
+
+
+def ring_sender(domain, conn, slots, capacity, fabric="auto", epoch=0, timeout=60.0, proc=None):
+    """Sending side, the counterpart of ring_receiver()."""
+    address, ring_desc = recv(conn, timeout, proc)
+    ep = domain.connect(address, fabric, timeout=timeout)
+    credit = domain.allocate(CREDIT_BYTES, label="credit")
+    conn.send((domain.address, credit.descriptor))
+    return RingSender(ep, ep.attach(ring_desc), slots, capacity, credit, epoch)
