@@ -19,7 +19,7 @@ from . import _proto
 from .attrs import parse_input
 from .errors import LoadError
 
-__all__ = ["load", "partition_sets", "may_have_transfers", "SEND_OPS", "RECV_OPS", "NS"]
+__all__ = ["load", "as_graph_def", "partition_sets", "may_have_transfers", "SEND_OPS", "RECV_OPS", "NS"]
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
@@ -35,7 +35,19 @@ RECV_OPS = frozenset({"_Recv", "_HostRecv"})
 _PAIR_PATTERNS = (b"_Send", b"_Recv")
 
 
-def _as_graph_def(obj, label):
+def as_graph_def(obj, label="input"):
+    """Return ``obj`` as a GraphDef message, parsing bytes with graph_pass's proto subset.
+
+    Args:
+        obj: a GraphDef message (returned as is) or its serialized bytes.
+        label: names the partition in error messages.
+
+    Returns:
+        A GraphDef-like message.
+
+    Raises:
+        LoadError: the bytes do not parse, or ``obj`` is neither bytes nor a GraphDef.
+    """
     if isinstance(obj, (bytes, bytearray, memoryview)):
         try:
             return _proto.GraphDef.FromString(bytes(obj))
@@ -51,7 +63,7 @@ def _as_graph_def(obj, label):
 def _named_partitions(partitions):
     """Return [(label, GraphDef-like)] for every accepted input form."""
     if isinstance(partitions, Mapping):
-        return [(str(k), _as_graph_def(v, k)) for k, v in partitions.items()]
+        return [(str(k), as_graph_def(v, k)) for k, v in partitions.items()]
     if isinstance(partitions, (bytes, bytearray, memoryview)) or hasattr(partitions, "node"):
         partitions = [partitions]
     elif hasattr(partitions, "partition_graphs"):  # a RunMetadata.FunctionGraphs message
@@ -63,7 +75,7 @@ def _named_partitions(partitions):
                         f"FunctionGraphs message), got {type(partitions).__name__}") from None
     out, seen = [], set()
     for i, item in enumerate(items):
-        gd = _as_graph_def(item, f"#{i}")
+        gd = as_graph_def(item, f"#{i}")
         label = next((n.device for n in gd.node if n.device), "") or f"partition:{i}"
         base, k = label, 1
         while label in seen:  # two partitions on one device (e.g. merged inputs): keep both apart

@@ -1,0 +1,142 @@
+"""``rdmadev plan``: show what rdmadev would swap, without changing anything.
+
+Usage (``rdmadev plan ...`` dispatches here; ``python -m graph_pass ...`` too)::
+
+    rdmadev plan train.py:step --cluster cluster.json --out plan.png
+    rdmadev plan --run-metadata step.runmeta --json plan.json
+    rdmadev plan --graphdef ps.pb worker0.pb
+
+``FILE.py:FUNC`` imports the file and calls ``FUNC()`` (no arguments) ONCE with TF run metadata
+on, so the step runs once with its side effects; nothing is rewritten. With ``--cluster`` (a JSON
+cluster spec, or ``@file``) or ``TF_CONFIG``'s ``cluster``, this process connects as the
+coordinator first; otherwise the script connects itself. Every instantiation with cross-task
+transfers is planned, printed as a table and, with ``--out``, drawn.
+
+Exit codes: 0 planned, 1 planning or running failed (the message says why), 2 bad usage.
+"""
+
+import argparse
+import importlib.util
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from .errors import GraphPassError
+from .explain import explain
+from .load import as_graph_def, partition_sets
+from .pipeline import plan_partitions
+from .plan import Config
+
+__all__ = ["main", "build_parser"]
+
+log = logging.getLogger(__name__)
+log.addHandler(logging.NullHandler())
+
+
+def build_parser(prog="rdmadev plan"):
+    """Return the argparse parser of ``rdmadev plan``."""
+    p = argparse.ArgumentParser(prog=prog, description="Plan rdmadev's swaps for a TF step and explain them "
+                                "(a table, a picture); nothing is rewritten.")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("target", nargs="?", help="FILE.py:FUNC - run FUNC() once with run metadata and plan it")
+    src.add_argument("--run-metadata", metavar="FILE", help="a serialized RunMetadata (export_run_metadata())")
+    src.add_argument("--graphdef", metavar="FILE", nargs="+", help="serialized partition GraphDefs of one "
+                     "instantiation")
+    p.add_argument("--cluster", help="cluster spec JSON or @file to connect to first (default: TF_CONFIG's)")
+    p.add_argument("--out", metavar="PATH", help="draw the plan to PATH (.png/.svg); several instantiations "
+                   "get -1, -2, ... before the suffix")
+    p.add_argument("--json", metavar="PATH", help="write the plan(s) as JSON (a list of plans)")
+    p.add_argument("--slots", type=int, default=Config.slots, help="slots per channel (default %(default)s)")
+    p.add_argument("--min-bytes", type=int, default=0, help="keep static tensors below this size on gRPC")
+    p.add_argument("--plan-client-pairs", action="store_true", help="also plan pairs to/from the client task")
+    p.add_argument("--default-dynamic-capacity", type=int, help="bytes bound for dynamic-shape transfers")
+    p.add_argument("--half-pair-capacity", type=int, help="capacity for pairs with one half planned (TF1)")
+    p.add_argument("--instance-id", default="plan", help="instance id in channel keys (default %(default)r)")
+    return p
+
+
+def _cluster_spec(arg):
+    if arg:
+        text = Path(arg[1:]).read_text() if arg.startswith("@") else arg
+        return json.loads(text)
+    tf_config = os.environ.get("TF_CONFIG")
+    return json.loads(tf_config).get("cluster") if tf_config else None
+
+
+def _run_target(target, cluster):
+    path, sep, func = target.rpartition(":")
+    if not sep or not path.endswith(".py") or not func:
+        raise SystemExit(f"rdmadev plan: target {target!r} must be FILE.py:FUNC")
+    if not Path(path).is_file():
+        raise SystemExit(f"rdmadev plan: no such file {path!r}")
+    import tensorflow as tf
+    from tensorflow.python.eager import context
+
+    if cluster:
+        tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster))
+    ctx = context.context()
+    ctx.enable_run_metadata()  # before the module is imported: it may call the function itself
+    try:
+        spec = importlib.util.spec_from_file_location("_rdmadev_plan_target", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.path.insert(0, str(Path(path).resolve().parent))
+        try:
+            spec.loader.exec_module(module)
+        finally:
+            sys.path.pop(0)
+        fn = getattr(module, func, None)
+        if not callable(fn):
+            raise SystemExit(f"rdmadev plan: {path} has no callable {func!r}")
+        fn()
+        metadata = ctx.export_run_metadata()
+    finally:
+        ctx.disable_run_metadata()
+    return partition_sets(metadata)
+
+
+def _numbered(path, i, n):
+    if n == 1:
+        return path
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}-{i}{p.suffix}"))
+
+
+def main(argv=None):
+    """Run ``rdmadev plan``.
+
+    Args:
+        argv: arguments after ``plan`` (default ``sys.argv[1:]``).
+
+    Returns:
+        The exit code (0 planned, 1 failure, 2 usage).
+    """
+    args = build_parser().parse_args(argv)
+    try:
+        config = Config(slots=args.slots, min_bytes=args.min_bytes, plan_client_pairs=args.plan_client_pairs,
+                        default_dynamic_capacity=args.default_dynamic_capacity,
+                        half_pair_capacity=args.half_pair_capacity)
+        if args.graphdef:
+            sets = [[as_graph_def(Path(f).read_bytes(), f) for f in args.graphdef]]
+        elif args.run_metadata:
+            sets = partition_sets(Path(args.run_metadata).read_bytes())
+        else:
+            sets = _run_target(args.target, _cluster_spec(args.cluster))
+        plans = [p for p in (plan_partitions(s, config, args.instance_id) for s in sets) if p.transfers]
+    except (GraphPassError, OSError, ValueError) as exc:
+        print(f"rdmadev plan: {exc}", file=sys.stderr)
+        return 1
+    if not plans:
+        print(f"no cross-task transfers in {len(sets)} instantiation(s): nothing to swap")
+    for i, plan in enumerate(plans, 1):
+        if len(plans) > 1:
+            print(f"== instantiation {i} of {len(plans)}")
+        out = _numbered(args.out, i, len(plans)) if args.out else None
+        print(explain(plan, out))
+        if out:
+            print(f"picture: {out}")
+    if args.json:
+        Path(args.json).write_text(json.dumps([p.to_dict() for p in plans], indent=1, sort_keys=True))
+        print(f"plan JSON: {args.json}")
+    return 0

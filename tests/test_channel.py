@@ -1,0 +1,96 @@
+"""The channel protocol: a K-slot ring with credits, between two processes."""
+import numpy as np
+import pytest
+
+import rdmadev
+from remote_ops import pattern
+
+SEED = 1000
+
+
+def _channel(domain, peer, slots, capacity):
+    """This process sends, the peer receives."""
+    address, ring_desc = peer.call("ring_rx_setup", "ring", slots, capacity)
+    ep = domain.connect(address)
+    credit = domain.allocate(64, label="credit")
+    tx = rdmadev.RingSender(ep, ep.attach(ring_desc), slots, capacity, credit)
+    peer.call("ring_rx_connect", "ring", slots, capacity, domain.address, credit.descriptor)
+    return tx
+
+
+def _send(tx, src, length):
+    seq = tx.sent + 1
+    np.frombuffer(src, np.uint8, length)[:] = pattern(length, SEED + seq)
+    assert tx.send(src, 0, length) == seq
+
+
+@pytest.mark.parametrize("slots", [2, 3])
+def test_thousands_of_transfers_arrive_intact(domain, peer, slots):
+    count, capacity = 3000, 4096 + 64
+    tx = _channel(domain, peer, slots, capacity)
+    src = domain.allocate(capacity)
+    peer.send("ring_rx_consume", "ring", count, SEED)
+    rng = np.random.default_rng(1)
+    for _ in range(count):
+        _send(tx, src, int(rng.integers(0, capacity + 1)))  # lengths vary, 0 included
+    assert peer.result() == []
+
+
+def test_slow_receiver_never_sees_a_slot_overwritten(domain, peer):
+    """The receiver holds every 7th slot for 20 ms and re-checks it before releasing: a
+    sender that ignored credits would have overwritten it by then."""
+    count, capacity = 300, 1 << 16
+    tx = _channel(domain, peer, 2, capacity)
+    src = domain.allocate(capacity)
+    peer.send("ring_rx_consume", "ring", count, SEED, 7, 0.02)
+    for _ in range(count):
+        _send(tx, src, capacity)
+    assert peer.result() == []
+
+
+def test_sender_blocks_without_credit(domain, peer):
+    """With nobody consuming, the third send into two slots waits for a credit and fails
+    at its deadline instead of overwriting."""
+    tx = _channel(domain, peer, 2, 64)
+    src = domain.allocate(64)
+    tx.send(src, 0, 64)
+    tx.send(src, 0, 64)
+    with pytest.raises(rdmadev.DeadlineExceeded, match="credit"):
+        tx.send(src, 0, 64, timeout=0.3)
+
+
+def test_tensor_larger_than_planned_is_refused(domain, peer):
+    tx = _channel(domain, peer, 2, 1024)
+    src = domain.allocate(4096)
+    with pytest.raises(rdmadev.BoundsError, match="larger than planned"):
+        tx.send(src, 0, 1025)
+
+
+def test_ring_needs_two_slots(domain):
+    with pytest.raises(rdmadev.ConfigError, match="RDMADEV_SLOTS"):
+        rdmadev.ring_bytes(1, 64)
+
+
+def test_out_of_order_release_advances_credit_in_order(fabric, secret):
+    """Within one process (two domains): releasing seq 2 before 1 must not return the
+    credit for 1's slot early."""
+    cfg = rdmadev.Config(fabric=fabric, secret=secret)
+    with rdmadev.open_domain("tx", cfg) as a, rdmadev.open_domain("rx", cfg) as b:
+        ring = b.allocate(rdmadev.ring_bytes(3, 64))
+        ab, ba = a.connect(b.address), b.connect(a.address)
+        credit = a.allocate(64)
+        tx = rdmadev.RingSender(ab, ab.attach(ring.descriptor), 3, 64, credit)
+        rx = rdmadev.RingReceiver(ring, 3, 64, ba, ba.attach(credit.descriptor))
+        src = a.allocate(64)
+        for _ in range(3):
+            tx.send(src, 0, 64)
+        s1, s2, s3 = (rx.acquire(timeout=10)[0] for _ in range(3))
+        rx.release(s2)
+        assert rx.credit_seq == 0
+        rx.release(s1)
+        assert rx.credit_seq == 2
+        assert credit.wait(0, 2, timeout=10) == 2
+        with pytest.raises(rdmadev.ProtocolError, match="not held"):
+            rx.release(s1)
+        rx.release(s3)
+        assert credit.wait(0, 3, timeout=10) == 3
