@@ -1,0 +1,186 @@
+"""find_transfers on synthetic partition graphs: which pairs are found and what is recorded."""
+
+import pytest
+
+import gp_builders as B
+import graph_pass as gp
+
+PS, W0, W1 = B.dev("ps"), B.dev("worker", 0), B.dev("worker", 1)
+
+
+def find(*parts):
+    g = gp.load(B.partitions(*parts))
+    return g, gp.find_transfers(g)
+
+
+def test_no_cross_task_pair():
+    w = B.Partition(W0)
+    gpu = B.Partition(B.dev("worker", 0, "GPU"))
+    w.node("a", "Const", dtype=("type", B.FLOAT), value=("tensor", (B.FLOAT, (4,), None)))
+    B.pair(w, gpu, "edge_1_a", "a")  # CPU -> GPU on one task: not cross-task traffic
+    gpu.node("b", "Relu", ["edge_1_a/_recv"])
+    g, transfers = find(w, gpu)
+    assert transfers == []
+    assert g.graph[gp.NS]["same_task_pairs"] == 2
+    plan = gp.validate(gp.plan_regions(transfers))
+    assert plan.transfers == [] and plan.tasks == [] and plan.instance_id is None
+
+
+def test_diamond_across_two_tasks():
+    """a on ps feeds b and c on worker0 (one pair: TF sends once per destination); b, c feed d on ps."""
+    ps, w = B.Partition(PS), B.Partition(W0)
+    ps.var("a", (16, 16))
+    B.pair(ps, w, "edge_1_a", "a/read", recv_name="a/_recv")
+    w.node("b", "Relu", ["a/_recv"])
+    w.node("c", "Neg", ["a/_recv"])
+    B.pair(w, ps, "edge_2_b", "b", recv_name="b/_recv")
+    B.pair(w, ps, "edge_3_c", "c", recv_name="c/_recv")
+    ps.node("d", "AddV2", ["b/_recv", "c/_recv"])
+    g, transfers = find(ps, w)
+    assert [(t.tensor_name, t.send_task, t.recv_task) for t in transfers] == [
+        ("edge_1_a", "/job:ps/replica:0/task:0", "/job:worker/replica:0/task:0"),
+        ("edge_2_b", "/job:worker/replica:0/task:0", "/job:ps/replica:0/task:0"),
+        ("edge_3_c", "/job:worker/replica:0/task:0", "/job:ps/replica:0/task:0")]
+    for t in transfers:
+        assert t.halves == "both" and t.kind == "data" and t.dtype == "DT_FLOAT"
+        assert t.shape == [16, 16] and t.bytes == 1024
+    # b and c get their shape from Relu/Neg of the _Recv, followed through the pair to a's variable
+    assert [t.shape_source for t in transfers] == ["variable shape read by a/read", "inferred (Relu)", "inferred (Neg)"]
+    # results on the graph: a transfer edge send -> recv and the channel on both ends
+    edges = [(u[1], v[1]) for u, v, d in g.edges(data=True) if d.get("transfer")]
+    assert sorted(edges) == [("edge_1_a/_send", "a/_recv"), ("edge_2_b/_send", "b/_recv"), ("edge_3_c/_send", "c/_recv")]
+    assert g.nodes[(W0, "a/_recv")][gp.NS] == {"channel_id": transfers[0].channel_id, "end": "recv",
+                                                 "client_terminated": False}
+    plan = gp.validate(gp.plan_regions(transfers, instance_id="i", graph=g), g)
+    assert [r.region_id for r in plan.regions] == [
+        "/job:ps/replica:0/task:0<-/job:worker/replica:0/task:0", "/job:worker/replica:0/task:0<-/job:ps/replica:0/task:0"]
+    assert g.nodes[(PS, "b/_recv")][gp.NS]["decision"] == "swap"
+
+
+def test_one_tensor_to_two_tasks_is_two_transfers():
+    ps, w0, w1 = B.Partition(PS), B.Partition(W0), B.Partition(W1)
+    ps.var("v", (1000,))
+    B.pair(ps, w0, "edge_5_v", "v/read")
+    B.pair(ps, w1, "edge_6_v", "v/read")
+    _, transfers = find(ps, w0, w1)
+    assert len(transfers) == 2 and len({t.channel_id for t in transfers}) == 2
+    assert {t.recv_task for t in transfers} == {"/job:worker/replica:0/task:0", "/job:worker/replica:0/task:1"}
+    assert all(t.bytes == 4000 and t.src == "v/read" for t in transfers)
+    plan = gp.validate(gp.plan_regions(transfers, instance_id="i"))
+    assert [b.task for b in plan.tasks] == ["/job:worker/replica:0/task:0", "/job:worker/replica:0/task:1"]
+    t = plan.transfers[0]
+    assert (t.slot_bytes, t.payload_offset, t.slots) == (64 + 4032, 64, 2)  # 4000 B rounded up to 64
+    assert all(b.total_bytes == 2 * 4096 for b in plan.tasks)  # 2 slots of 4096 B, already page-aligned
+
+
+def test_control_edge_pairs_are_signals():
+    ps, w = B.Partition(PS), B.Partition(W0)
+    ps.node("update", "NoOp")
+    B.control_pair(ps, w, "edge_9_update", "update", "next_step")
+    _, transfers = find(ps, w)
+    (t,) = transfers
+    assert t.kind == "control" and t.shape == [0] and t.bytes == 0 and t.src == "update" and t.dst == "next_step"
+    plan = gp.validate(gp.plan_regions(transfers, instance_id="i"))
+    (t,) = plan.transfers
+    assert (t.decision, t.reason, t.slot_bytes, t.capacity_bytes) == ("swap", "control_signal", 64, 0)
+    # each half alone recognises the control pair too
+    assert find(ps)[1][0].kind == "control"
+    assert find(w)[1][0].kind == "control"
+
+
+def test_a_real_empty_data_tensor_is_not_a_control_signal():
+    ps, w = B.Partition(PS), B.Partition(W0)
+    ps.node("x", "_Arg", T=("type", B.FLOAT), _output_shapes=("shapes", [(0, 3)]), index=0)
+    B.pair(ps, w, "edge_1_x", "x", recv_name="x/_recv")
+    w.node("y", "Relu", ["x/_recv"])
+    (t,) = find(ps, w)[1]
+    assert t.kind == "data" and t.bytes == 0
+    (r,) = find(w)[1]
+    assert r.kind == "data"
+
+
+def test_client_terminated_and_client_task_pairs_are_kept():
+    client = "/job:localhost/replica:0/task:0/device:CPU:0"
+    w = B.Partition(W0)
+    w.recv("feed", "x:0", client, client=True)  # TF1 feed
+    w.node("y", "Relu", ["feed"])
+    w.send("fetch", "y", "y:0", client, client=True)
+    chief = B.Partition(B.dev("chief"))
+    chief.node("arg", "_Arg", T=("type", B.FLOAT), _output_shapes=("shapes", [(2,)]), index=0)
+    B.pair(chief, w, "edge_3_arg", "arg")
+    _, transfers = find(w, chief)
+    reasons = {t.tensor_name: t for t in gp.plan_regions(transfers, instance_id="i").transfers}
+    assert reasons["x:0"].reason == reasons["y:0"].reason == "client_terminated"
+    assert reasons["x:0"].client_terminated and reasons["x:0"].halves == "recv"
+    assert reasons["edge_3_arg"].reason == "client_task" and reasons["edge_3_arg"].decision == "keep"
+    configured = gp.plan_regions(transfers, gp.Config(plan_client_pairs=True), instance_id="i")
+    by_name = {t.tensor_name: t for t in configured.transfers}
+    assert by_name["edge_3_arg"].decision == "swap" and by_name["x:0"].decision == "keep"
+    gp.validate(configured)
+
+
+def test_dynamic_shapes():
+    ps, w = B.Partition(PS), B.Partition(W0)
+    ps.node("batch", "_Arg", T=("type", B.FLOAT), _output_shapes=("shapes", [(-1, 4)]), index=0)
+    ps.node("blob", "_Arg", T=("type", B.FLOAT), _output_shapes=("shapes", [None]), index=1)
+    B.pair(ps, w, "edge_1_batch", "batch")
+    B.pair(ps, w, "edge_2_blob", "blob")
+    _, transfers = find(ps, w)
+    assert [(t.shape, t.bytes) for t in transfers] == [([-1, 4], None), (None, None)]
+    plan = gp.validate(gp.plan_regions(transfers, instance_id="i"))
+    assert [t.reason for t in plan.transfers] == ["dynamic_unbounded", "dynamic_unbounded"]
+    cfg = gp.Config(capacity_hints={"edge_1_batch": 4096}, default_dynamic_capacity=100)
+    plan = gp.validate(gp.plan_regions(transfers, cfg, instance_id="i"))
+    b, blob = plan.transfers
+    assert (b.reason, b.capacity_bytes, b.rank_capacity) == ("dynamic_bounded", 4096, 2)
+    # header 64 + shape block (8 + 2*8 -> 64) + payload 4096
+    assert (b.payload_offset, b.slot_bytes) == (128, 128 + 4096)
+    assert (blob.capacity_bytes, blob.rank_capacity) == (100, gp.Config().max_dynamic_rank)
+    assert (blob.payload_offset, blob.slot_bytes) == (64 + 128, 64 + 128 + 128)
+    hinted_by_src = gp.plan_regions(transfers, gp.Config(capacity_hints={"batch": 64}), instance_id="i")
+    assert hinted_by_src.transfers[0].capacity_bytes == 64
+
+
+@pytest.mark.parametrize("dtype,name", [(B.STRING, "DT_STRING"), (B.VARIANT, "DT_VARIANT"),
+                                        (B.RESOURCE, "DT_RESOURCE"), (101, "DT_FLOAT_REF"), (99, "DT_UNKNOWN_99")])
+def test_unsupported_dtypes_stay_on_grpc(dtype, name):
+    ps, w = B.Partition(PS), B.Partition(W0)
+    ps.node("h", "_Arg", T=("type", dtype), _output_shapes=("shapes", [()]), index=0)
+    B.pair(ps, w, "edge_1_h", "h", dtype=dtype)
+    (t,) = gp.plan_regions(find(ps, w)[1], instance_id="i").transfers
+    assert (t.dtype, t.decision, t.reason) == (name, "keep", "unsupported_dtype")
+
+
+def test_host_send_recv_are_pairs_too():
+    ps, w = B.Partition(PS), B.Partition(W0)
+    ps.var("v", (8,))
+    ps.send("v/_hs", "v/read", "edge_1_v", W0, op="_HostSend")
+    w.recv("v/_hr", "edge_1_v", PS, op="_HostRecv")
+    (t,) = find(ps, w)[1]
+    assert (t.send_op, t.recv_op, t.bytes) == ("_HostSend", "_HostRecv", 32)
+
+
+def test_dtype_mismatch_between_halves_is_an_error():
+    ps, w = B.Partition(PS), B.Partition(W0)
+    ps.var("v", (8,))
+    ps.send("s", "v/read", "edge_1_v", W0, dtype=B.FLOAT)
+    w.recv("r", "edge_1_v", PS, dtype=B.INT64)
+    with pytest.raises(gp.PlanError, match="_Send 's' has T=DT_FLOAT but _Recv 'r' has tensor_type=DT_INT64"):
+        find(ps, w)
+
+
+def test_duplicate_rendezvous_key_is_an_error():
+    ps, w = B.Partition(PS), B.Partition(W0)
+    ps.var("v", (8,))
+    ps.send("s1", "v/read", "edge_1_v", W0)
+    ps.send("s2", "v/read", "edge_1_v", W0)
+    with pytest.raises(gp.PlanError, match="'s1' and 's2' share the rendezvous key"):
+        find(ps, w)
+
+
+def test_missing_rendezvous_attr_is_an_error():
+    ps = B.Partition(PS)
+    ps.node("x", "NoOp")
+    ps.node("s", "_Send", ["x"], T=("type", B.FLOAT), tensor_name="t", send_device=PS)
+    with pytest.raises(gp.PlanError, match=r"_Send node 's' .* lacks attr\(s\) \['recv_device', 'send_device_incarnation'\]"):
+        find(ps)

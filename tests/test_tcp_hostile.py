@@ -1,0 +1,149 @@
+"""A hostile tcp peer: each attack is rejected and logged, no byte outside a granted region
+changes, the serving process survives and keeps serving a well-behaved peer."""
+import hashlib
+import os
+import struct
+
+import numpy as np
+import pytest
+
+import rdmadev
+import tcp_client as tc
+
+SECRET = b"hostile-test-secret"
+SIZE = 4096
+
+
+@pytest.fixture
+def victim():
+    """A tcp Domain with a region granted to 'intruder' and one granted to someone else."""
+    dom = rdmadev.open_domain("victim", rdmadev.Config(fabric="tcp", secret=SECRET))
+    granted = dom.allocate(SIZE, label="granted", grant=["intruder"])
+    other = dom.allocate(SIZE, label="other", grant=["friend"])
+    for r, seed in ((granted, 1), (other, 2)):
+        np.frombuffer(r, np.uint8)[:] = np.random.default_rng(seed).integers(0, 256, SIZE, np.uint8)
+    yield dom, granted, other
+    dom.close()
+
+
+def _digest(region):
+    return hashlib.sha256(memoryview(region)).hexdigest()
+
+
+def _still_serves(victim):
+    """A well-behaved, correctly authenticated peer ('friend') can still write."""
+    dom, _, region = victim
+    region.store(0, 0)
+    with rdmadev.open_domain("friend", rdmadev.Config(fabric="tcp", secret=SECRET)) as friend:
+        ep = friend.connect(dom.address)
+        src = friend.allocate(64)
+        np.frombuffer(src, np.uint8)[:] = 0xAB
+        remote = ep.attach(region.descriptor)
+        ep.write(src, 0, remote, 1024, 64, signal=(0, 77, 0))
+        assert region.wait(0, 77, timeout=30) == 77
+        assert bytes(memoryview(region)[1024:1088]) == b"\xab" * 64
+
+
+def _events_since(n):
+    return rdmadev.recent_events()[n:]
+
+
+def _attack(victim, payload, expect_log):
+    dom, granted, other = victim
+    rid, size, rkey = tc.parse_desc(granted.descriptor)
+    n = len(rdmadev.recent_events())
+    g0, o0 = _digest(granted), _digest(other)
+    s, ok = tc.connect(dom.address, SECRET)
+    assert ok
+    s.sendall(payload(rid, size, rkey, *tc.parse_desc(other.descriptor)))
+    s.shutdown(1) if expect_log == "truncated" else None
+    assert tc.closed_by_peer(s), "the server kept a hostile connection open"
+    s.close()
+    logged = _events_since(n)
+    assert any(expect_log in line and "disconnected" in line for line in logged), logged
+    assert _digest(other) == o0
+    return g0
+
+
+def test_wrong_secret_is_refused(victim):
+    dom, granted, other = victim
+    n = len(rdmadev.recent_events())
+    s, ok = tc.connect(dom.address, b"not the secret")
+    assert not ok and tc.closed_by_peer(s)
+    assert any("failed authentication" in e for e in _events_since(n))
+    _still_serves(victim)
+
+
+def test_rdmadev_client_with_wrong_secret_gets_clear_error(victim):
+    dom, granted, _ = victim
+    with rdmadev.open_domain("x", rdmadev.Config(fabric="tcp", secret=b"other")) as bad:
+        with pytest.raises(rdmadev.AuthError, match="RDMADEV_SECRET"):
+            bad.connect(dom.address)
+
+
+def test_garbage_handshake(victim):
+    dom, granted, _ = victim
+    import socket
+    host, port = tc.tcp_reach(dom.address).rsplit(":", 1)
+    s = socket.create_connection((host, int(port)))
+    tc.recv_exact(s, tc.HELLO.size)
+    s.sendall(b"\xff\xff" + os.urandom(600))  # name length 65535
+    assert tc.closed_by_peer(s)
+    _still_serves(victim)
+
+
+ATTACKS = {
+    "out_of_bounds": (lambda rid, size, rkey, *o: tc.frame(tc.OP_WRITE, rid, rkey, size - 8, 16, b"x" * 16),
+                      "outside region"),
+    "overflow": (lambda rid, size, rkey, *o: tc.frame(tc.OP_WRITE, rid, rkey, 2**64 - 8, 16, b"x" * 16),
+                 "outside region"),
+    "signal_oob": (lambda rid, size, rkey, *o: tc.frame(tc.OP_WRITE, rid, rkey, 0, 8, b"x" * 8,
+                                                        signal=(size - 8, 1, 1)),
+                   "signal at"),
+    "wrong_key": (lambda rid, size, rkey, *o: tc.frame(tc.OP_WRITE, rid, rkey ^ 1, 0, 8, b"x" * 8),
+                  "wrong key"),
+    "ungranted": (lambda rid, size, rkey, orid, osize, orkey: tc.frame(tc.OP_WRITE, orid, orkey, 0, 8, b"x" * 8),
+                  "not granted"),
+    "no_region": (lambda rid, size, rkey, *o: tc.frame(tc.OP_WRITE, 999, rkey, 0, 8, b"x" * 8),
+                  "no region"),
+    "read_oob": (lambda rid, size, rkey, *o: tc.frame(tc.OP_READ, rid, rkey, 0, size + 1),
+                 "outside region"),
+    "garbage": (lambda *a: os.urandom(4096), "bad magic"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+def test_bad_frame_is_rejected(victim, name):
+    payload, log = ATTACKS[name]
+    g0 = _attack(victim, payload, log)
+    assert _digest(victim[1]) == g0  # rejected before a single byte was applied
+    _still_serves(victim)
+
+
+def test_truncated_frame_touches_only_its_granted_range(victim):
+    """A WRITE that promises 1024 bytes but delivers 100: the connection is dropped; only
+    bytes inside the promised (granted, in-bounds) range may have changed."""
+    dom, granted, other = victim
+    before = bytes(memoryview(granted))
+    _attack(victim, lambda rid, size, rkey, *o: tc.frame(tc.OP_WRITE, rid, rkey, 2048, 1024, b"z" * 100),
+            "truncated")
+    after = bytes(memoryview(granted))
+    assert after[:2048] == before[:2048] and after[3072:] == before[3072:]
+    assert after[2048:2148] == b"z" * 100
+    _still_serves(victim)
+
+
+def test_valid_frames_from_hand_written_client_apply(victim):
+    """The protocol is what the docs say: an independent client writes and reads."""
+    dom, granted, _ = victim
+    rid, size, rkey = tc.parse_desc(granted.descriptor)
+    granted.store(64, 0)
+    s, ok = tc.connect(dom.address, SECRET)
+    assert ok
+    s.sendall(tc.frame(tc.OP_WRITE, rid, rkey, 100, 5, b"hello", signal=(64, 9, 5)))
+    assert granted.wait(64, 9, timeout=30) == 9 and granted.load(72) == 5
+    s.sendall(tc.frame(tc.OP_READ, rid, rkey, 100, 5))
+    head = tc.recv_exact(s, tc.FRAME.size)
+    assert struct.unpack_from("<IH", head) == (tc.FRAME_MAGIC, 3)
+    assert tc.recv_exact(s, 5) == b"hello"
+    s.close()
