@@ -29,6 +29,7 @@ import atexit
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -109,7 +110,8 @@ class Cluster:
             default runs ``tests/tf_server_main.py``. The command must serve the task's address
             from the spec; readiness is judged by its port accepting connections.
         ready_timeout: seconds all tasks together may take to listen.
-        log_dir: where each task's stdout+stderr go (``<job>-<index>.log``); a temp dir by default.
+        log_dir: where each task's stdout+stderr go (``<job>-<index>.log``); by default a temp dir,
+            removed by ``stop()`` (a start failure quotes the log in its error first).
 
     Attributes:
         spec: the cluster spec, ``{"ps": ["127.0.0.1:p", ...], "worker": [...]}``.
@@ -123,6 +125,7 @@ class Cluster:
         self.env = dict(env or {})
         self.launcher = launcher or _default_launcher
         self.ready_timeout = ready_timeout
+        self._own_log_dir = log_dir is None
         self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="tf_cluster_"))
         self._procs = {}  # (job, index) -> (Popen, log file object)
 
@@ -212,6 +215,8 @@ class Cluster:
                     pass
                 proc.wait(timeout=STOP_TIMEOUT_S)
             logf.close()
+        if self._own_log_dir:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
 
     def alive(self):
         """Return True when every started task is still running."""

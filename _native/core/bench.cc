@@ -49,7 +49,8 @@ double BenchMemcpy(uint64_t size, uint64_t iters) {
 }
 
 double BenchPingPong(Endpoint& ep, const RemoteRegion& peer, const Region& mine, uint64_t size,
-                     uint64_t iters, bool initiator, const WaitPolicy& policy, double timeout_s) {
+                     uint64_t iters, bool initiator, const WaitPolicy& base, double timeout_s) {
+  const WaitPolicy policy = PolicyFor(base, &ep);
   mine.CheckRange(kPayloadAt, size, "run ping-pong");
   Deadline deadline = Deadline::After(timeout_s);
   auto* word = mine.Word(0);

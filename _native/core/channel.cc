@@ -18,7 +18,7 @@ RingSender::RingSender(std::shared_ptr<Endpoint> to_receiver, std::shared_ptr<Re
                        RingLayout layout, std::shared_ptr<Region> credit, uint64_t epoch,
                        WaitPolicy policy)
     : ep_(std::move(to_receiver)), ring_(std::move(ring)), layout_(layout),
-      credit_(std::move(credit)), epoch_(epoch), sent_(epoch), policy_(policy) {
+      credit_(std::move(credit)), epoch_(epoch), sent_(epoch), policy_(PolicyFor(policy, ep_.get())) {
   layout_.Validate();
   if (ring_->desc.size < layout_.bytes()) {
     throw Error(ErrorKind::kConfig, "Failed to set up channel: the receiver's ring region has " +
@@ -55,7 +55,7 @@ RingReceiver::RingReceiver(std::shared_ptr<Region> ring, RingLayout layout,
                            uint64_t epoch, WaitPolicy policy)
     : ring_(std::move(ring)), layout_(layout), ep_(std::move(to_sender)),
       credit_(std::move(credit)), epoch_(epoch), acquired_(epoch), credit_seq_(epoch),
-      released_(layout.slots, false), policy_(policy) {
+      released_(layout.slots, false), policy_(PolicyFor(policy, ep_.get())) {
   layout_.Validate();
   ring_->CheckRange(0, layout_.bytes(), "lay out ring");
   CheckRemoteRange(credit_->desc, 0, kSignalBytes, nullptr);

@@ -25,4 +25,10 @@ void CheckRemoteRange(const RegionDesc& d, uint64_t off, uint64_t len, const Sig
   }
 }
 
+WaitPolicy PolicyFor(const WaitPolicy& base, const Endpoint* ep) {
+  WaitPolicy p = base;
+  if (ep && ep->delivered_by_local_thread()) p.spin_ns = 0;
+  return p;
+}
+
 }  // namespace rdmadev

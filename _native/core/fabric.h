@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common.h"
+#include "completion.h"
 #include "region.h"
 
 namespace rdmadev {
@@ -50,6 +51,10 @@ class Endpoint {
   // One-sided read of len bytes at roff of the peer's region into dst.
   virtual void Read(const RemoteRegion& src, uint64_t roff, void* dst, uint64_t len,
                     const Deadline& deadline) = 0;
+  // True when the bytes the peer writes into our regions are stored by a thread of this
+  // process (tcp's receiver thread) rather than by the peer's CPU or a NIC: a waiter must
+  // then not spin, or it takes the core that thread needs (2 vCPUs here).
+  virtual bool delivered_by_local_thread() const { return false; }
   // Cheap, non-blocking: false (with the reason) once the peer is known to be gone.
   virtual bool Alive(std::string* why) = 0;
   virtual void Close() = 0;
@@ -67,6 +72,10 @@ class Fabric {
                                             const Deadline& deadline) = 0;
   virtual void Close() = 0;
 };
+
+// The wait policy for data coming from `ep`'s peer: no pure spin phase when a local
+// thread delivers it (see Endpoint::delivered_by_local_thread).
+WaitPolicy PolicyFor(const WaitPolicy& base, const Endpoint* ep);
 
 // Why a fabric cannot run in this process ("" when it can), without opening it.
 std::string FabricUnviableReason(const std::string& name);

@@ -16,7 +16,7 @@ from libcpp.vector cimport vector
 from rdmadev_core cimport (
     AliveOf, AtomicU64, BenchMemcpy, BenchPingPong, BenchStreamRecv, BenchStreamSend,
     BenchTcpPingPong, BenchTcpStream, Deadline, Domain as CDomain, DomainOptions,
-    Endpoint as CEndpoint, FabricPriority, Liveness, FabricUnviableReason, FeedFrames,
+    Endpoint as CEndpoint, FabricPriority, Liveness, PolicyFor, FabricUnviableReason, FeedFrames,
     PyProgressCallback, RecentEvents, Region as CRegion, RegionDesc, RemoteRegion as CRemote,
     RingLayout, RingReceiver as CReceiver, RingSender as CSender, ServeResult, SetErrorFactory,
     Signal, Slot as CSlot, WaitPolicy, WaitWord,
@@ -261,8 +261,9 @@ cdef class Region:
         if peer is not None:
             ep = peer.p
         cdef Liveness alive = AliveOf(ep)
+        cdef WaitPolicy policy = PolicyFor(self.domain.policy, ep.get())
         with nogil:
-            v = WaitWord(w, target, dl, self.domain.policy, alive, wh)
+            v = WaitWord(w, target, dl, policy, alive, wh)
         return v
 
     def close(self):

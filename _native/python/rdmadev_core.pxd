@@ -92,6 +92,7 @@ cdef extern from "fabric.h" namespace "rdmadev":
         bool Alive(string* why) nogil
         void Close() nogil
 
+    WaitPolicy PolicyFor(const WaitPolicy& base, const Endpoint* ep)
     string FabricUnviableReason(const string& name)
     const vector[string]& FabricPriority()
 
