@@ -57,6 +57,10 @@ def build_parser(prog="rdmadev plan"):
     return p
 
 
+class _UsageError(Exception):
+    """Bad command-line input (exit code 2)."""
+
+
 def _cluster_spec(arg):
     if arg:
         text = Path(arg[1:]).read_text() if arg.startswith("@") else arg
@@ -68,9 +72,9 @@ def _cluster_spec(arg):
 def _run_target(target, cluster):
     path, sep, func = target.rpartition(":")
     if not sep or not path.endswith(".py") or not func:
-        raise SystemExit(f"rdmadev plan: target {target!r} must be FILE.py:FUNC")
+        raise _UsageError(f"target {target!r} must be FILE.py:FUNC")
     if not Path(path).is_file():
-        raise SystemExit(f"rdmadev plan: no such file {path!r}")
+        raise _UsageError(f"no such file {path!r}")
     import tensorflow as tf
     from tensorflow.python.eager import context
 
@@ -88,8 +92,11 @@ def _run_target(target, cluster):
             sys.path.pop(0)
         fn = getattr(module, func, None)
         if not callable(fn):
-            raise SystemExit(f"rdmadev plan: {path} has no callable {func!r}")
-        fn()
+            raise _UsageError(f"{path} has no callable {func!r}")
+        try:
+            fn()
+        except Exception as exc:  # the user's step failed: say so, with TF's message
+            raise RuntimeError(f"running {target} failed: {type(exc).__name__}: {exc}") from exc
         metadata = ctx.export_run_metadata()
     finally:
         ctx.disable_run_metadata()
@@ -124,7 +131,10 @@ def main(argv=None):
         else:
             sets = _run_target(args.target, _cluster_spec(args.cluster))
         plans = [p for p in (plan_partitions(s, config, args.instance_id) for s in sets) if p.transfers]
-    except (GraphPassError, OSError, ValueError) as exc:
+    except _UsageError as exc:
+        print(f"rdmadev plan: {exc}", file=sys.stderr)
+        return 2
+    except (GraphPassError, OSError, ValueError, RuntimeError) as exc:
         print(f"rdmadev plan: {exc}", file=sys.stderr)
         return 1
     if not plans:

@@ -10,7 +10,7 @@ import logging
 import math
 from collections import Counter, defaultdict
 
-__all__ = ["explain", "format_table", "draw", "short_task", "human_bytes"]
+__all__ = ["explain", "format_table", "draw", "build_figure", "short_task", "human_bytes"]
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
@@ -92,16 +92,15 @@ def _positions(tasks):
             for i, t in enumerate(tasks)}
 
 
-def draw(plan, path, title=None):
-    """Draw the plan to ``path`` (format from its extension: .png, .svg, .pdf).
+def build_figure(plan, title=None):
+    """Return a matplotlib ``Figure`` of the plan (tasks as boxes, one arrow per task pair and kind).
 
     Args:
         plan: a ``Plan``.
-        path: output file path.
         title: optional title (default: a one-line summary).
 
     Returns:
-        ``path``.
+        The Figure; its single Axes holds the task boxes (texts) and arrows (FancyArrowPatch).
     """
     from matplotlib.figure import Figure
     from matplotlib.patches import FancyArrowPatch
@@ -142,7 +141,21 @@ def draw(plan, path, title=None):
                 bbox={"boxstyle": "round,pad=0.6", "fc": TASK_COLOR, "ec": "#2171b5", "lw": 1.5})
     ax.set_title(title or f"rdmadev plan: {len(plan.swapped())} swapped (green), {len(plan.kept())} kept on gRPC "
                           f"(grey, dashed)", fontsize=11)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    return fig
+
+
+def draw(plan, path, title=None):
+    """Draw the plan to ``path`` (format from its extension: .png, .svg, .pdf).
+
+    Args:
+        plan: a ``Plan``.
+        path: output file path.
+        title: optional title (default: a one-line summary).
+
+    Returns:
+        ``path``.
+    """
+    build_figure(plan, title).savefig(path, dpi=110, bbox_inches="tight")
     log.debug("drew plan to %s", path)
     return path
 

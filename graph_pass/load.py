@@ -66,6 +66,9 @@ def _named_partitions(partitions):
         return [(str(k), as_graph_def(v, k)) for k, v in partitions.items()]
     if isinstance(partitions, (bytes, bytearray, memoryview)) or hasattr(partitions, "node"):
         partitions = [partitions]
+    elif hasattr(partitions, "function_graphs"):
+        raise LoadError("got a whole RunMetadata: it may hold several instantiations; plan each of "
+                        "graph_pass.partition_sets(run_metadata) separately")
     elif hasattr(partitions, "partition_graphs"):  # a RunMetadata.FunctionGraphs message
         partitions = list(partitions.partition_graphs)
     try:

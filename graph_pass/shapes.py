@@ -54,6 +54,9 @@ ASSIGN_VALUE_INPUT = {"AssignVariableOp": 1, "AssignAddVariableOp": 1, "AssignSu
                       "ResourceApplyGradientDescent": 2}
 #: FusedBatchNormGrad*: outputs 1 and 2 (scale and offset gradients) have the shape of input 2 (scale).
 FBN_GRAD_OUTPUTS = {1: 2, 2: 2}
+#: FusedBatchNorm* (forward): outputs 1-4 (batch mean/variance, reserve spaces 1-2) have the shape of
+#: input 1 (scale), i.e. [channels].
+FBN_OUTPUTS = {1: 1, 2: 1, 3: 1, 4: 1}
 
 
 def fully_defined(shape):
@@ -190,6 +193,8 @@ class ShapeInference:
                 return self._in(key, 0, depth), f"inferred ({op})"
             if base.startswith("FusedBatchNormGrad") and index in FBN_GRAD_OUTPUTS:
                 return self._in(key, FBN_GRAD_OUTPUTS[index], depth), f"inferred ({op})"
+            if base.startswith("FusedBatchNorm") and index in FBN_OUTPUTS:
+                return self._in(key, FBN_OUTPUTS[index], depth), f"inferred ({op})"
             return None, "unknown"
         if index != 0:
             return None, "unknown"

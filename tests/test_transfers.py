@@ -21,8 +21,9 @@ def _connect_both(domain, peer):
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s}B")
 def test_write_lands_in_peer_region(domain, peer, size):
     ep = _connect_both(domain, peer)
-    desc = peer.call("alloc", "dst", size + REMOTE_OFF + 64)
-    peer.call("fill", "dst", 99)
+    total = size + REMOTE_OFF + 64
+    desc = peer.call("alloc", "dst", total)
+    peer.call("fill", "dst", 99, 16)  # bytes 0..15 (the signal) stay zero
     remote = ep.attach(desc)
     src = domain.allocate(size + LOCAL_OFF)
     np.frombuffer(src, np.uint8, size, LOCAL_OFF)[:] = pattern(size, 7)
@@ -32,7 +33,7 @@ def test_write_lands_in_peer_region(domain, peer, size):
     assert peer.call("wait", "dst", 0, 1, 30) == 1
     assert peer.call("matches", "dst", 7, REMOTE_OFF, size)
     # Bytes around the written range are untouched (the signal owns bytes 0..15).
-    before = pattern(size + REMOTE_OFF + 64, 99)
+    before = np.concatenate([np.zeros(16, np.uint8), pattern(total - 16, 99)])
     assert peer.call("matches_bytes", "dst", 16, before[16:REMOTE_OFF].tobytes())
     assert peer.call("matches_bytes", "dst", REMOTE_OFF + size,
                      before[REMOTE_OFF + size:].tobytes())

@@ -13,11 +13,6 @@ if str(_TESTS) not in sys.path:
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
-def pytest_configure(config):
-    # Registered centrally too; repeating the line here keeps this directory warning-free on its own.
-    config.addinivalue_line("markers", "tf: starts TensorFlow server processes (a loopback cluster)")
-
-
 @pytest.fixture(scope="session")
 def tf_cluster():
     """A started 1 ps + 2 worker loopback cluster, shared by the session; this process is its coordinator."""

@@ -70,8 +70,28 @@ def test_explain_draws_png_and_svg(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
     text = svg.read_text()
     assert text.lstrip().startswith("<?xml") and "<svg" in text
-    for name in ("ps:0", "worker:0", "worker:1"):  # matplotlib keeps text as text in SVG
-        assert name in text or name.replace(":", "") in text or "ps" in text
+
+
+def test_picture_has_task_boxes_and_highlighted_swaps_and_marked_keeps():
+    from matplotlib.colors import to_hex
+    from matplotlib.patches import FancyArrowPatch
+
+    from graph_pass.explain import KEEP_COLOR, SWAP_COLOR, build_figure
+
+    ps, (w,) = B.ps_worker_step()
+    client = B.Partition("/job:localhost/replica:0/task:0/device:CPU:0")
+    client.node("arg", "_Arg", T=("type", B.FLOAT), _output_shapes=("shapes", [(3,)]), index=0)
+    B.pair(client, w, "edge_91_arg", "arg")
+    plan = gp.plan_partitions(B.partitions(ps, w, client), instance_id="i")
+    (ax,) = build_figure(plan).axes
+    boxes = [t.get_text() for t in ax.texts if "registers" in t.get_text()]
+    assert sorted(b.split()[0] for b in boxes) == ["localhost:0", "ps:0", "worker:0"]
+    assert "ps:0\nregisters 4.0 KiB" in boxes
+    arrows = [p for p in ax.patches if isinstance(p, FancyArrowPatch)]
+    styles = sorted((to_hex(a.get_edgecolor()), a.get_linestyle()) for a in arrows)
+    assert styles == sorted([(SWAP_COLOR, "-"), (SWAP_COLOR, "-"), (KEEP_COLOR, "--")])
+    labels = [t.get_text() for t in ax.texts]
+    assert "kept on gRPC:\n1 client_task" in labels and "1 swapped\n128 B/step" in labels
 
 
 def _metadata_file(tmp_path):
@@ -114,8 +134,10 @@ def test_cli_errors(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main([])
     assert exc.value.code == 2
-    with pytest.raises(SystemExit, match="must be FILE.py:FUNC"):
-        cli.main(["not-a-target"])
+    assert cli.main(["not-a-target"]) == 2
+    assert "must be FILE.py:FUNC" in capsys.readouterr().err
+    assert cli.main([str(tmp_path / "nope.py") + ":run"]) == 2
+    assert "no such file" in capsys.readouterr().err
 
 
 def test_python_dash_m_graph_pass_runs_the_cli(tmp_path):

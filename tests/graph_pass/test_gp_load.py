@@ -102,6 +102,8 @@ def test_partition_sets_from_run_metadata_bytes():
     tf1 = _proto.RunMetadata()
     tf1.partition_graphs.extend([ps.gd])  # TF1 sessions: only top-level partitions
     assert len(gp.partition_sets(tf1)) == 1
+    with pytest.raises(gp.LoadError, match="got a whole RunMetadata"):
+        gp.load(md)
     with pytest.raises(gp.LoadError, match="not a serialized RunMetadata"):
         gp.partition_sets(b"\xff\xff")
 

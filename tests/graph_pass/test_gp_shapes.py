@@ -80,6 +80,13 @@ def test_fused_batch_norm_grad_outputs():
     assert shape_of(build) == (16,)
 
 
+def test_fused_batch_norm_statistics_outputs():
+    def build(w):
+        w.node("fbn", "FusedBatchNormV3", [arg(w, "x", (8, 4, 4, 16)), arg(w, "scale", (16,), 1)])
+        return "fbn:2"
+    assert shape_of(build) == (16,)
+
+
 def test_unknown_op_gives_unknown_shape():
     def build(w):
         return w.node("weird", "SomeCustomOp", [arg(w, "x", (2, 2))]).name
