@@ -28,7 +28,7 @@ VARIABLES = (
     ("RDMADEV_YIELD_US", "200", "Microseconds a waiter then yields the core (sched_yield) before it sleeps with backoff (at most 100 us per sleep)."),
     ("RDMADEV_DEADLINE_S", "300", "Seconds any wait or transfer may take before it fails with DeadlineExceeded (never a hang)."),
     ("RDMADEV_SECRET", "(generated)", "Cluster secret every task shares; the tcp fabric authenticates peers with HMAC-SHA256 over it. Generated per process if unset, which only suits single-process use."),
-    ("RDMADEV_SECRET_FILE", "", "File holding the cluster secret (instead of RDMADEV_SECRET)."),
+    ("RDMADEV_SECRET_FILE", "(unset)", "File holding the cluster secret (instead of RDMADEV_SECRET)."),
     ("RDMADEV_TCP_ADDR", "127.0.0.1:0", "host:port the tcp fabric listens on and advertises; host must be an address peers can reach (port 0 = any free port)."),
 )
 
