@@ -24,7 +24,7 @@ def _send(tx, src, length):
     assert tx.send(src, 0, length) == seq
 
 
-@pytest.mark.parametrize("slots", [2, 3])
+@pytest.mark.parametrize("slots", [2, 3, 8])
 def test_thousands_of_transfers_arrive_intact(domain, peer, slots):
     count, capacity = 3000, 4096 + 64
     tx = _channel(domain, peer, slots, capacity)

@@ -1,5 +1,7 @@
 #include "channel.h"
 
+#include <algorithm>
+
 namespace rdmadev {
 
 void RingLayout::Validate() const {
@@ -54,7 +56,7 @@ RingReceiver::RingReceiver(std::shared_ptr<Region> ring, RingLayout layout,
                            std::shared_ptr<Endpoint> to_sender, std::shared_ptr<RemoteRegion> credit,
                            uint64_t epoch, WaitPolicy policy)
     : ring_(std::move(ring)), layout_(layout), ep_(std::move(to_sender)),
-      credit_(std::move(credit)), epoch_(epoch), acquired_(epoch), credit_seq_(epoch),
+      credit_(std::move(credit)), epoch_(epoch), acquired_(epoch), credit_seq_(epoch), reported_(epoch),
       released_(layout.slots, false), policy_(PolicyFor(policy, ep_.get())) {
   layout_.Validate();
   ring_->CheckRange(0, layout_.bytes(), "lay out ring");
@@ -99,9 +101,15 @@ void RingReceiver::Release(uint64_t seq, const Deadline& deadline) {
     released_[(credit_seq_ - epoch_) % k] = false;
     ++credit_seq_;
   }
-  if (credit_seq_ != before) {
+  // Credits go back in batches of K/4 (at least 1): each credit is a message the sender's
+  // side must receive (on tcp a frame and a thread wakeup), and the sender never needs the
+  // newest one while more than 3/4 of the ring is free. Unreported releases stay below the
+  // batch (<= K), so a sender blocked on credit is always eventually unblocked.
+  const uint64_t batch = std::max<uint64_t>(1, layout_.slots / 4);
+  if (credit_seq_ != before && credit_seq_ - reported_ >= batch) {
     Signal sig{0, credit_seq_, 0};
     ep_->Write(nullptr, *credit_, 0, 0, &sig, deadline);
+    reported_ = credit_seq_;
   }
 }
 

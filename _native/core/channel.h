@@ -73,6 +73,7 @@ class RingReceiver {
   std::shared_ptr<Endpoint> ep_;
   std::shared_ptr<RemoteRegion> credit_;
   uint64_t epoch_, acquired_, credit_seq_;
+  uint64_t reported_;  // highest credit written to the sender
   std::vector<bool> released_;  // by slot, for transfers in (credit_seq_, acquired_]
   WaitPolicy policy_;
 };
