@@ -12,15 +12,22 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # importing TF for its flags is noisy
 CORE = os.path.join("_native", "core")
 CORE_SOURCES = [
     os.path.join(CORE, f)
-    for f in ("common.cc", "hmac.cc", "region.cc", "completion.cc", "fabric.cc", "domain.cc",
-              "channel.cc", "bench.cc", os.path.join("shm", "shm.cc"),
-              os.path.join("tcp", "frame.cc"), os.path.join("tcp", "tcp.cc"))
+    for f in ("common.cc", "hmac.cc", "sockio.cc", "handshake.cc", "region.cc", "completion.cc",
+              "fabric.cc", "domain.cc", "channel.cc", "registry.cc", "bench.cc",
+              os.path.join("shm", "shm.cc"),
+              os.path.join("tcp", "frame.cc"), os.path.join("tcp", "tcp.cc"),
+              os.path.join("verbs", "ibv_lib.cc"), os.path.join("verbs", "verbs_device.cc"),
+              os.path.join("verbs", "verbs_memory.cc"), os.path.join("verbs", "verbs_qp.cc"),
+              os.path.join("verbs", "verbs.cc"))
 ]
 CXXFLAGS = ["-std=c++17", "-O2", "-fvisibility=default", "-Wall", "-Wno-unused-parameter"]
 CORE_LIB = "librdmadev_core.so"
+TF_OPS_LIB = "_tf_ops.so"
+BUILD_INFO = os.path.join("rdmadev", "_build_info.py")
 
 
 class BuildNative(build_ext):
@@ -31,6 +38,8 @@ class BuildNative(build_ext):
         parts = fullname.split(".")
         if parts[-1] == "librdmadev_core":
             return os.path.join(*parts[:-1], CORE_LIB)
+        if parts[-1] == "_tf_ops":
+            return os.path.join(*parts[:-1], TF_OPS_LIB)
         return super().get_ext_filename(fullname)
 
     def build_extensions(self):
@@ -49,19 +58,40 @@ class BuildNative(build_ext):
             self.build_extension(ext)
 
 
+def tf_ops_extension():
+    """The TensorFlow op library, built against the installed TensorFlow with its own
+    flags plus -DNDEBUG (without it TF's Node layout differs from the wheel's and a graph
+    pass crashes). Records the TF version it was built against for the import check."""
+    import tensorflow as tf
+
+    with open(os.path.join(HERE, BUILD_INFO), "w") as f:
+        f.write('"""Written by setup.py: what the op library was built against."""\n'
+                f"TF_VERSION = {tf.__version__!r}\n")
+    return Extension(
+        "rdmadev._tf_ops",
+        [os.path.join("_native", "tf", f) for f in ("ops.cc",)],
+        include_dirs=[CORE], language="c++",
+        extra_compile_args=CXXFLAGS + tf.sysconfig.get_compile_flags() + [
+            "-DNDEBUG", "-Wno-sign-compare", "-Wno-deprecated-declarations",
+            "-Wno-interference-size", "-Wno-unused-but-set-variable"],
+        extra_link_args=tf.sysconfig.get_link_flags() + [
+            "-Wl,-rpath," + tf.sysconfig.get_lib()])
+
+
 def extensions():
     from Cython.Build import cythonize
 
     core = Extension(
         "rdmadev.librdmadev_core", CORE_SOURCES, language="c++",
-        extra_compile_args=CXXFLAGS, extra_link_args=["-pthread"])
+        # -ldl only: libibverbs is dlopen()ed at run time (verbs/ibv_lib.h), never linked.
+        extra_compile_args=CXXFLAGS, extra_link_args=["-pthread", "-ldl"])
     bindings = cythonize(
         [Extension("rdmadev._core", [os.path.join("_native", "python", "_core.pyx")],
                    include_dirs=[CORE, os.path.join("_native", "python")], language="c++",
                    extra_compile_args=CXXFLAGS)],
         include_path=[os.path.join("_native", "python")],
         compiler_directives={"language_level": 3}, quiet=True)
-    return [core] + bindings
+    return [core] + bindings + [tf_ops_extension()]
 
 
 setup(ext_modules=extensions(), cmdclass={"build_ext": BuildNative})

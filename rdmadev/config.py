@@ -29,7 +29,10 @@ VARIABLES = (
     ("RDMADEV_DEADLINE_S", "300", "Seconds any wait or transfer may take before it fails with DeadlineExceeded (never a hang)."),
     ("RDMADEV_SECRET", "(generated)", "Cluster secret every task shares; the tcp fabric authenticates peers with HMAC-SHA256 over it. Generated per process if unset, which only suits single-process use."),
     ("RDMADEV_SECRET_FILE", "(unset)", "File holding the cluster secret (instead of RDMADEV_SECRET)."),
-    ("RDMADEV_TCP_ADDR", "127.0.0.1:0", "host:port the tcp fabric listens on and advertises; host must be an address peers can reach (port 0 = any free port)."),
+    ("RDMADEV_TCP_ADDR", "127.0.0.1:0", "host:port the tcp fabric listens on and advertises; host must be an address peers can reach (port 0 = any free port). The verbs fabric's connection side channel listens on the same host (any port)."),
+    ("RDMADEV_DEVICE", "(auto)", "RDMA device for the verbs fabric (e.g. mlx5_0, rxe0); default: the first device with an ACTIVE port."),
+    ("RDMADEV_PORT", "(auto)", "Port of RDMADEV_DEVICE (1-based); default: its first ACTIVE port."),
+    ("RDMADEV_GID_INDEX", "(auto)", "GID index on RoCE; default: the first RoCE v2 GID holding an IPv4 address, then other RoCE v2, then RoCE v1 (`rdmadev doctor` lists them)."),
 )
 
 # Below 2 slots a sender would wait for every release: no overlap of transfers at all.
@@ -64,6 +67,9 @@ class Config:
     deadline_s: float = 300.0
     secret: bytes = b""
     tcp_addr: str = "127.0.0.1:0"
+    device: str = ""
+    port: int = 0
+    gid_index: int = -1
 
     @classmethod
     def from_env(cls, env=None):
@@ -109,4 +115,7 @@ class Config:
             deadline_s=_number(env, "RDMADEV_DEADLINE_S", 300.0, float, 0.001, 1e7),
             secret=secret,
             tcp_addr=tcp_addr,
+            device=env.get("RDMADEV_DEVICE", "").strip(),
+            port=_number(env, "RDMADEV_PORT", 0, int, 1, 255) if env.get("RDMADEV_PORT", "").strip() else 0,
+            gid_index=_number(env, "RDMADEV_GID_INDEX", -1, int, 0, 65535),
         )

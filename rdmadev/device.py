@@ -68,8 +68,9 @@ def open_domain(name, config=None, fabrics=None, tcp_addr=None):
     secret = cfg.secret
     if not secret:
         secret = secrets.token_bytes(GENERATED_SECRET_BYTES)
-        if "tcp" in names:
-            log.info("no RDMADEV_SECRET set: generated one; tcp peers in other processes "
+        if "tcp" in names or "verbs" in names:
+            log.info("no RDMADEV_SECRET set: generated one; tcp/verbs peers in other processes "
                      "will fail authentication unless they share it")
     return _core.Domain(name, names, secret=secret, tcp_listen=tcp_addr or cfg.tcp_addr,
-                        spin_us=cfg.spin_us, yield_us=cfg.yield_us)
+                        spin_us=cfg.spin_us, yield_us=cfg.yield_us, verbs_device=cfg.device,
+                        verbs_port=cfg.port, verbs_gid_index=cfg.gid_index)

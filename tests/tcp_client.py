@@ -11,7 +11,9 @@ HELLO = struct.Struct("<II32s")           # magic "RDMH", version, server nonce
 FRAME = struct.Struct("<IHHQQQQQQQ")      # magic, op, flags, region, rkey, offset, length, sig x3
 FRAME_MAGIC, HELLO_MAGIC = 0x464D4452, 0x48444D52
 OP_WRITE, OP_READ, FLAG_SIGNAL = 1, 2, 1
-DESC = struct.Struct("<IIQQQIiQQ8x")       # region descriptor: magic, version, id, size, rkey, ...
+# Region descriptor v2 (80 bytes): magic, version, id, size, rkey, pid, fd, ino, dev,
+# verbs address, verbs rkey, reserved.
+DESC = struct.Struct("<IIQQQIiQQQI12x")
 
 
 def parse_desc(desc):

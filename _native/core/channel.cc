@@ -31,7 +31,15 @@ RingSender::RingSender(std::shared_ptr<Endpoint> to_receiver, std::shared_ptr<Re
   credit_->CheckRange(0, kCreditBytes, "use credit region");
 }
 
+std::pair<const std::atomic<uint64_t>*, uint64_t> RingSender::CreditNeeded() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t n = sent_ + 1;
+  if (n - epoch_ <= layout_.slots) return {credit_->Word(0), 0};
+  return {credit_->Word(0), n - layout_.slots};
+}
+
 uint64_t RingSender::Send(const void* src, uint64_t len, const Deadline& deadline) {
+  std::lock_guard<std::mutex> lock(mu_);
   if (len > layout_.capacity) {
     throw Error(ErrorKind::kBounds, "Failed to send: " + std::to_string(len) +
                                         " bytes exceed the channel's planned slot capacity of " +
@@ -56,28 +64,49 @@ RingReceiver::RingReceiver(std::shared_ptr<Region> ring, RingLayout layout,
                            std::shared_ptr<Endpoint> to_sender, std::shared_ptr<RemoteRegion> credit,
                            uint64_t epoch, WaitPolicy policy)
     : ring_(std::move(ring)), layout_(layout), ep_(std::move(to_sender)),
-      credit_(std::move(credit)), epoch_(epoch), acquired_(epoch), credit_seq_(epoch), reported_(epoch),
-      released_(layout.slots, false), policy_(PolicyFor(policy, ep_.get())) {
+      credit_(std::move(credit)), epoch_(epoch), acquired_(epoch), credit_seq_(epoch),
+      reported_(epoch), released_(layout.slots, false), policy_(PolicyFor(policy, ep_.get())),
+      reserved_(epoch) {
   layout_.Validate();
   ring_->CheckRange(0, layout_.bytes(), "lay out ring");
   CheckRemoteRange(credit_->desc, 0, kSignalBytes, nullptr);
 }
 
 Slot RingReceiver::Acquire(const Deadline& deadline) {
-  uint64_t n = acquired_ + 1;
+  uint64_t n = Reserve();
+  auto ep = ep_;
+  uint64_t seen = WaitWord(WordFor(n), n, deadline, policy_,
+                           [ep](std::string* why) { return ep->Alive(why); },
+                           "transfer " + std::to_string(n));
+  std::lock_guard<std::mutex> lock(mu_);
+  return TakeLocked(n, seen);
+}
+
+uint64_t RingReceiver::Reserve() {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t n = reserved_ + 1;
   if (n - credit_seq_ > layout_.slots) {
     throw Error(ErrorKind::kProtocol, "Failed to acquire: all " + std::to_string(layout_.slots) +
                                           " slots are held",
                 0, "release a slot before acquiring the next");
   }
+  reserved_ = n;
+  return n;
+}
+
+const std::atomic<uint64_t>* RingReceiver::WordFor(uint64_t n) const {
+  return ring_->Word(layout_.header((n - epoch_ - 1) % layout_.slots));
+}
+
+Slot RingReceiver::Take(uint64_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return TakeLocked(n, WordFor(n)->load(std::memory_order_acquire));
+}
+
+Slot RingReceiver::TakeLocked(uint64_t n, uint64_t seen) {
   uint64_t slot = (n - epoch_ - 1) % layout_.slots;
-  auto* word = ring_->Word(layout_.header(slot));
-  auto ep = ep_;
-  uint64_t seen = WaitWord(word, n, deadline, policy_,
-                           [ep](std::string* why) { return ep->Alive(why); },
-                           "transfer " + std::to_string(n));
   uint64_t len = ring_->Word(layout_.header(slot) + 8)->load(std::memory_order_relaxed);
-  if (seen != n || len > layout_.capacity) {
+  if (n != acquired_ + 1 || seen != n || len > layout_.capacity) {
     throw Error(ErrorKind::kProtocol, "Channel out of step: slot " + std::to_string(slot) +
                                           " holds sequence " + std::to_string(seen) + " (" +
                                           std::to_string(len) + " bytes), expected " +
@@ -88,7 +117,23 @@ Slot RingReceiver::Acquire(const Deadline& deadline) {
   return Slot{n, ring_->base() + layout_.payload(slot), len};
 }
 
+uint64_t RingReceiver::acquired() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return acquired_;
+}
+
+uint64_t RingReceiver::credit() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return credit_seq_;
+}
+
+uint64_t RingReceiver::held() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return acquired_ - credit_seq_;
+}
+
 void RingReceiver::Release(uint64_t seq, const Deadline& deadline) {
+  std::lock_guard<std::mutex> lock(mu_);
   if (seq <= credit_seq_ || seq > acquired_) {
     throw Error(ErrorKind::kProtocol, "Failed to release transfer " + std::to_string(seq) +
                                           ": it is not held (held: " + std::to_string(credit_seq_ + 1) +

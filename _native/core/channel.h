@@ -11,6 +11,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <utility>
 #include <vector>
 
 #include "completion.h"
@@ -32,6 +34,8 @@ struct RingLayout {
 };
 constexpr uint64_t kCreditBytes = kCacheLine;
 
+// Both halves are safe to call from several threads (TF kernels, the progress thread,
+// tensor buffers released anywhere).
 class RingSender {
  public:
   RingSender(std::shared_ptr<Endpoint> to_receiver, std::shared_ptr<RemoteRegion> ring,
@@ -39,8 +43,14 @@ class RingSender {
   // Waits for a free slot (credit), writes len bytes from src and signals; returns n.
   uint64_t Send(const void* src, uint64_t len, const Deadline& deadline);
   uint64_t sent() const { return sent_; }
+  // For asynchronous senders: the credit word and the value it must reach before the next
+  // Send can go without waiting (target 0: it already can).
+  std::pair<const std::atomic<uint64_t>*, uint64_t> CreditNeeded() const;
+  const RingLayout& layout() const { return layout_; }
+  const std::shared_ptr<Endpoint>& endpoint() const { return ep_; }
 
  private:
+  mutable std::mutex mu_;
   std::shared_ptr<Endpoint> ep_;
   std::shared_ptr<RemoteRegion> ring_;
   RingLayout layout_;
@@ -64,10 +74,21 @@ class RingReceiver {
   Slot Acquire(const Deadline& deadline);
   // Gives slot `seq` back; the sender's credit advances over every released prefix.
   void Release(uint64_t seq, const Deadline& deadline);
-  uint64_t acquired() const { return acquired_; }
-  uint64_t credit() const { return credit_seq_; }
+  uint64_t acquired() const;
+  uint64_t credit() const;
+  uint64_t held() const;  // acquired, not yet released
+
+  // Asynchronous receiving (the TF wait kernel): Reserve() hands out the next sequence
+  // number in call order, WordFor(n) is the word to wait on (it reaches n), and Take(n),
+  // once it has, acquires the slot without waiting.
+  uint64_t Reserve();
+  const std::atomic<uint64_t>* WordFor(uint64_t n) const;
+  Slot Take(uint64_t n);
+  const RingLayout& layout() const { return layout_; }
+  const std::shared_ptr<Endpoint>& endpoint() const { return ep_; }
 
  private:
+  Slot TakeLocked(uint64_t n, uint64_t seen);
   std::shared_ptr<Region> ring_;
   RingLayout layout_;
   std::shared_ptr<Endpoint> ep_;
@@ -76,6 +97,8 @@ class RingReceiver {
   uint64_t reported_;  // highest credit written to the sender
   std::vector<bool> released_;  // by slot, for transfers in (credit_seq_, acquired_]
   WaitPolicy policy_;
+  mutable std::mutex mu_;
+  uint64_t reserved_;  // highest sequence handed out by Reserve()
 };
 
 }  // namespace rdmadev

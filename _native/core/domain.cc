@@ -4,6 +4,7 @@
 
 #include "shm/shm.h"
 #include "tcp/tcp.h"
+#include "verbs/verbs.h"
 
 namespace rdmadev {
 
@@ -16,10 +17,7 @@ const std::vector<std::string>& FabricPriority() {
 std::string FabricUnviableReason(const std::string& name) {
   if (name == "shm") return ShmUnviableReason();
   if (name == "tcp") return TcpUnviableReason();
-  if (name == "verbs") {
-    return "not implemented in this rdmadev version yet (see the verbs fabric issue); "
-           "`rdmadev doctor` shows whether libibverbs loads and which devices it sees";
-  }
+  if (name == "verbs") return VerbsUnviableReason(VerbsOptionsFromEnv());
   return "unknown fabric '" + name + "' (choose one of shm, tcp, verbs)";
 }
 
@@ -63,6 +61,10 @@ std::shared_ptr<Domain> Domain::Open(const DomainOptions& options) {
                   "choose another fabric with RDMADEV_FABRIC, or RDMADEV_FABRIC=auto");
     }
     if (name == "shm") d->fabrics_.push_back(MakeShmFabric());
+    if (name == "verbs") {
+      d->fabrics_.push_back(MakeVerbsFabric(options.verbs, options.tcp_listen, options.name,
+                                            options.secret, options.wait));
+    }
     if (name == "tcp") {
       d->fabrics_.push_back(MakeTcpFabric(d.get(), options.tcp_listen, options.name, options.secret));
     }
@@ -103,6 +105,17 @@ std::shared_ptr<Region> Domain::Allocate(uint64_t size, const std::string& label
   }
   auto r = Region::Allocate(id, size, options_.name + "/" + label);
   std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) throw Error(ErrorKind::kClosed, "Failed to allocate region: domain is closed");
+  // Registered while the lock is held, so Close never races a half-registered region.
+  for (size_t i = 0; i < fabrics_.size(); ++i) {
+    try {
+      fabrics_[i]->RegisterRegion(*r);
+    } catch (...) {
+      for (size_t j = 0; j < i; ++j) fabrics_[j]->DeregisterRegion(*r);
+      r->Close();
+      throw;
+    }
+  }
   regions_[id] = r;
   return r;
 }
@@ -121,6 +134,7 @@ void Domain::Release(uint64_t id) {
     if (it == regions_.end()) return;
     r = it->second;
     regions_.erase(it);
+    for (auto& f : fabrics_) f->DeregisterRegion(*r);
   }
   r->Close();
 }

@@ -11,6 +11,7 @@
 #include "completion.h"
 #include "fabric.h"
 #include "region.h"
+#include "verbs/verbs_options.h"
 
 namespace rdmadev {
 
@@ -18,7 +19,9 @@ struct DomainOptions {
   std::string name = "task";          // identity presented to peers (e.g. "worker:0")
   std::string secret;                 // cluster secret for authenticated fabrics
   std::vector<std::string> fabrics;   // which to open, e.g. {"shm", "tcp"}
-  std::string tcp_listen = "127.0.0.1:0";  // host:port the tcp fabric listens on
+  std::string tcp_listen = "127.0.0.1:0";  // host:port the tcp fabric listens on (the verbs
+                                           // side channel listens on the same host, any port)
+  VerbsOptions verbs;                      // device/port/GID choice of the verbs fabric
   WaitPolicy wait;
 };
 

@@ -70,6 +70,12 @@ class Fabric {
   virtual bool CanReach(const std::string& peer_reach) const = 0;
   virtual std::shared_ptr<Endpoint> Connect(const std::string& peer_reach,
                                             const Deadline& deadline) = 0;
+  // Called by Domain::Allocate before a region is handed out: a fabric whose hardware must
+  // know the memory (verbs: one memory registration per region) registers it here and
+  // records in the region's descriptor what a peer needs to address it. Throws kRegion.
+  virtual void RegisterRegion(Region& region) {}
+  // Called by Domain::Release before the region is closed: peers lose access. Never throws.
+  virtual void DeregisterRegion(Region& region) {}
   virtual void Close() = 0;
 };
 

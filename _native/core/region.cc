@@ -14,7 +14,8 @@ const char kAnyPeer[] = "*";
 
 namespace {
 constexpr uint32_t kDescMagic = 0x524d4452;  // "RDMR" little-endian
-constexpr uint32_t kDescVersion = 1;
+// 2: 80 bytes, carries the verbs address and rkey.
+constexpr uint32_t kDescVersion = 2;
 
 template <typename T>
 void Put(std::string* out, size_t at, T v) { std::memcpy(&(*out)[at], &v, sizeof v); }
@@ -35,6 +36,8 @@ std::string RegionDesc::Encode() const {
   Put<int32_t>(&out, 36, fd);
   Put<uint64_t>(&out, 40, ino);
   Put<uint64_t>(&out, 48, dev);
+  Put<uint64_t>(&out, 56, verbs_addr);
+  Put<uint32_t>(&out, 64, verbs_rkey);
   return out;
 }
 
@@ -59,6 +62,8 @@ RegionDesc RegionDesc::Decode(const std::string& bytes) {
   d.fd = Get<int32_t>(bytes, 36);
   d.ino = Get<uint64_t>(bytes, 40);
   d.dev = Get<uint64_t>(bytes, 48);
+  d.verbs_addr = Get<uint64_t>(bytes, 56);
+  d.verbs_rkey = Get<uint32_t>(bytes, 64);
   return d;
 }
 

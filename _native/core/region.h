@@ -13,7 +13,10 @@
 namespace rdmadev {
 
 // What a peer needs to address a region, whatever the fabric. Serialized to a fixed
-// 64-byte little-endian record (see Encode/Decode); the version is checked on decode.
+// 80-byte little-endian record (see Encode/Decode); the version is checked on decode.
+//   0 u32 magic "RDMR"   4 u32 version (2)   8 u64 id   16 u64 size   24 u64 rkey (tcp)
+//  32 u32 pid   36 i32 fd   40 u64 ino   48 u64 dev                  (shm)
+//  56 u64 verbs_addr   64 u32 verbs_rkey   68 u32 reserved   72 u64 reserved   (verbs)
 struct RegionDesc {
   uint64_t id = 0;     // unique within the owning domain
   uint64_t size = 0;   // usable bytes
@@ -22,8 +25,10 @@ struct RegionDesc {
   int32_t fd = -1;     // owner's memfd
   uint64_t ino = 0;    // memfd inode: guards against a recycled pid or fd
   uint64_t dev = 0;
+  uint64_t verbs_addr = 0;  // virtual address of byte 0 in the owner (RDMA WRITE/READ target)
+  uint32_t verbs_rkey = 0;  // the memory registration's remote key (0: not registered)
 
-  static constexpr size_t kEncodedSize = 64;
+  static constexpr size_t kEncodedSize = 80;
   std::string Encode() const;
   static RegionDesc Decode(const std::string& bytes);  // throws kProtocol
 };
@@ -44,6 +49,12 @@ class Region {
   uint64_t size() const { return size_; }
   uint64_t id() const { return desc_.id; }
   const RegionDesc& desc() const { return desc_; }
+  // Records the verbs registration (address, rkey) in the descriptor; called by the verbs
+  // fabric before the region is handed out, and with (0, 0) when it is deregistered.
+  void SetVerbsKey(uint64_t addr, uint32_t rkey) {
+    desc_.verbs_addr = addr;
+    desc_.verbs_rkey = rkey;
+  }
 
   // Which peers (by authenticated name) may access the region over fabrics that check.
   void Grant(const std::string& peer);

@@ -18,7 +18,7 @@ from rdmadev_core cimport (
     BenchTcpPingPong, BenchTcpStream, Deadline, Domain as CDomain, DomainOptions,
     Endpoint as CEndpoint, FabricPriority, Liveness, PolicyFor, FabricUnviableReason, FeedFrames,
     PyProgressCallback, RecentEvents, Region as CRegion, RegionDesc, RemoteRegion as CRemote,
-    RingLayout, RingReceiver as CReceiver, RingSender as CSender, ServeResult, SetErrorFactory,
+    ChannelRegistry, Receiver, RingLayout, RingReceiver as CReceiver, RingSender as CSender, Sender, ServeResult, SetErrorFactory,
     Signal, Slot as CSlot, WaitPolicy, WaitWord,
 )
 
@@ -27,6 +27,7 @@ from rdmadev import errors as _errors
 SetErrorFactory(_errors._from_native)
 
 __all__ = ["Domain", "Region", "Endpoint", "RemoteRegion", "RingSender", "RingReceiver",
+           "unbind_channel", "bound_channels",
            "fabric_priority", "unviable_reason", "recent_events", "ring_bytes", "ANY_PEER"]
 
 ANY_PEER = "*"
@@ -74,16 +75,23 @@ cdef class Domain:
         name: identity presented to peers (e.g. "worker:0").
         fabrics: fabric names to open (see fabric_priority()).
         secret: cluster secret (bytes/str) for authenticated fabrics (tcp).
-        tcp_listen: "host:port" the tcp fabric listens on (port 0 picks a free one).
+        tcp_listen: "host:port" the tcp fabric listens on (port 0 picks a free one); the
+            verbs fabric's connection side channel listens on the same host, any port.
         spin_us, yield_us: the wait policy (see rdmadev.config).
+        verbs_device, verbs_port, verbs_gid_index: the RDMA device, port and GID for the
+            verbs fabric ("", 0, -1: chosen automatically, see rdmadev.config).
     """
     cdef shared_ptr[CDomain] p
     cdef WaitPolicy policy
     cdef object __weakref__
 
     def __cinit__(self, name, fabrics, secret=b"", tcp_listen="127.0.0.1:0",
-                  double spin_us=20, double yield_us=200):
+                  double spin_us=20, double yield_us=200, verbs_device="", int verbs_port=0,
+                  int verbs_gid_index=-1):
         cdef DomainOptions o
+        o.verbs.device = _b(verbs_device)
+        o.verbs.port = verbs_port
+        o.verbs.gid_index = verbs_gid_index
         o.name = _b(name)
         o.secret = _b(secret)
         for f in fabrics:
@@ -406,6 +414,7 @@ cdef RingLayout _layout(int slots, uint64_t capacity) except *:
 cdef class RingSender:
     """Sending half of a channel: `slots` slots of `capacity` bytes in the receiver's
     `ring` (a RemoteRegion), credits arriving in the local `credit` region."""
+    cdef shared_ptr[CSender] sp
     cdef CSender* p
     cdef Endpoint endpoint
     cdef RemoteRegion ring
@@ -413,12 +422,17 @@ cdef class RingSender:
 
     def __cinit__(self, Endpoint endpoint, RemoteRegion ring, int slots, uint64_t capacity,
                   Region credit, uint64_t epoch=0):
-        self.p = new CSender(endpoint.p, ring.p, _layout(slots, capacity), credit.p, epoch,
-                             endpoint.domain.policy)
+        self.sp.reset(new CSender(endpoint.p, ring.p, _layout(slots, capacity), credit.p, epoch,
+                                  endpoint.domain.policy))
+        self.p = self.sp.get()
         self.endpoint, self.ring, self.credit = endpoint, ring, credit
 
-    def __dealloc__(self):
-        del self.p
+    def bind(self, key):
+        """Publishes this sender under channel `key` for the TF write kernel."""
+        cdef Sender entry
+        entry.ring = self.sp
+        entry.domain = self.endpoint.domain.p
+        ChannelRegistry.Global().Bind(_b(key), entry)
 
     @property
     def sent(self):
@@ -446,20 +460,31 @@ cdef class RingSender:
 cdef class RingReceiver:
     """Receiving half of a channel over the local `ring` region; credits go back through
     `endpoint` into the sender's `credit` RemoteRegion."""
+    cdef shared_ptr[CReceiver] sp
     cdef CReceiver* p
     cdef Region _ring
     cdef Endpoint endpoint
     cdef RemoteRegion credit
-    cdef uint64_t stride
 
     def __cinit__(self, Region ring, int slots, uint64_t capacity, Endpoint endpoint,
                   RemoteRegion credit, uint64_t epoch=0):
         lay = _layout(slots, capacity)
-        self.p = new CReceiver(ring.p, lay, endpoint.p, credit.p, epoch, endpoint.domain.policy)
+        self.sp.reset(new CReceiver(ring.p, lay, endpoint.p, credit.p, epoch,
+                                    endpoint.domain.policy))
+        self.p = self.sp.get()
         self._ring, self.endpoint, self.credit = ring, endpoint, credit
 
-    def __dealloc__(self):
-        del self.p
+    def bind(self, key):
+        """Publishes this receiver under channel `key` for the TF wait kernel."""
+        cdef Receiver entry
+        entry.ring = self.sp
+        entry.domain = self.endpoint.domain.p
+        ChannelRegistry.Global().Bind(_b(key), entry)
+
+    @property
+    def held(self):
+        """Slots acquired and not yet released (e.g. aliased by live TF tensors)."""
+        return self.p.held()
 
     def acquire(self, timeout=30.0):
         """Waits for the next transfer; returns (seq, offset in ring, length). The bytes
@@ -490,6 +515,16 @@ cdef class RingReceiver:
         with nogil:
             t = BenchStreamRecv(self.p[0], count, timeout)
         return t
+
+
+def unbind_channel(key):
+    """Removes channel `key` from the process-wide table."""
+    ChannelRegistry.Global().Unbind(_b(key))
+
+
+def bound_channels():
+    """['send:<key>' | 'recv:<key>', ...] bound in this process."""
+    return [k.decode() for k in ChannelRegistry.Global().Keys()]
 
 
 def bench_memcpy(uint64_t size, uint64_t iters):

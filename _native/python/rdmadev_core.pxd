@@ -97,12 +97,20 @@ cdef extern from "fabric.h" namespace "rdmadev":
     const vector[string]& FabricPriority()
 
 
+cdef extern from "verbs/verbs_options.h" namespace "rdmadev":
+    cdef cppclass VerbsOptions:
+        string device
+        int port
+        int gid_index
+
+
 cdef extern from "domain.h" namespace "rdmadev":
     cdef cppclass DomainOptions:
         string name
         string secret
         vector[string] fabrics
         string tcp_listen
+        VerbsOptions verbs
         WaitPolicy wait
 
     cdef cppclass Domain:
@@ -150,6 +158,25 @@ cdef extern from "channel.h" namespace "rdmadev":
         void Release(uint64_t seq, const Deadline& d) except +raise_py_error nogil
         uint64_t acquired()
         uint64_t credit()
+        uint64_t held()
+
+
+cdef extern from "registry.h" namespace "rdmadev":
+    cdef cppclass Sender "rdmadev::ChannelRegistry::Sender":
+        shared_ptr[RingSender] ring
+        shared_ptr[Domain] domain
+
+    cdef cppclass Receiver "rdmadev::ChannelRegistry::Receiver":
+        shared_ptr[RingReceiver] ring
+        shared_ptr[Domain] domain
+
+    cdef cppclass ChannelRegistry:
+        @staticmethod
+        ChannelRegistry& Global()
+        void Bind(const string& key, Sender s)
+        void Bind(const string& key, Receiver r)
+        void Unbind(const string& key)
+        vector[string] Keys()
 
 
 cdef extern from "tcp/frame.h" namespace "rdmadev":

@@ -19,53 +19,18 @@
 #include <thread>
 
 #include "../domain.h"
-#include "../hmac.h"
+#include "../handshake.h"
+#include "../sockio.h"
 #include "frame.h"
 
 namespace rdmadev {
 namespace {
 
-constexpr uint32_t kHelloMagic = 0x48444d52;  // "RDMH"
-constexpr uint32_t kHelloVersion = 1;
-constexpr size_t kNonce = 32;          // bytes of challenge per side
-constexpr size_t kMaxName = 255;       // longest task name a peer may claim
-constexpr int kHandshakeSeconds = 10;  // a peer that stalls the handshake longer is dropped
+// Domain-separation tag of the handshake (see handshake.h).
+constexpr char kTag[] = "rdmadev-tcp-v1";
 // Bound on concurrent inbound connections: a cluster has a handful of peers; this only
 // stops a hostile client from exhausting threads.
 constexpr size_t kMaxConnections = 512;
-
-std::string Tagged(const char* role, const std::string& a, const std::string& b,
-                   const std::string& name) {
-  return std::string("rdmadev-tcp-v1 ") + role + "|" + a + "|" + b + "|" + name;
-}
-
-std::string PeerText(const sockaddr_storage& ss) {
-  char host[INET6_ADDRSTRLEN] = "?";
-  int port = 0;
-  if (ss.ss_family == AF_INET) {
-    auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
-    inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
-    port = ntohs(a->sin_port);
-  } else if (ss.ss_family == AF_INET6) {
-    auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
-    inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
-    port = ntohs(a->sin6_port);
-  }
-  return std::string(host) + ":" + std::to_string(port);
-}
-
-void SplitHostPort(const std::string& hp, std::string* host, std::string* port) {
-  size_t colon = hp.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == hp.size()) {
-    throw Error(ErrorKind::kConfig, "Failed to parse tcp address '" + hp + "': expected host:port",
-                0, "set RDMADEV_TCP_ADDR to host:port, e.g. 10.0.0.5:0");
-  }
-  *host = hp.substr(0, colon);
-  *port = hp.substr(colon + 1);
-  if (host->size() > 2 && host->front() == '[' && host->back() == ']') {
-    *host = host->substr(1, host->size() - 2);
-  }
-}
 
 // Socket reads and writes for the serving side (one thread per connection). A read first
 // polls the socket without blocking for up to `spin_ns` (the domain's spin budget): a
@@ -124,64 +89,6 @@ class SocketStream : public ByteStream {
   int fd_;
   uint64_t spin_ns_;
 };
-
-// Deadline-bound I/O on a non-blocking socket (the connecting side).
-void WaitFd(int fd, short events, const Deadline& deadline, const std::string& peer) {
-  for (;;) {
-    pollfd p{fd, events, 0};
-    int n = poll(&p, 1, deadline.remaining_ms(1000));
-    if (n > 0) return;
-    if (n < 0 && errno != EINTR) ThrowErrno(ErrorKind::kFabric, "Failed to poll socket", errno);
-    if (deadline.passed()) {
-      throw Error(ErrorKind::kTimeout, "Timed out on the tcp connection to " + peer, ETIMEDOUT,
-                  "the peer is overloaded or unreachable; raise RDMADEV_DEADLINE_S");
-    }
-  }
-}
-
-void SendFully(int fd, iovec* iov, int cnt, const Deadline& deadline, const std::string& peer) {
-  int first = 0;
-  while (first < cnt) {
-    msghdr m{};
-    m.msg_iov = iov + first;
-    m.msg_iovlen = cnt - first;
-    ssize_t sent = sendmsg(fd, &m, MSG_NOSIGNAL);
-    if (sent < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN) {
-        WaitFd(fd, POLLOUT, deadline, peer);
-        continue;
-      }
-      ThrowErrno(ErrorKind::kPeerLost, "Failed to send to " + peer, errno,
-                 "the peer task died or closed the connection");
-    }
-    size_t left = static_cast<size_t>(sent);
-    while (first < cnt && left >= iov[first].iov_len) left -= iov[first++].iov_len;
-    if (first < cnt) {
-      iov[first].iov_base = static_cast<uint8_t*>(iov[first].iov_base) + left;
-      iov[first].iov_len -= left;
-    }
-  }
-}
-
-void RecvFully(int fd, void* dst, size_t n, const Deadline& deadline, const std::string& peer) {
-  auto* p = static_cast<uint8_t*>(dst);
-  while (n > 0) {
-    ssize_t got = recv(fd, p, n, 0);
-    if (got > 0) {
-      p += got;
-      n -= static_cast<size_t>(got);
-    } else if (got == 0) {
-      throw Error(ErrorKind::kPeerLost, "Connection to " + peer + " closed by the peer",
-                  ECONNRESET, "the peer task died, or rejected a request (see its log)");
-    } else if (errno == EAGAIN) {
-      WaitFd(fd, POLLIN, deadline, peer);
-    } else if (errno != EINTR) {
-      ThrowErrno(ErrorKind::kPeerLost, "Failed to receive from " + peer, errno,
-                 "the peer task died or closed the connection");
-    }
-  }
-}
 
 class TcpEndpoint : public Endpoint {
  public:
@@ -273,37 +180,7 @@ class TcpFabric : public Fabric {
  public:
   TcpFabric(Domain* domain, const std::string& listen, std::string name, std::string secret)
       : domain_(domain), name_(std::move(name)), secret_(std::move(secret)) {
-    std::string host, port;
-    SplitHostPort(listen, &host, &port);
-    addrinfo hints{}, *res = nullptr;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE;
-    int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &res);
-    if (rc != 0) {
-      throw Error(ErrorKind::kConfig, "Failed to resolve tcp listen address '" + listen +
-                                          "': " + gai_strerror(rc),
-                  0, "set RDMADEV_TCP_ADDR to an address of this host");
-    }
-    listen_fd_ = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    int one = 1;
-    setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (listen_fd_ < 0 || bind(listen_fd_, res->ai_addr, res->ai_addrlen) != 0 ||
-        ::listen(listen_fd_, 64) != 0) {
-      int err = errno;
-      freeaddrinfo(res);
-      if (listen_fd_ >= 0) close(listen_fd_);
-      ThrowErrno(ErrorKind::kFabric, "Failed to listen on " + listen, err,
-                 "pick a free port or an address of this host in RDMADEV_TCP_ADDR");
-    }
-    freeaddrinfo(res);
-    sockaddr_storage ss{};
-    socklen_t len = sizeof ss;
-    getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&ss), &len);
-    reach_ = PeerText(ss);
-    if (ss.ss_family == AF_INET6) {
-      size_t colon = reach_.rfind(':');
-      reach_ = "[" + reach_.substr(0, colon) + "]" + reach_.substr(colon);
-    }
+    listen_fd_ = ListenTcp(listen, &reach_);
     wake_fd_ = eventfd(0, EFD_CLOEXEC);
     acceptor_ = std::thread([this] { AcceptLoop(); });
   }
@@ -317,38 +194,9 @@ class TcpFabric : public Fabric {
 
   std::shared_ptr<Endpoint> Connect(const std::string& peer_reach,
                                     const Deadline& deadline) override {
-    std::string host, port;
-    SplitHostPort(peer_reach, &host, &port);
-    addrinfo hints{}, *res = nullptr;
-    hints.ai_socktype = SOCK_STREAM;
-    int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &res);
-    if (rc != 0) {
-      throw Error(ErrorKind::kFabric, "Failed to resolve peer " + peer_reach + ": " +
-                                          gai_strerror(rc));
-    }
-    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) {
-      freeaddrinfo(res);
-      ThrowErrno(ErrorKind::kFabric, "Failed to create socket", errno);
-    }
-    rc = connect(fd, res->ai_addr, res->ai_addrlen);
-    freeaddrinfo(res);
+    int fd = ConnectTcp(peer_reach, deadline);
     try {
-      if (rc != 0 && errno != EINPROGRESS) {
-        ThrowErrno(ErrorKind::kPeerLost, "Failed to connect to " + peer_reach, errno,
-                   "the peer task is not running or not listening there");
-      }
-      WaitFd(fd, POLLOUT, deadline, peer_reach);
-      int err = 0;
-      socklen_t elen = sizeof err;
-      getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen);
-      if (err) {
-        ThrowErrno(ErrorKind::kPeerLost, "Failed to connect to " + peer_reach, err,
-                   "the peer task is not running or not listening there");
-      }
-      int one = 1;
-      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      ClientHandshake(fd, peer_reach, deadline);
+      ClientHandshake(fd, kTag, secret_, name_, peer_reach, deadline);
     } catch (...) {
       close(fd);
       throw;
@@ -383,86 +231,8 @@ class TcpFabric : public Fabric {
     std::atomic<bool> done{false};
   };
 
-  void ClientHandshake(int fd, const std::string& peer, const Deadline& deadline) {
-    uint8_t hello[8 + kNonce];
-    RecvFully(fd, hello, sizeof hello, deadline, peer);
-    uint32_t magic, version;
-    std::memcpy(&magic, hello, 4);
-    std::memcpy(&version, hello + 4, 4);
-    if (magic != kHelloMagic || version != kHelloVersion) {
-      throw Error(ErrorKind::kProtocol, "Peer " + peer + " is not an rdmadev tcp fabric (v" +
-                                            std::to_string(kHelloVersion) + ")",
-                  0, "check the peer address and run the same rdmadev version everywhere");
-    }
-    std::string ns(reinterpret_cast<char*>(hello + 8), kNonce), nc(kNonce, '\0');
-    RandomBytes(&nc[0], kNonce);
-    std::string name = name_.substr(0, kMaxName);
-    Digest mac = HmacSha256(secret_, Tagged("client", ns, nc, name));
-    std::string msg;
-    uint16_t nl = static_cast<uint16_t>(name.size());
-    msg.append(reinterpret_cast<char*>(&nl), 2);
-    msg += name + nc;
-    msg.append(reinterpret_cast<char*>(mac.data()), mac.size());
-    iovec iov[1] = {{&msg[0], msg.size()}};
-    SendFully(fd, iov, 1, deadline, peer);
-    uint8_t reply[1 + 32];
-    try {
-      RecvFully(fd, reply, sizeof reply, deadline, peer);
-    } catch (const Error&) {
-      reply[0] = 1;
-    }
-    if (reply[0] != 0) {
-      throw Error(ErrorKind::kAuth, "Peer " + peer + " rejected this task's credentials", EACCES,
-                  "every task must share the same cluster secret (RDMADEV_SECRET)");
-    }
-    Digest expect = HmacSha256(secret_, Tagged("server", nc, ns, name)), got;
-    std::memcpy(got.data(), reply + 1, 32);
-    if (!DigestEqual(expect, got)) {
-      throw Error(ErrorKind::kAuth, "Peer " + peer + " failed authentication", EACCES,
-                  "every task must share the same cluster secret (RDMADEV_SECRET)");
-    }
-  }
-
-  // Returns the authenticated peer name, or "" after logging why it was refused.
-  std::string ServerHandshake(int fd, const std::string& where) {
-    timeval tv{kHandshakeSeconds, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    SocketStream s(fd);
-    uint8_t hello[8 + kNonce];
-    std::memcpy(hello, &kHelloMagic, 4);
-    std::memcpy(hello + 4, &kHelloVersion, 4);
-    RandomBytes(hello + 8, kNonce);
-    std::string ns(reinterpret_cast<char*>(hello + 8), kNonce);
-    uint16_t nl = 0;
-    if (!s.SendAll(hello, sizeof hello, nullptr, 0) || !s.RecvExact(&nl, 2) || nl > kMaxName) {
-      LogEvent("tcp: peer at " + where + " sent a malformed handshake; disconnected");
-      return "";
-    }
-    std::string name(nl, '\0'), nc(kNonce, '\0');
-    Digest mac;
-    if ((nl && !s.RecvExact(&name[0], nl)) || !s.RecvExact(&nc[0], kNonce) ||
-        !s.RecvExact(mac.data(), mac.size())) {
-      LogEvent("tcp: peer at " + where + " sent a truncated handshake; disconnected");
-      return "";
-    }
-    if (!DigestEqual(mac, HmacSha256(secret_, Tagged("client", ns, nc, name)))) {
-      uint8_t no[1 + 32] = {1};
-      s.SendAll(no, sizeof no, nullptr, 0);
-      LogEvent("tcp: peer at " + where + " (claiming '" + name +
-               "') failed authentication: wrong cluster secret; disconnected");
-      return "";
-    }
-    Digest ours = HmacSha256(secret_, Tagged("server", nc, ns, name));
-    uint8_t yes[1 + 32] = {0};
-    std::memcpy(yes + 1, ours.data(), 32);
-    if (!s.SendAll(yes, sizeof yes, nullptr, 0)) return "";
-    timeval none{0, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof none);
-    return name.empty() ? std::string("?") : name;
-  }
-
   void Serve(Conn* c, std::string where) {
-    std::string peer = ServerHandshake(c->fd, where);
+    std::string peer = ServerHandshake(c->fd, kTag, secret_, where, "tcp");
     if (!peer.empty()) {
       SocketStream s(c->fd, domain_->options().wait.spin_ns);
       Domain* d = domain_;

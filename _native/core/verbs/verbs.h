@@ -1,0 +1,32 @@
+// verbs fabric: RDMA over InfiniBand, RoCE or iWARP NICs, and Soft-RoCE (rdma_rxe), through
+// libibverbs loaded at run time (ibv_lib.h).
+//
+// Each region is registered once when allocated (verbs_memory.h); its descriptor carries
+// the registration's address and rkey. An endpoint is one reliable-connected (RC) queue
+// pair; a write is RDMA WRITEs from the registered source (or a registered bounce buffer)
+// followed by the signal, a read is RDMA READs. Two tasks connect over a TCP side channel
+// that first authenticates both ends with the cluster secret (handshake.h, as the tcp
+// fabric does) and then swaps queue-pair numbers, GIDs and PSNs; it stays open afterwards,
+// so a peer process that dies is noticed at once. reach = "<side-channel host:port>/<GID>".
+//
+// Access control: only authenticated peers get a queue pair, and a peer needs a region's
+// descriptor (its rkey) to touch it; per-peer grants (Region::Grant) are enforced by the
+// tcp fabric only, the NIC checks the rkey.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "../completion.h"
+#include "../fabric.h"
+#include "verbs_options.h"
+
+namespace rdmadev {
+
+std::string VerbsUnviableReason(const VerbsOptions& opts);
+// listen: the host whose any free port the side channel listens on ("host:port").
+std::unique_ptr<Fabric> MakeVerbsFabric(const VerbsOptions& opts, const std::string& listen,
+                                        const std::string& name, const std::string& secret,
+                                        const WaitPolicy& wait);
+
+}  // namespace rdmadev

@@ -1,0 +1,64 @@
+// Reliable-connected queue pairs: creation, the INIT -> RTR -> RTS walk, and the record two
+// tasks swap over the side channel to connect a pair.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "verbs_device.h"
+
+namespace rdmadev {
+
+#if RDMADEV_HAVE_VERBS
+
+// QP timeout: the local ACK timeout is 4.096 us * 2^16 = 268 ms, retried kQpRetryCount
+// times, so a peer that vanished (its QP destroyed, its host down) fails the outstanding
+// request with IBV_WC_RETRY_EXC_ERR after (1 + 7) * 268 ms ~= 2.1 s: "within seconds", yet
+// 268 ms is far above an ACK's round trip even under software emulation (ib_write_lat on
+// rxe in a TCG guest: ~10 us typical, 185 us at the 99.9th percentile). A peer process that
+// dies is usually seen sooner, through its side-channel socket (see verbs.cc).
+constexpr uint8_t kQpTimeout = 16;
+constexpr uint8_t kQpRetryCount = 7;  // the largest the 3-bit field holds
+// RNR retries never happen (no SEND/receive is used) but the field must be set: 7 = forever
+// would be wrong if one did, so keep it finite.
+constexpr uint8_t kQpRnrRetry = 6;
+// Receive-not-ready timer code 12 = 0.64 ms (IB spec table), irrelevant for one-sided ops.
+constexpr uint8_t kQpMinRnrTimer = 12;
+// Hop limit of the GRH on RoCE v2 (an IP TTL): 64 as for any IP packet.
+constexpr uint8_t kHopLimit = 64;
+
+// What a side tells its peer to connect an RC QP pair (40 bytes, little-endian).
+struct QpInfo {
+  uint32_t magic;      // "RDMQ"
+  uint32_t qpn;        // queue pair number
+  uint32_t psn;        // first packet sequence number (24 bits, random)
+  uint16_t lid;        // InfiniBand LID (0 on RoCE)
+  uint8_t mtu;         // ibv_mtu enum of the port's active MTU
+  uint8_t ethernet;    // 1 = RoCE (address by GID)
+  uint8_t gid[16];     // the chosen GID
+  uint32_t gid_index;  // informational
+  uint32_t reserved;
+};
+static_assert(sizeof(QpInfo) == 40, "QpInfo is 40 bytes on the wire");
+constexpr uint32_t kQpInfoMagic = 0x51444d52;  // "RDMQ"
+
+// A QP and its own completion queue; destroys them (QP first) when it goes.
+struct RcQp {
+  const IbvLib* lib = nullptr;
+  ibv_cq* cq = nullptr;
+  ibv_qp* qp = nullptr;
+  uint32_t psn = 0;
+  ~RcQp();
+};
+
+// Creates an RC QP in INIT with room for `depth` outstanding send work requests.
+std::unique_ptr<RcQp> CreateRcQp(const VerbsDevice& dev, ibv_pd* pd, int depth);
+QpInfo LocalQpInfo(const VerbsDevice& dev, const RcQp& qp);
+// Walks the QP to RTR then RTS towards `remote`; throws kFabric / kProtocol.
+void ConnectRcQp(const VerbsDevice& dev, RcQp* qp, const QpInfo& remote);
+// Moves the QP to the error state: every outstanding work request completes (flushed).
+void FailRcQp(RcQp* qp);
+
+#endif
+
+}  // namespace rdmadev

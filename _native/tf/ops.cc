@@ -1,0 +1,246 @@
+// rdmadev's TensorFlow ops: RdmadevSend (one-sided write of a tensor into the peer's slot)
+// and RdmadevRecv (waits for the slot's sequence word; its output may alias the slot).
+// Both are AsyncOpKernels completed by the domain's progress thread, so a waiting op never
+// holds an inter-op thread (TF's pool has only as many threads as cores here).
+#include <atomic>
+#include <cstring>
+
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/framework/tensor.h"
+
+#include "registry.h"
+#include "tf_status.h"
+
+namespace rdmadev_tf {
+
+using tensorflow::AsyncOpKernel;
+using tensorflow::DataType;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Tensor;
+using tensorflow::TensorShape;
+
+REGISTER_OP("RdmadevSend")
+    .Input("x: T")
+    .Attr("T: type")
+    .Attr("channel: string")
+    .Attr("timeout_s: float = 300")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::NoOutputs)
+    .Doc("Writes x into the next slot of rdmadev channel `channel` (one-sided).");
+
+REGISTER_OP("RdmadevRecv")
+    .Output("y: dtype")
+    .Attr("dtype: type")
+    .Attr("shape: shape")
+    .Attr("channel: string")
+    .Attr("timeout_s: float = 300")
+    .Attr("zero_copy: bool = false")
+    .SetIsStateful()
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      tensorflow::PartialTensorShape shape;
+      TF_RETURN_IF_ERROR(c->GetAttr("shape", &shape));
+      tensorflow::shape_inference::ShapeHandle out;
+      TF_RETURN_IF_ERROR(c->MakeShapeFromPartialTensorShape(shape, &out));
+      c->set_output(0, out);
+      return absl::OkStatus();
+    })
+    .Doc("Waits for the next transfer on rdmadev channel `channel` and outputs it.");
+
+namespace {
+
+rdmadev::Liveness AliveOf(const std::shared_ptr<rdmadev::Endpoint>& ep) {
+  return [ep](std::string* why) { return ep->Alive(why); };
+}
+
+class SendOp : public AsyncOpKernel {
+ public:
+  explicit SendOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("channel", &channel_));
+    OP_REQUIRES_OK(c, c->GetAttr("timeout_s", &timeout_s_));
+  }
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    const Tensor x = ctx->input(0);  // holds a reference until the write is done
+    OP_REQUIRES_ASYNC(ctx, tensorflow::DataTypeCanUseMemcpy(x.dtype()),
+                      tensorflow::errors::InvalidArgument(
+                          "rdmadev channel ", channel_, " cannot carry ",
+                          tensorflow::DataTypeString(x.dtype()), " (not a plain-bytes dtype)"),
+                      done);
+    rdmadev::Deadline deadline = rdmadev::Deadline::After(timeout_s_);
+    rdmadev::ChannelRegistry::Sender s;
+    try {
+      s = rdmadev::ChannelRegistry::Global().FindSender(channel_, deadline);
+    } catch (const rdmadev::Error& e) {
+      ctx->SetStatus(ToStatus(e));
+      done();
+      return;
+    }
+    auto send = [ctx, x, s, deadline, done]() {
+      try {
+        auto bytes = x.tensor_data();
+        s.ring->Send(bytes.data(), bytes.size(), deadline);
+      } catch (const rdmadev::Error& e) {
+        ctx->SetStatus(ToStatus(e));
+      }
+      done();
+    };
+    auto need = s.ring->CreditNeeded();
+    if (need.second == 0 || need.first->load(std::memory_order_acquire) >= need.second) {
+      send();
+      return;
+    }
+    try {
+      s.domain->progress().Submit(
+          need.first, need.second, deadline, AliveOf(s.ring->endpoint()),
+          [ctx, send, done](const rdmadev::Status& st, uint64_t) {
+            if (!st.ok) {
+              ctx->SetStatus(ToStatus(st));
+              done();
+              return;
+            }
+            send();
+          },
+          nullptr, "a free slot (credit) on channel " + channel_ +
+                       " (the receiver still holds every slot: a zero-copy tensor kept alive?)");
+    } catch (const rdmadev::Error& e) {
+      ctx->SetStatus(ToStatus(e));
+      done();
+    }
+  }
+
+ private:
+  std::string channel_;
+  float timeout_s_ = 300;
+};
+
+// A received tensor that aliases its slot; the slot goes back to the sender (credit) when
+// TensorFlow drops the last reference.
+class SlotBuffer : public tensorflow::TensorBuffer {
+ public:
+  SlotBuffer(const rdmadev::Slot& slot, std::shared_ptr<rdmadev::RingReceiver> ring)
+      : TensorBuffer(const_cast<uint8_t*>(slot.data)), size_(slot.length), seq_(slot.seq),
+        ring_(std::move(ring)) {}
+  ~SlotBuffer() override {
+    try {
+      ring_->Release(seq_, rdmadev::Deadline::After(60));
+    } catch (const std::exception& e) {
+      rdmadev::LogEvent(std::string("failed to release a received slot: ") + e.what());
+    }
+  }
+  size_t size() const override { return size_; }
+  TensorBuffer* root_buffer() override { return this; }
+  void FillAllocationDescription(tensorflow::AllocationDescription* d) const override {
+    d->set_requested_bytes(size_);
+    d->set_allocator_name("rdmadev_slot");
+  }
+  bool OwnsMemory() const override { return false; }
+
+ private:
+  size_t size_;
+  uint64_t seq_;
+  std::shared_ptr<rdmadev::RingReceiver> ring_;
+};
+
+// Receives below this size are copied out of the slot (and the slot released at once):
+// a copy of < 64 KiB costs < 5 us here, and it keeps the ring free for the sender.
+constexpr uint64_t kAliasMinBytes = 64 << 10;
+
+class RecvOp : public AsyncOpKernel {
+ public:
+  explicit RecvOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("channel", &channel_));
+    OP_REQUIRES_OK(c, c->GetAttr("dtype", &dtype_));
+    OP_REQUIRES_OK(c, c->GetAttr("timeout_s", &timeout_s_));
+    OP_REQUIRES_OK(c, c->GetAttr("zero_copy", &zero_copy_));
+    tensorflow::PartialTensorShape shape;
+    OP_REQUIRES_OK(c, c->GetAttr("shape", &shape));
+    OP_REQUIRES(c, shape.AsTensorShape(&shape_),
+                tensorflow::errors::InvalidArgument("rdmadev channel ", channel_,
+                                                    " needs a static shape, got ",
+                                                    shape.DebugString()));
+    OP_REQUIRES(c, tensorflow::DataTypeCanUseMemcpy(dtype_),
+                tensorflow::errors::InvalidArgument("rdmadev channel ", channel_,
+                                                    " cannot carry ",
+                                                    tensorflow::DataTypeString(dtype_)));
+  }
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    rdmadev::Deadline deadline = rdmadev::Deadline::After(timeout_s_);
+    rdmadev::ChannelRegistry::Receiver r;
+    uint64_t n = 0;
+    try {
+      r = rdmadev::ChannelRegistry::Global().FindReceiver(channel_, deadline);
+      n = r.ring->Reserve();
+    } catch (const rdmadev::Error& e) {
+      ctx->SetStatus(ToStatus(e));
+      done();
+      return;
+    }
+    const uint64_t want = shape_.num_elements() * tensorflow::DataTypeSize(dtype_);
+    auto finish = [this, ctx, r, n, want, done](const rdmadev::Status& st, uint64_t) {
+      if (!st.ok) {
+        ctx->SetStatus(ToStatus(st));
+        done();
+        return;
+      }
+      try {
+        rdmadev::Slot slot = r.ring->Take(n);
+        if (slot.length != want) {
+          r.ring->Release(n, rdmadev::Deadline::After(60));
+          ctx->SetStatus(tensorflow::errors::InvalidArgument(
+              "rdmadev channel ", channel_, " delivered ", slot.length, " bytes where ",
+              shape_.DebugString(), " ", tensorflow::DataTypeString(dtype_), " needs ", want,
+              ": the sender's tensor does not match the plan"));
+          done();
+          return;
+        }
+        // Aliasing is opt-in (zero_copy): credits return in order, so a received tensor that
+        // stays alive (returned, stored, forwarded into a variable) stops the sender K
+        // transfers later. Only the planner can tell that every consumer of the tensor is
+        // done with it within the step. Even then, alias only while a slot stays free.
+        bool alias = zero_copy_ && want >= kAliasMinBytes &&
+                     r.ring->held() < r.ring->layout().slots;
+        if (alias) {
+          auto* buf = new SlotBuffer(slot, r.ring);
+          Tensor out(dtype_, shape_, buf);
+          buf->Unref();
+          ctx->set_output(0, out);
+        } else {
+          Tensor* out = nullptr;
+          auto s = ctx->allocate_output(0, shape_, &out);
+          if (s.ok() && want) std::memcpy(const_cast<char*>(out->tensor_data().data()), slot.data, want);
+          r.ring->Release(n, rdmadev::Deadline::After(60));
+          if (!s.ok()) ctx->SetStatus(s);
+        }
+      } catch (const rdmadev::Error& e) {
+        ctx->SetStatus(ToStatus(e));
+      }
+      done();
+    };
+    try {
+      r.domain->progress().Submit(r.ring->WordFor(n), n, deadline, AliveOf(r.ring->endpoint()),
+                                  finish, nullptr,
+                                  "transfer " + std::to_string(n) + " on channel " + channel_);
+    } catch (const rdmadev::Error& e) {
+      ctx->SetStatus(ToStatus(e));
+      done();
+    }
+  }
+
+ private:
+  std::string channel_;
+  DataType dtype_;
+  TensorShape shape_;
+  float timeout_s_ = 300;
+  bool zero_copy_ = false;
+};
+
+REGISTER_KERNEL_BUILDER(Name("RdmadevSend").Device(tensorflow::DEVICE_CPU), SendOp);
+REGISTER_KERNEL_BUILDER(Name("RdmadevRecv").Device(tensorflow::DEVICE_CPU), RecvOp);
+
+}  // namespace
+}  // namespace rdmadev_tf

@@ -1,0 +1,67 @@
+"""rdmadev's TensorFlow ops: loading the op library and the Python wrappers.
+
+The library is built by setup.py against the installed TensorFlow; loading checks that the
+TensorFlow now installed is the one it was built against.
+
+Example:
+    >>> from rdmadev import ops
+    >>> ops.send(tf.ones([4]), channel="w0->ps:x")            # on the sender's device
+    >>> y = ops.recv(tf.float32, [4], channel="w0->ps:x")      # on the receiver's device
+"""
+import functools
+import logging
+import os
+
+from .errors import ConfigError
+
+__all__ = ["load", "send", "recv", "library_path"]
+
+log = logging.getLogger(__name__)
+log.addHandler(logging.NullHandler())
+
+DEFAULT_TIMEOUT_S = 300.0
+
+
+def library_path():
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "_tf_ops.so")
+
+
+@functools.lru_cache(maxsize=None)
+def load():
+    """Loads the op library into this process (once) and returns its op module.
+
+    Raises:
+        ConfigError: the library is missing or was built against another TensorFlow.
+    """
+    import tensorflow as tf
+
+    try:
+        from ._build_info import TF_VERSION
+    except ImportError:
+        TF_VERSION = None
+    path = library_path()
+    if TF_VERSION is None or not os.path.exists(path):
+        raise ConfigError("rdmadev's TensorFlow op library is not built",
+                          hint="reinstall rdmadev (pip install -e .) with TensorFlow available")
+    if TF_VERSION != tf.__version__:
+        raise ConfigError(
+            f"rdmadev's op library was built against TensorFlow {TF_VERSION}, but "
+            f"{tf.__version__} is installed",
+            hint="rebuild it: pip install --force-reinstall --no-deps -e . (or pin "
+                 f"tensorflow-cpu=={TF_VERSION})")
+    return tf.load_op_library(path)
+
+
+def send(x, channel, timeout_s=DEFAULT_TIMEOUT_S):
+    """Writes tensor `x` into the next slot of `channel` (bound in this process)."""
+    return load().rdmadev_send(x, channel=channel, timeout_s=timeout_s)
+
+
+def recv(dtype, shape, channel, timeout_s=DEFAULT_TIMEOUT_S, zero_copy=False):
+    """Waits for the next tensor on `channel` (bound in this process) and returns it.
+
+    With zero_copy=True a tensor of 64 KiB or more aliases its slot, which returns to the
+    sender only when the tensor is freed: keep such tensors short-lived, or the sender
+    stalls (DeadlineExceeded on its credit) once the receiver holds every slot."""
+    return load().rdmadev_recv(dtype=dtype, shape=shape, channel=channel, timeout_s=timeout_s,
+                               zero_copy=zero_copy)

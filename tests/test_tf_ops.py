@@ -1,0 +1,137 @@
+"""The TensorFlow write/wait ops over a real channel (two Domains in this process, every
+fabric): values identical, zero-copy aliasing returns the slot on release, clear errors."""
+import gc
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+tf = pytest.importorskip("tensorflow")
+
+import rdmadev  # noqa: E402
+from rdmadev import _core, ops  # noqa: E402
+
+SLOTS = 2
+
+
+@pytest.fixture
+def channel(fabric, secret, request):
+    """Returns bind(name, capacity) -> (sender, receiver) bound under `name`."""
+    cfg = rdmadev.Config(fabric=fabric, secret=secret)
+    a, b = rdmadev.open_domain("tx", cfg), rdmadev.open_domain("rx", cfg)
+    ab, ba = a.connect(b.address), b.connect(a.address)
+    names = []
+
+    def bind(name, capacity):
+        ring = b.allocate(rdmadev.ring_bytes(SLOTS, capacity))
+        credit = a.allocate(64)
+        tx = rdmadev.RingSender(ab, ab.attach(ring.descriptor), SLOTS, capacity, credit)
+        rx = rdmadev.RingReceiver(ring, SLOTS, capacity, ba, ba.attach(credit.descriptor))
+        key = f"{request.node.name}:{name}"
+        tx.bind(key)
+        rx.bind(key)
+        names.append(key)
+        return key, tx, rx
+
+    yield bind
+    for key in names:
+        _core.unbind_channel(key)
+    a.close()
+    b.close()
+
+
+@pytest.mark.parametrize("dtype, shape", [(tf.float32, [4]), (tf.int64, [3, 5]),
+                                          (tf.float16, [256, 1024]), (tf.bool, [7]),
+                                          (tf.float32, [0])])
+def test_values_arrive_identical(channel, dtype, shape):
+    n = int(np.prod(shape)) * dtype.size
+    key, _, _ = channel("t", n)
+    for step in range(6):
+        x = tf.cast(tf.random.stateless_uniform(shape, [step, 1]) * 100, dtype)
+        ops.send(x, key)
+        y = ops.recv(dtype, shape, key)
+        np.testing.assert_array_equal(x.numpy(), y.numpy())
+
+
+def test_large_tensor_aliases_its_slot_until_released(channel):
+    shape = [1024, 1024]  # 4 MiB: above the copy threshold
+    key, _, rx = channel("big", 4 << 20)
+    ops.send(tf.ones(shape), key)
+    y = ops.recv(tf.float32, shape, key, zero_copy=True)
+    assert rx.held == 1  # zero-copy: y is the slot
+    assert float(tf.reduce_sum(y)) == 1 << 20
+    del y
+    gc.collect()
+    assert rx.held == 0  # the slot went back to the sender
+
+
+def test_kept_tensors_do_not_stall_the_ring(channel):
+    """By default receives copy out of the slot: keeping every tensor is fine."""
+    key, _, rx = channel("kept", 1 << 20)
+    kept = []
+    for step in range(5):
+        ops.send(tf.fill([256, 1024], float(step)), key, timeout_s=30)
+        kept.append(ops.recv(tf.float32, [256, 1024], key, timeout_s=30))
+    assert [float(t[0, 0]) for t in kept] == [0, 1, 2, 3, 4]
+    assert rx.held == 0
+
+
+def test_kept_zero_copy_tensors_stall_with_a_clear_error(channel):
+    """With zero_copy, a kept tensor holds its slot; credits return in order, so the sender
+    stops K transfers later with an error that says why (never a hang)."""
+    key, _, rx = channel("kept0", 1 << 20)
+    kept = []
+    with pytest.raises(tf.errors.DeadlineExceededError, match="zero-copy tensor kept alive"):
+        for step in range(SLOTS + 2):
+            ops.send(tf.fill([256, 1024], float(step)), key, timeout_s=1)
+            kept.append(ops.recv(tf.float32, [256, 1024], key, timeout_s=1, zero_copy=True))
+    assert [float(t[0, 0]) for t in kept] == list(range(len(kept)))
+
+
+def test_ops_inside_tf_function(channel):
+    key, _, _ = channel("fn", 64 * 4)
+
+    @tf.function
+    def step(x):
+        ops.send(x * 2.0, key)
+        return ops.recv(tf.float32, [64], key) + 1.0
+
+    for i in range(3):
+        x = tf.fill([64], float(i))
+        np.testing.assert_array_equal(step(x).numpy(), np.full(64, 2.0 * i + 1.0))
+
+
+def test_size_mismatch_is_a_clear_error(channel):
+    key, _, _ = channel("mismatch", 64)
+    ops.send(tf.ones([8]), key)  # 32 bytes
+    with pytest.raises(tf.errors.InvalidArgumentError, match="does not match the plan"):
+        ops.recv(tf.float32, [16], key)
+
+
+def test_tensor_larger_than_planned_is_refused(channel):
+    key, _, _ = channel("small", 16)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="larger than planned"):
+        ops.send(tf.ones([8]), key)
+
+
+def test_unsupported_dtype_and_missing_channel(channel):
+    key, _, _ = channel("s", 64)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="cannot carry string"):
+        ops.send(tf.constant(["a"]), key)
+    with pytest.raises(tf.errors.DeadlineExceededError, match="No receiver bound for channel 'nope'"):
+        ops.recv(tf.float32, [1], "nope", timeout_s=0.2)
+    with pytest.raises(tf.errors.DeadlineExceededError, match="Timed out waiting for transfer 1"):
+        ops.recv(tf.float32, [1], key, timeout_s=0.2)
+
+
+def test_version_check_names_the_fix(monkeypatch):
+    import rdmadev._build_info as info
+    ops.load.cache_clear()
+    monkeypatch.setattr(info, "TF_VERSION", "0.0.0")
+    try:
+        with pytest.raises(rdmadev.ConfigError, match="built against TensorFlow 0.0.0") as e:
+            ops.load()
+        assert "pip install" in e.value.hint
+    finally:
+        ops.load.cache_clear()
