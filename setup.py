@@ -5,8 +5,10 @@ plain shared library so that every consumer in a process (the Cython bindings
 rdmadev._core, and the TensorFlow op library) links the same copy and shares one
 registry of regions and fabrics. Python extensions find it through an $ORIGIN rpath.
 """
+import glob
 import os
 import sys
+import sysconfig
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -24,6 +26,9 @@ CORE_SOURCES = [
               os.path.join("verbs", "verbs_memory.cc"), os.path.join("verbs", "verbs_qp.cc"),
               os.path.join("verbs", "verbs.cc"))
 ]
+# Every extension depends on every core header: distutils rebuilds only when a listed file
+# is newer, and a stale object built against an old class layout crashes at run time.
+HEADERS = sorted(glob.glob(os.path.join("_native", "**", "*.h"), recursive=True))
 CXXFLAGS = ["-std=c++17", "-O2", "-fvisibility=default", "-Wall", "-Wno-unused-parameter"]
 CORE_LIB = "librdmadev_core.so"
 TF_OPS_LIB = "_tf_ops.so"
@@ -69,8 +74,8 @@ def tf_ops_extension():
                 f"TF_VERSION = {tf.__version__!r}\n")
     return Extension(
         "rdmadev._tf_ops",
-        [os.path.join("_native", "tf", f) for f in ("ops.cc",)],
-        include_dirs=[CORE], language="c++",
+        [os.path.join("_native", "tf", f) for f in ("ops.cc", "pass.cc")],
+        include_dirs=[CORE, sysconfig.get_paths()["include"]], language="c++", depends=HEADERS,
         extra_compile_args=CXXFLAGS + tf.sysconfig.get_compile_flags() + [
             "-DNDEBUG", "-Wno-sign-compare", "-Wno-deprecated-declarations",
             "-Wno-interference-size", "-Wno-unused-but-set-variable"],
@@ -82,12 +87,13 @@ def extensions():
     from Cython.Build import cythonize
 
     core = Extension(
-        "rdmadev.librdmadev_core", CORE_SOURCES, language="c++",
+        "rdmadev.librdmadev_core", CORE_SOURCES, language="c++", depends=HEADERS,
         # -ldl only: libibverbs is dlopen()ed at run time (verbs/ibv_lib.h), never linked.
         extra_compile_args=CXXFLAGS, extra_link_args=["-pthread", "-ldl"])
     bindings = cythonize(
         [Extension("rdmadev._core", [os.path.join("_native", "python", "_core.pyx")],
                    include_dirs=[CORE, os.path.join("_native", "python")], language="c++",
+                   depends=HEADERS,
                    extra_compile_args=CXXFLAGS)],
         include_path=[os.path.join("_native", "python")],
         compiler_directives={"language_level": 3}, quiet=True)

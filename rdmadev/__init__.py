@@ -14,6 +14,7 @@ from ._core import (ANY_PEER, Domain, Endpoint, Region, RemoteRegion, RingReceiv
                     recent_events, ring_bytes)
 from .config import Config
 from .device import fabric_report, open_domain, viable_fabrics
+from .api import enable, optimize
 from .errors import (AuthError, BoundsError, ClosedError, ConfigError, DeadlineExceeded,
                      FabricError, PeerLostError, ProtocolError, RdmadevError, RegionError)
 
@@ -22,6 +23,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ANY_PEER", "Domain", "Endpoint", "Region", "RemoteRegion", "RingReceiver", "RingSender",
     "recent_events", "ring_bytes", "Config", "fabric_report", "open_domain", "viable_fabrics",
+    "enable", "optimize",
     "AuthError", "BoundsError", "ClosedError", "ConfigError", "DeadlineExceeded", "FabricError",
     "PeerLostError", "ProtocolError", "RdmadevError", "RegionError",
 ]

@@ -12,6 +12,7 @@ USAGE = """usage: rdmadev COMMAND [ARGS]
 
 commands:
   doctor   what this machine offers rdmadev (fabrics, memlock, devices, TensorFlow)
+  serve    start one TF task with rdmadev (see rdmadev serve --help)
   demo     two processes on this host move tensors through every viable fabric, checked
   plan     print and draw the transfer plan of a TF function (see rdmadev plan --help)
 """
@@ -25,6 +26,8 @@ def main(argv=None):
     cmd, rest = argv[0], argv[1:]
     if cmd == "doctor":
         from .doctor import main as run
+    elif cmd == "serve":
+        from .server import main as run
     elif cmd == "demo":
         from .demo import main as run
     elif cmd == "plan":

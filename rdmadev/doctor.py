@@ -22,8 +22,10 @@ __all__ = ["collect", "main"]
 def _memlock():
     soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     show = lambda v: "unlimited" if v == resource.RLIM_INFINITY else f"{v // 1024} KiB"
-    note = ("RDMA registration pins memory: raise it (ulimit -l unlimited, or memlock in "
-            "/etc/security/limits.conf / LimitMEMLOCK= for systemd) for the verbs fabric"
+    note = ("the verbs fabric pins every region it registers, so this limit must exceed the sum "
+            "of a task's region sizes (plus 1 MiB per verbs endpoint); raise it with "
+            "`ulimit -l unlimited`, memlock in /etc/security/limits.conf, LimitMEMLOCK=infinity "
+            "for systemd or --ulimit memlock=-1 for docker (root with CAP_IPC_LOCK is exempt)"
             if soft != resource.RLIM_INFINITY else "")
     return {"soft": show(soft), "hard": show(hard), "note": note}
 
@@ -61,6 +63,62 @@ def _verbs_devices():
     return {"libibverbs": f"loaded ({path})", "devices": names}
 
 
+SYSFS_IB = "/sys/class/infiniband"
+
+
+def _read(path):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _gid_kind(gid, gid_type):
+    """'RoCE v2, IPv4 10.9.9.1' / 'RoCE v1, IPv6' / 'IB' for one GID."""
+    import ipaddress
+
+    addr = ipaddress.IPv6Address(gid)
+    v4 = addr.ipv4_mapped
+    family = f"IPv4 {v4}" if v4 else ("IPv6 link-local" if addr.is_link_local else "IPv6")
+    return f"{gid_type or 'type unknown'}, {family}"
+
+
+def _rdma_ports():
+    """Every RDMA device's ports, their state and non-empty GIDs, from sysfs (what the verbs
+    fabric chooses from; it prefers RoCE v2 GIDs holding an IPv4 address)."""
+    try:
+        names = sorted(os.listdir(SYSFS_IB))
+    except OSError:
+        return []
+    out = []
+    for dev in names:
+        ports_dir = os.path.join(SYSFS_IB, dev, "ports")
+        try:
+            port_names = sorted(os.listdir(ports_dir), key=int)
+        except (OSError, ValueError):
+            continue
+        for port in port_names:
+            base = os.path.join(ports_dir, port)
+            gids = []
+            try:
+                indexes = sorted(os.listdir(os.path.join(base, "gids")), key=int)
+            except (OSError, ValueError):
+                indexes = []
+            for i in indexes:
+                gid = _read(os.path.join(base, "gids", i))
+                if not gid or set(gid) <= {"0", ":"}:
+                    continue
+                gid_type = _read(os.path.join(base, "gid_attrs", "types", i))
+                netdev = _read(os.path.join(base, "gid_attrs", "ndevs", i))
+                gids.append({"index": int(i), "gid": gid, "type": gid_type, "netdev": netdev,
+                             "kind": _gid_kind(gid, gid_type)})
+            out.append({"device": dev, "port": int(port), "state": _read(os.path.join(base, "state")),
+                        "link_layer": _read(os.path.join(base, "link_layer")),
+                        "gids": gids})
+    return out
+
+
 def _tensorflow():
     for dist in ("tensorflow-cpu", "tensorflow"):
         try:
@@ -82,7 +140,7 @@ def collect(env=None):
         "fabrics": [{"fabric": n, "viable": ok, "reason": why} for n, ok, why in fabric_report()],
         "memlock": _memlock(),
         "dev_shm": _dev_shm(),
-        "verbs": _verbs_devices(),
+        "verbs": dict(_verbs_devices(), ports=_rdma_ports()),
         "tensorflow": _tensorflow(),
         "op_library": "not part of this version yet (built by the end-to-end TF integration)",
         "recent_events": _core.recent_events(),
@@ -113,6 +171,10 @@ def main(argv=None):
     print(f"  /dev/shm      : {s.get('size')} ({s['note']})")
     v = info["verbs"]
     print(f"  libibverbs    : {v['libibverbs']}; devices: {', '.join(v['devices']) or 'none'}")
+    for p in v["ports"]:
+        print(f"  rdma port     : {p['device']} port {p['port']}: {p['state']}, {p['link_layer']}")
+        for g in p["gids"]:
+            print(f"    GID {g['index']:<3} {g['gid']}  ({g['kind']}{', ' + g['netdev'] if g['netdev'] else ''})")
     t = info["tensorflow"]
     print(f"  tensorflow    : {t.get('version') or t.get('note')}")
     print(f"  op library    : {info['op_library']}")

@@ -10,6 +10,10 @@ void RingLayout::Validate() const {
                                         " slot(s); at least 2 are needed to overlap transfers",
                 0, "set RDMADEV_SLOTS >= 2");
   }
+  if (base % kCacheLine != 0) {
+    throw Error(ErrorKind::kConfig, "Failed to lay out ring: offset " + std::to_string(base) +
+                                        " is not 64-byte aligned");
+  }
   if (capacity > (uint64_t(1) << 48)) {
     throw Error(ErrorKind::kConfig, "Failed to lay out ring: capacity " +
                                         std::to_string(capacity) + " bytes is absurd");
@@ -22,7 +26,7 @@ RingSender::RingSender(std::shared_ptr<Endpoint> to_receiver, std::shared_ptr<Re
     : ep_(std::move(to_receiver)), ring_(std::move(ring)), layout_(layout),
       credit_(std::move(credit)), epoch_(epoch), sent_(epoch), policy_(PolicyFor(policy, ep_.get())) {
   layout_.Validate();
-  if (ring_->desc.size < layout_.bytes()) {
+  if (!RangeInside(layout_.base, layout_.bytes(), ring_->desc.size)) {
     throw Error(ErrorKind::kConfig, "Failed to set up channel: the receiver's ring region has " +
                                         std::to_string(ring_->desc.size) + " bytes, the layout needs " +
                                         std::to_string(layout_.bytes()),
@@ -68,7 +72,7 @@ RingReceiver::RingReceiver(std::shared_ptr<Region> ring, RingLayout layout,
       reported_(epoch), released_(layout.slots, false), policy_(PolicyFor(policy, ep_.get())),
       reserved_(epoch) {
   layout_.Validate();
-  ring_->CheckRange(0, layout_.bytes(), "lay out ring");
+  ring_->CheckRange(layout_.base, layout_.bytes(), "lay out ring");
   CheckRemoteRange(credit_->desc, 0, kSignalBytes, nullptr);
 }
 

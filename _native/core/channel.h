@@ -24,12 +24,13 @@ namespace rdmadev {
 struct RingLayout {
   uint32_t slots = 2;
   uint64_t capacity = 0;  // payload bytes per slot
+  uint64_t base = 0;      // offset of slot 0 in the region (a plan packs several rings)
 
   static constexpr uint64_t kHeader = kCacheLine;
   uint64_t stride() const { return kHeader + RoundUp(capacity, kCacheLine); }
   uint64_t bytes() const { return stride() * slots; }
-  uint64_t header(uint64_t i) const { return i * stride(); }
-  uint64_t payload(uint64_t i) const { return i * stride() + kHeader; }
+  uint64_t header(uint64_t i) const { return base + i * stride(); }
+  uint64_t payload(uint64_t i) const { return base + i * stride() + kHeader; }
   void Validate() const;  // throws kConfig
 };
 constexpr uint64_t kCreditBytes = kCacheLine;

@@ -403,17 +403,18 @@ cdef class Endpoint:
         return f"<rdmadev Endpoint {self.peer}>" if self.p else "<rdmadev Endpoint (closed)>"
 
 
-cdef RingLayout _layout(int slots, uint64_t capacity) except *:
+cdef RingLayout _layout(int slots, uint64_t capacity, uint64_t offset=0) except *:
     cdef RingLayout lay
     lay.slots = slots
     lay.capacity = capacity
+    lay.base = offset
     lay.Validate()
     return lay
 
 
 cdef class RingSender:
-    """Sending half of a channel: `slots` slots of `capacity` bytes in the receiver's
-    `ring` (a RemoteRegion), credits arriving in the local `credit` region."""
+    """Sending half of a channel: `slots` slots of `capacity` bytes at `offset` of the
+    receiver's `ring` (a RemoteRegion), credits arriving in the local `credit` region."""
     cdef shared_ptr[CSender] sp
     cdef CSender* p
     cdef Endpoint endpoint
@@ -421,8 +422,8 @@ cdef class RingSender:
     cdef Region credit
 
     def __cinit__(self, Endpoint endpoint, RemoteRegion ring, int slots, uint64_t capacity,
-                  Region credit, uint64_t epoch=0):
-        self.sp.reset(new CSender(endpoint.p, ring.p, _layout(slots, capacity), credit.p, epoch,
+                  Region credit, uint64_t epoch=0, uint64_t offset=0):
+        self.sp.reset(new CSender(endpoint.p, ring.p, _layout(slots, capacity, offset), credit.p, epoch,
                                   endpoint.domain.policy))
         self.p = self.sp.get()
         self.endpoint, self.ring, self.credit = endpoint, ring, credit
@@ -467,8 +468,8 @@ cdef class RingReceiver:
     cdef RemoteRegion credit
 
     def __cinit__(self, Region ring, int slots, uint64_t capacity, Endpoint endpoint,
-                  RemoteRegion credit, uint64_t epoch=0):
-        lay = _layout(slots, capacity)
+                  RemoteRegion credit, uint64_t epoch=0, uint64_t offset=0):
+        lay = _layout(slots, capacity, offset)
         self.sp.reset(new CReceiver(ring.p, lay, endpoint.p, credit.p, epoch,
                                     endpoint.domain.policy))
         self.p = self.sp.get()

@@ -133,6 +133,7 @@ cdef extern from "channel.h" namespace "rdmadev":
     cdef cppclass RingLayout:
         uint32_t slots
         uint64_t capacity
+        uint64_t base
         uint64_t stride()
         uint64_t bytes()
         uint64_t header(uint64_t i)

@@ -186,8 +186,14 @@ std::unique_ptr<VerbsDevice> OpenVerbsDevice(const IbvLib& lib, const VerbsOptio
   int n = 0;
   ibv_device** list = lib.get_device_list(&n);
   if (!list) {
-    ThrowErrno(ErrorKind::kFabric, "Failed to list RDMA devices", errno,
-               "is the ib_uverbs kernel module loaded? (modprobe ib_uverbs)");
+    int err = errno;
+    ThrowErrno(ErrorKind::kFabric,
+               err == ENOSYS ? "Failed to list RDMA devices: this kernel has no RDMA support "
+                               "(no /sys/class/infiniband)"
+                             : "Failed to list RDMA devices",
+               err,
+               "load the RDMA modules (modprobe ib_uverbs, and the NIC's driver or rdma_rxe), "
+               "or use another fabric");
   }
   std::string names, why;
   std::unique_ptr<VerbsDevice> chosen;

@@ -1,0 +1,214 @@
+// The POST_PARTITIONING pass: finds every cross-task _Send/_Recv pair TensorFlow made for a
+// function, asks the planner (graph_pass, through rdmadev.tf_pass in this process's Python)
+// which pairs to swap and for what channels, and replaces each planned _Send by RdmadevSend
+// and each planned _Recv by RdmadevRecv. Everything else is left as TF made it.
+#include <Python.h>
+
+#include <atomic>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tensorflow/core/common_runtime/optimization_registry.h"
+#include "tensorflow/core/framework/graph.pb.h"
+#include "tensorflow/core/framework/node_def_util.h"
+#include "tensorflow/core/graph/graph.h"
+#include "tensorflow/core/graph/node_builder.h"
+
+#include "common.h"
+
+namespace rdmadev_tf {
+
+// 0: never rewrite; 1: rewrite every function; 2: only while armed (rdmadev.optimize).
+std::atomic<int> g_mode{0};
+std::atomic<int> g_armed{0};
+
+extern "C" void rdmadev_set_pass_mode(int mode) { g_mode.store(mode); }
+extern "C" void rdmadev_arm_pass(int delta) { g_armed.fetch_add(delta); }
+
+namespace {
+
+using tensorflow::Graph;
+using tensorflow::Node;
+
+struct Rewrite {
+  std::string kind;    // "send" or "recv"
+  std::string device;  // partition key
+  std::string node;    // the _Send/_Recv node's name
+  std::string channel;
+  int dtype = 0;
+  std::vector<int64_t> shape;
+  bool zero_copy = false;
+  double timeout_s = 300;
+};
+
+std::string TaskOf(const std::string& device) {
+  size_t d = device.find("/device:");
+  return d == std::string::npos ? device : device.substr(0, d);
+}
+
+bool IsCrossTaskPair(const Node* n) {
+  const std::string& op = n->type_string();
+  if (op != "_Send" && op != "_Recv" && op != "_HostSend" && op != "_HostRecv") return false;
+  std::string from, to;
+  bool client = false;
+  if (!tensorflow::TryGetNodeAttr(n->attrs(), "send_device", &from) ||
+      !tensorflow::TryGetNodeAttr(n->attrs(), "recv_device", &to))
+    return false;
+  tensorflow::TryGetNodeAttr(n->attrs(), "client_terminated", &client);
+  return !client && TaskOf(from) != TaskOf(to);
+}
+
+std::string PyErrorText() {
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  std::string text = "unknown Python error";
+  if (value) {
+    PyObject* s = PyObject_Str(value);
+    if (s) {
+      const char* c = PyUnicode_AsUTF8(s);
+      if (c) text = c;
+      Py_DECREF(s);
+    }
+  }
+  Py_XDECREF(type);
+  Py_XDECREF(value);
+  Py_XDECREF(tb);
+  PyErr_Clear();
+  return text;
+}
+
+// Calls rdmadev.tf_pass.rewrites({device: GraphDef bytes}) with the GIL held.
+bool CallPlanner(const std::map<std::string, std::string>& parts, std::vector<Rewrite>* out,
+                 std::string* error) {
+  if (!Py_IsInitialized()) {
+    *error = "no Python interpreter in this process";
+    return false;
+  }
+  PyGILState_STATE gil = PyGILState_Ensure();
+  bool ok = false;
+  PyObject* mod = PyImport_ImportModule("rdmadev.tf_pass");
+  PyObject* arg = PyDict_New();
+  PyObject* res = nullptr;
+  if (mod && arg) {
+    for (const auto& kv : parts) {
+      PyObject* v = PyBytes_FromStringAndSize(kv.second.data(), kv.second.size());
+      PyDict_SetItemString(arg, kv.first.c_str(), v);
+      Py_XDECREF(v);
+    }
+    res = PyObject_CallMethod(mod, "rewrites", "O", arg);
+  }
+  if (res && PyList_Check(res)) {
+    ok = true;
+    for (Py_ssize_t i = 0; i < PyList_Size(res) && ok; ++i) {
+      PyObject* t = PyList_GetItem(res, i);
+      const char *kind, *device, *node, *channel;
+      int dtype, zero_copy;
+      double timeout_s;
+      PyObject* shape;
+      if (!PyArg_ParseTuple(t, "ssssiOpd", &kind, &device, &node, &channel, &dtype, &shape,
+                            &zero_copy, &timeout_s)) {
+        ok = false;
+        break;
+      }
+      Rewrite r{kind, device, node, channel, dtype, {}, zero_copy != 0, timeout_s};
+      for (Py_ssize_t j = 0; j < PySequence_Size(shape); ++j) {
+        PyObject* d = PySequence_GetItem(shape, j);
+        r.shape.push_back(PyLong_AsLongLong(d));
+        Py_XDECREF(d);
+      }
+      out->push_back(std::move(r));
+    }
+  }
+  if (!ok) *error = PyErr_Occurred() ? PyErrorText() : "rdmadev.tf_pass.rewrites returned no list";
+  Py_XDECREF(res);
+  Py_XDECREF(arg);
+  Py_XDECREF(mod);
+  PyGILState_Release(gil);
+  return ok;
+}
+
+// Node names must be unique across every graph a TF1 worker registers (it caches stateful
+// kernels by node name): derive them from the channel key.
+std::string NodeName(const Rewrite& r) {
+  std::string safe;
+  for (char c : r.channel) safe += (isalnum(static_cast<unsigned char>(c)) ? c : '_');
+  return "rdmadev_" + r.kind + "_" + safe;
+}
+
+absl::Status Apply(Graph* g, Node* old, const Rewrite& r) {
+  Node* fresh = nullptr;
+  tensorflow::NodeBuilder b(NodeName(r), r.kind == "send" ? "RdmadevSend" : "RdmadevRecv");
+  std::vector<const tensorflow::Edge*> in(old->in_edges().begin(), old->in_edges().end());
+  std::vector<const tensorflow::Edge*> outs(old->out_edges().begin(), old->out_edges().end());
+  if (r.kind == "send") {
+    const tensorflow::Edge* data = nullptr;
+    for (const auto* e : in) if (!e->IsControlEdge()) data = e;
+    if (!data) return absl::InternalError("_Send " + old->name() + " has no data input");
+    b.Input(data->src(), data->src_output());
+    b.Attr("T", static_cast<tensorflow::DataType>(r.dtype));
+  } else {
+    b.Attr("dtype", static_cast<tensorflow::DataType>(r.dtype));
+    b.Attr("shape", tensorflow::TensorShape(r.shape));
+    b.Attr("zero_copy", r.zero_copy);
+  }
+  b.Attr("channel", r.channel).Attr("timeout_s", static_cast<float>(r.timeout_s));
+  b.Device(old->requested_device());
+  TF_RETURN_IF_ERROR(b.Finalize(g, &fresh));
+  fresh->set_assigned_device_name(old->assigned_device_name());
+  for (const auto* e : in) if (e->IsControlEdge()) g->AddControlEdge(e->src(), fresh);
+  for (const auto* e : outs) {
+    if (e->IsControlEdge()) g->AddControlEdge(fresh, e->dst());
+    else g->AddEdge(fresh, 0, e->dst(), e->dst_input());
+  }
+  g->RemoveNode(old);
+  return absl::OkStatus();
+}
+
+class RdmadevPass : public tensorflow::GraphOptimizationPass {
+ public:
+  absl::Status Run(const tensorflow::GraphOptimizationPassOptions& options) override {
+    int mode = g_mode.load(std::memory_order_relaxed);
+    if (mode == 0 || (mode == 2 && g_armed.load() <= 0) || !options.partition_graphs)
+      return absl::OkStatus();
+    auto* parts = options.partition_graphs;
+    bool any = false;
+    for (auto& kv : *parts) {
+      for (Node* n : kv.second->op_nodes()) {
+        if (IsCrossTaskPair(n)) { any = true; break; }
+      }
+      if (any) break;
+    }
+    if (!any) return absl::OkStatus();  // the common case: one task, nothing to do
+    std::map<std::string, std::string> serialized;
+    for (auto& kv : *parts) {
+      tensorflow::GraphDef gd;
+      kv.second->ToGraphDef(&gd);
+      serialized[kv.first] = gd.SerializeAsString();
+    }
+    std::vector<Rewrite> rewrites;
+    std::string error;
+    if (!CallPlanner(serialized, &rewrites, &error)) {
+      // Planning failed before any graph changed: TF's own Send/Recv still work.
+      rdmadev::LogEvent("pass: planning failed, this function stays on gRPC: " + error);
+      return absl::OkStatus();
+    }
+    for (const auto& r : rewrites) {
+      auto it = parts->find(r.device);
+      if (it == parts->end()) return absl::InternalError("rdmadev plan names unknown partition " + r.device);
+      Graph* g = it->second.get();
+      Node* old = nullptr;
+      for (Node* n : g->op_nodes()) if (n->name() == r.node) { old = n; break; }
+      if (!old) return absl::InternalError("rdmadev plan names unknown node " + r.node + " on " + r.device);
+      TF_RETURN_IF_ERROR(Apply(g, old, r));
+    }
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace
+
+// Phase 77: after the oneDNN layout passes (POST_PARTITIONING phases 1 and 2).
+REGISTER_OPTIMIZATION(tensorflow::OptimizationPassRegistry::POST_PARTITIONING, 77, RdmadevPass);
+
+}  // namespace rdmadev_tf

@@ -1,0 +1,121 @@
+"""Opting in: rdmadev.optimize(fn), rdmadev.enable(), RDMADEV_AUTO / RDMADEV_ENABLED.
+
+Example:
+    >>> step = rdmadev.optimize(step)          # a tf.function, or a Python function to wrap
+    >>> step(x)                                # cross-task tensors move through rdmadev
+    >>> print(step.report)                     # what moved where
+"""
+import contextlib
+import ctypes
+import functools
+import logging
+import os
+
+from . import ops, runtime
+
+__all__ = ["optimize", "enable", "load_into_process"]
+
+log = logging.getLogger(__name__)
+log.addHandler(logging.NullHandler())
+
+MODE_OFF, MODE_ALL, MODE_ARMED = 0, 1, 2
+_native = None
+
+
+def _lib():
+    global _native
+    if _native is None:
+        ops.load()  # registers the ops and the pass with TensorFlow
+        _native = ctypes.CDLL(ops.library_path())
+    return _native
+
+
+def enabled():
+    return os.environ.get("RDMADEV_ENABLED", "1") != "0"
+
+
+def load_into_process(auto=False):
+    """Loads the op library; with `auto` the pass rewrites every function instantiated here."""
+    lib = _lib()
+    lib.rdmadev_set_pass_mode(MODE_ALL if auto and enabled() else MODE_ARMED if enabled() else MODE_OFF)
+
+
+def _coordinator(cluster):
+    if runtime.current() is None:
+        if cluster is None:
+            cluster = _connected_cluster()
+        runtime.start(cluster)
+    return runtime.current()
+
+
+def _connected_cluster():
+    """The cluster this process connected to with tf.config.experimental_connect_to_cluster."""
+    from tensorflow.python.eager import context
+    server_def = getattr(context.context(), "_server_def", None)
+    if server_def is not None and server_def.cluster.job:
+        return {job.name: [job.tasks[i] for i in sorted(job.tasks)] for job in server_def.cluster.job}
+    return None  # parse_cluster falls back to TF_CONFIG
+
+
+def enable(cluster=None):
+    """Rewrites every function instantiated in this process from now on (RDMADEV_AUTO=1)."""
+    _coordinator(cluster)
+    load_into_process(auto=True)
+
+
+@contextlib.contextmanager
+def _armed():
+    lib = _lib()
+    lib.rdmadev_arm_pass(1)
+    try:
+        yield
+    finally:
+        lib.rdmadev_arm_pass(-1)
+
+
+class Optimized:
+    """A tf.function whose instantiations (from this process) are rewritten by rdmadev."""
+
+    def __init__(self, fn, cluster=None):
+        import tensorflow as tf
+        self.fn = fn if hasattr(fn, "get_concrete_function") else tf.function(fn)
+        self.cluster = cluster
+        from . import tf_pass
+        self._first_report = len(tf_pass.reports())
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args, **kwargs):
+        if not enabled():
+            return self.fn(*args, **kwargs)
+        _coordinator(self.cluster)
+        load_into_process(auto=False)
+        with _armed():
+            return self.fn(*args, **kwargs)
+
+    def get_concrete_function(self, *args, **kwargs):
+        return self.fn.get_concrete_function(*args, **kwargs)
+
+    @property
+    def reports(self):
+        """Reports of this function's instantiations (and any other planned meanwhile)."""
+        from . import tf_pass
+        return tf_pass.reports()[self._first_report:]
+
+    @property
+    def report(self):
+        r = self.reports
+        return "\n".join(map(str, r)) if r else "rdmadev: not instantiated yet"
+
+
+def optimize(fn=None, cluster=None):
+    """Marks `fn` (a tf.function, or a Python function it wraps) for rdmadev.
+
+    Args:
+        fn: the training step.
+        cluster: cluster spec (default: the one connected to, else TF_CONFIG).
+    Returns:
+        An Optimized callable usable wherever the tf.function was.
+    """
+    if fn is None:
+        return functools.partial(optimize, cluster=cluster)
+    return Optimized(fn, cluster)

@@ -1,0 +1,165 @@
+"""rdmadev's control connections between tasks: small authenticated JSON requests that
+set up channels (the receiver allocates its region exactly as planned and hands its
+descriptor to the sender). Bytes of tensors never travel here.
+
+Every task serves on the host of its cluster-spec address at port
+``tf_port + RDMADEV_CONTROL_PORT_OFFSET`` (or ``tf_port - offset`` when that exceeds 65535).
+Both ends prove knowledge of the cluster secret (HMAC-SHA256 over both nonces) before any
+request is read.
+
+Example:
+    >>> client = ControlClient(("127.0.0.1", 12222), secret)
+    >>> client.call({"op": "ping"})
+"""
+import hashlib
+import hmac
+import json
+import logging
+import os
+import socket
+import socketserver
+import struct
+import threading
+
+from .errors import AuthError, PeerLostError, ProtocolError
+
+__all__ = ["ControlServer", "ControlClient", "control_address"]
+
+log = logging.getLogger(__name__)
+log.addHandler(logging.NullHandler())
+
+NONCE_BYTES = 32
+# Largest request or reply: a few descriptors and addresses; anything bigger is hostile.
+MAX_MESSAGE_BYTES = 1 << 20
+# Seconds a peer may take to authenticate before its connection is dropped.
+HANDSHAKE_TIMEOUT_S = 10.0
+DEFAULT_PORT_OFFSET = 10000
+
+
+def control_address(task_address, offset=None):
+    """(host, port) of the control service of the task whose TF address is `task_address`."""
+    offset = int(os.environ.get("RDMADEV_CONTROL_PORT_OFFSET", DEFAULT_PORT_OFFSET)) \
+        if offset is None else offset
+    host, _, port = task_address.rpartition(":")
+    port = int(port)
+    port = port + offset if port + offset <= 65535 else port - offset
+    return host.strip("[]"), port
+
+
+def _mac(secret, role, a, b):
+    return hmac.new(secret, b"rdmadev-control-v1 " + role + b"|" + a + b"|" + b, hashlib.sha256).digest()
+
+
+def _send(sock, obj):
+    data = json.dumps(obj).encode()
+    sock.sendall(struct.pack("<I", len(data)) + data)
+
+
+def _recv_exact(sock, n):
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise PeerLostError("control connection closed by the peer",
+                                hint="the peer task died or rejected this request (see its log)")
+        buf += chunk
+    return bytes(buf)
+
+
+def _recv(sock):
+    (n,) = struct.unpack("<I", _recv_exact(sock, 4))
+    if n > MAX_MESSAGE_BYTES:
+        raise ProtocolError(f"control message of {n} bytes exceeds {MAX_MESSAGE_BYTES}")
+    return json.loads(_recv_exact(sock, n))
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    def handle(self):
+        server = self.server
+        sock = self.request
+        sock.settimeout(HANDSHAKE_TIMEOUT_S)
+        try:
+            ns = os.urandom(NONCE_BYTES)
+            sock.sendall(ns)
+            nc = _recv_exact(sock, NONCE_BYTES)
+            if not hmac.compare_digest(_recv_exact(sock, 32), _mac(server.secret, b"client", ns, nc)):
+                sock.sendall(b"\x01")
+                log.warning("control: peer %s failed authentication (wrong cluster secret)",
+                            self.client_address)
+                server.rejected += 1
+                return
+            sock.sendall(b"\x00" + _mac(server.secret, b"server", nc, ns))
+            sock.settimeout(None)
+            while True:
+                try:
+                    request = _recv(sock)
+                except PeerLostError:
+                    return
+                try:
+                    reply = {"ok": True, "result": server.handler(request)}
+                except Exception as e:  # reported to the caller, who raises it
+                    log.exception("control: request %s failed", request.get("op"))
+                    reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+                _send(sock, reply)
+        except (OSError, ProtocolError, ValueError) as e:
+            log.info("control: connection from %s ended: %s", self.client_address, e)
+
+
+class ControlServer(socketserver.ThreadingTCPServer):
+    """Serves `handler(request: dict) -> result` to authenticated peers, one thread each."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address, secret, handler):
+        self.secret = secret
+        self.handler = handler
+        self.rejected = 0
+        super().__init__(address, _Handler)
+        self.thread = threading.Thread(target=self.serve_forever, name="rdmadev-control",
+                                       kwargs={"poll_interval": 0.2}, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.shutdown()
+        self.server_close()
+
+
+class ControlClient:
+    """A connection to one task's control service; call() is thread-safe."""
+
+    def __init__(self, address, secret, timeout=60.0):
+        self.address = address
+        self.lock = threading.Lock()
+        try:
+            self.sock = socket.create_connection(address, timeout=timeout)
+        except OSError as e:
+            raise PeerLostError(f"cannot reach the rdmadev control service at {address[0]}:{address[1]}: "
+                                f"{e.strerror or e}", e.errno or 0,
+                                "start every task with `rdmadev serve` (python -m rdmadev.server), "
+                                "which opens it at the task's TF port + RDMADEV_CONTROL_PORT_OFFSET") from None
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        ns = _recv_exact(self.sock, NONCE_BYTES)
+        nc = os.urandom(NONCE_BYTES)
+        self.sock.sendall(nc + _mac(secret, b"client", ns, nc))
+        status = _recv_exact(self.sock, 1)
+        if status != b"\x00" or not hmac.compare_digest(_recv_exact(self.sock, 32),
+                                                       _mac(secret, b"server", nc, ns)):
+            self.sock.close()
+            raise AuthError(f"the rdmadev control service at {address[0]}:{address[1]} rejected "
+                            "this task's credentials (or failed to prove its own)",
+                            hint="set the same RDMADEV_SECRET (or RDMADEV_SECRET_FILE) in every task "
+                                 "and the coordinator")
+
+    def call(self, request):
+        """Sends one request and returns its result, raising the peer's error."""
+        with self.lock:
+            _send(self.sock, request)
+            reply = _recv(self.sock)
+        if not reply.get("ok"):
+            raise ProtocolError(f"task at {self.address[0]}:{self.address[1]} refused "
+                                f"{request.get('op')}: {reply.get('error')}")
+        return reply["result"]
+
+    def close(self):
+        self.sock.close()

@@ -1,0 +1,62 @@
+"""Runs one training scenario as the coordinator of a running cluster and prints JSON.
+
+    python driver.py CLUSTER_JSON MODE SCENARIO      (MODE: grpc | rdmadev)
+
+Each run is its own process: TF keeps one remote context per process.
+"""
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import rdmadev  # noqa: E402
+
+PS, W0, W1 = "/job:ps/replica:0/task:0", "/job:worker/replica:0/task:0", "/job:worker/replica:0/task:1"
+
+
+def train(mode, steps=30):
+    """Variables on ps; each step both workers compute a gradient on their half of a
+    deterministic batch; ps applies the mean. Returns losses and final weights."""
+    with tf.device(PS):
+        w = tf.Variable(tf.random.stateless_normal([64, 32], [1, 2]) * 0.1, name="w")
+        b = tf.Variable(tf.zeros([32]), name="b")
+
+    def grads(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(tf.nn.relu(tf.matmul(x, w) + b) - y))
+        return loss, tape.gradient(loss, [w, b])
+
+    def step(i):
+        x = tf.random.stateless_uniform([128, 64], [i, 7])
+        y = tf.random.stateless_uniform([128, 32], [i, 8])
+        with tf.device(W0):
+            l0, (gw0, gb0) = grads(x[:64], y[:64])
+        with tf.device(W1):
+            l1, (gw1, gb1) = grads(x[64:], y[64:])
+        with tf.device(PS):
+            w.assign_sub(0.1 * (gw0 + gw1) / 2)
+            b.assign_sub(0.1 * (gb0 + gb1) / 2)
+        return (l0 + l1) / 2
+
+    fn = tf.function(step)
+    if mode == "rdmadev":
+        fn = rdmadev.optimize(fn)
+    losses = [float(fn(tf.constant(i, tf.int64))) for i in range(steps)]
+    out = {"losses": losses, "w": w.numpy().tolist(), "b": b.numpy().tolist()}
+    if mode == "rdmadev":
+        out["report"] = fn.report
+    return out
+
+
+def main():
+    cluster, mode, scenario = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+    tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster))
+    result = {"train": train}[scenario](mode)
+    print("RESULT " + json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
