@@ -82,6 +82,7 @@ class Optimized:
         self.cluster = cluster
         from . import tf_pass
         self._first_report = len(tf_pass.reports())
+        self.calls = 0
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args, **kwargs):
@@ -89,6 +90,7 @@ class Optimized:
             return self.fn(*args, **kwargs)
         _coordinator(self.cluster)
         load_into_process(auto=False)
+        self.calls += 1
         with _armed():
             return self.fn(*args, **kwargs)
 
@@ -104,7 +106,11 @@ class Optimized:
     @property
     def report(self):
         r = self.reports
-        return "\n".join(map(str, r)) if r else "rdmadev: not instantiated yet"
+        if r:
+            return "\n".join(map(str, r))
+        if self.calls:
+            return "rdmadev: no cross-task transfer in this function (nothing to rewrite)"
+        return "rdmadev: not called yet"
 
 
 def optimize(fn=None, cluster=None):

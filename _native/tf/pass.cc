@@ -189,9 +189,10 @@ class RdmadevPass : public tensorflow::GraphOptimizationPass {
     std::vector<Rewrite> rewrites;
     std::string error;
     if (!CallPlanner(serialized, &rewrites, &error)) {
-      // Planning failed before any graph changed: TF's own Send/Recv still work.
-      rdmadev::LogEvent("pass: planning failed, this function stays on gRPC: " + error);
-      return absl::OkStatus();
+      // rdmadev was asked for: falling back to gRPC silently would hide the problem (a
+      // wrong secret, a task started without rdmadev). Fail the instantiation with the cause.
+      rdmadev::LogEvent("pass: planning failed: " + error);
+      return absl::FailedPreconditionError("rdmadev could not plan this function: " + error);
     }
     for (const auto& r : rewrites) {
       auto it = parts->find(r.device);

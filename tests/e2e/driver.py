@@ -51,10 +51,69 @@ def train(mode, steps=30):
     return out
 
 
+def noop(mode):
+    """Everything on one worker: no cross-task pair, nothing to rewrite."""
+    with tf.device(W0):
+        v = tf.Variable(tf.ones([16]))
+
+    def step():
+        with tf.device(W0):
+            v.assign_add(tf.ones([16]))
+            return tf.reduce_sum(v)
+
+    fn = rdmadev.optimize(tf.function(step)) if mode == "rdmadev" else tf.function(step)
+    values = [float(fn()) for _ in range(3)]
+    return {"values": values, "report": fn.report if mode == "rdmadev" else ""}
+
+
+def big(mode):
+    """A 64 MiB tensor ps -> worker and a 64 MiB result worker -> ps, in both orders."""
+    n = 16 << 20  # float32 elements: 64 MiB
+    with tf.device(PS):
+        a = tf.Variable(tf.range(n, dtype=tf.float32) * 1e-3)
+        acc = tf.Variable(tf.zeros([n]))
+
+    def step(scale):
+        with tf.device(W0):
+            y = a * scale + 1.0
+        with tf.device(PS):
+            acc.assign_add(y)
+            return tf.reduce_sum(acc[:1000]) + acc[n - 1]
+
+    fn = rdmadev.optimize(tf.function(step)) if mode == "rdmadev" else tf.function(step)
+    values = [float(fn(tf.constant(s, tf.float32))) for s in (1.0, 2.0, 3.0)]
+    import hashlib
+    return {"values": values, "digest": hashlib.sha256(acc.numpy().tobytes()).hexdigest(),
+            "report": fn.report if mode == "rdmadev" else ""}
+
+
+def retrace(mode):
+    """One function traced for two batch sizes, and a second optimized function."""
+    with tf.device(PS):
+        w = tf.Variable(tf.random.stateless_normal([8, 4], [3, 4]))
+
+    def f(x):
+        with tf.device(W1):
+            return tf.reduce_sum(tf.matmul(x, w), axis=1)
+
+    def g(x):
+        with tf.device(W0):
+            return tf.reduce_max(tf.matmul(x, w))
+
+    wrap = (lambda fn: rdmadev.optimize(tf.function(fn))) if mode == "rdmadev" else tf.function
+    ff, gg = wrap(f), wrap(g)
+    out = []
+    for batch in (2, 5, 2, 5):
+        x = tf.random.stateless_uniform([batch, 8], [batch, 1])
+        out.append(ff(x).numpy().tolist())
+        out.append(float(gg(x)))
+    return {"values": out, "reports": [ff.report, gg.report] if mode == "rdmadev" else []}
+
+
 def main():
     cluster, mode, scenario = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
     tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster))
-    result = {"train": train}[scenario](mode)
+    result = {"train": train, "noop": noop, "big": big, "retrace": retrace}[scenario](mode)
     print("RESULT " + json.dumps(result))
 
 

@@ -1,0 +1,33 @@
+"""Helpers of the e2e tests: the `rdmadev serve` launcher for tests/tf_cluster.py and a
+runner for tests/e2e/driver.py scenarios (each in its own coordinator process)."""
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+import tf_cluster  # noqa: E402
+
+SECRET = "rdmadev-e2e-secret"
+ENV = {"RDMADEV_SECRET": SECRET, "RDMADEV_DEADLINE_S": "60", "RDMADEV_FABRIC": "auto"}
+# A coordinator process: TF import + connect + tracing + 30 steps, on a loaded 2-core box.
+DRIVER_TIMEOUT_S = 300
+
+
+def rdmadev_launcher(job, index, spec_json):
+    return [sys.executable, "-m", "rdmadev.server", "--cluster", spec_json, "--job", job,
+            "--task", str(index)]
+
+
+def run_driver(cluster, mode, scenario, env=None, expect_ok=True):
+    """Runs one scenario; returns its JSON result (or the failed process when not expect_ok)."""
+    proc = subprocess.run(
+        [sys.executable, os.path.join(HERE, "driver.py"), json.dumps(cluster.spec), mode, scenario],
+        capture_output=True, text=True, timeout=DRIVER_TIMEOUT_S,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **ENV, **(env or {})})
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    if not expect_ok:
+        return proc
+    assert proc.returncode == 0 and lines, (proc.stdout + proc.stderr)[-4000:]
+    return json.loads(lines[-1][len("RESULT "):])

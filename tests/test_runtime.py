@@ -1,0 +1,70 @@
+"""Cluster specs, the launcher's argument errors, and the control connections' auth."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import rdmadev
+from rdmadev import runtime
+from rdmadev.control import ControlClient, ControlServer, control_address
+
+
+@pytest.mark.parametrize("spec, match", [
+    ("{not json", "not valid JSON"),
+    ("[]", "non-empty mapping"),
+    ({"ps": "127.0.0.1:1"}, "is not a list of host:port"),
+    ({"ps": ["127.0.0.1"]}, "is not a list of host:port"),
+])
+def test_malformed_cluster_spec_names_the_problem(spec, match):
+    with pytest.raises(rdmadev.ConfigError, match=match):
+        runtime.parse_cluster(spec)
+
+
+def test_cluster_spec_from_tf_config(monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"ps": ["h:1"], "worker": {"1": "h:3", "0": "h:2"}}}))
+    assert runtime.parse_cluster(None) == {"ps": ["h:1"], "worker": ["h:2", "h:3"]}
+    monkeypatch.setenv("TF_CONFIG", "nope")
+    with pytest.raises(rdmadev.ConfigError, match="TF_CONFIG is not valid JSON"):
+        runtime.parse_cluster(None)
+    monkeypatch.delenv("TF_CONFIG")
+    with pytest.raises(rdmadev.ConfigError, match="no cluster spec"):
+        runtime.parse_cluster(None)
+
+
+def test_control_address_is_derived_from_the_spec():
+    assert control_address("10.0.0.5:2222", 10000) == ("10.0.0.5", 12222)
+    assert control_address("10.0.0.5:60000", 10000) == ("10.0.0.5", 50000)
+
+
+def test_control_connection_with_wrong_secret_is_refused():
+    server = ControlServer(("127.0.0.1", 0), b"right", lambda r: {"echo": r})
+    try:
+        addr = server.server_address
+        assert ControlClient(addr, b"right").call({"op": "x"}) == {"echo": {"op": "x"}}
+        with pytest.raises(rdmadev.AuthError, match="RDMADEV_SECRET"):
+            ControlClient(addr, b"wrong")
+        assert server.rejected == 1
+    finally:
+        server.close()
+
+
+def test_unreachable_control_service_says_how_to_start_tasks():
+    with pytest.raises(rdmadev.PeerLostError, match="rdmadev serve"):
+        ControlClient(("127.0.0.1", 1), b"k", timeout=5)
+
+
+@pytest.mark.parametrize("args, env, match", [
+    (["--cluster", '{"ps": ["127.0.0.1:1"]}'], {}, "no task given"),
+    (["--cluster", "{bad", "--job", "ps", "--task", "0"], {}, "not valid JSON"),
+    (["--cluster", '{"ps": ["127.0.0.1:1"]}', "--job", "worker", "--task", "0"], {}, "not in the cluster spec"),
+    (["--cluster", '{"ps": ["127.0.0.1:1"]}', "--job", "ps", "--task", "0"], {"RDMADEV_SECRET": ""}, "RDMADEV_SECRET is not set"),
+    (["--cluster", '{"ps": ["127.0.0.1:1"]}', "--job", "ps", "--task", "0"], {"RDMADEV_FABRIC": "ib"}, "RDMADEV_FABRIC='ib'"),
+])
+def test_serve_rejects_bad_input_with_a_clear_message(args, env, match):
+    full_env = {**os.environ, "RDMADEV_SECRET": "k", **env}
+    full_env.pop("TF_CONFIG", None)
+    proc = subprocess.run([sys.executable, "-m", "rdmadev", "serve", *args], capture_output=True,
+                          text=True, timeout=120, env=full_env)
+    assert proc.returncode == 2 and match in proc.stderr, proc.stderr[-2000:]
