@@ -83,10 +83,10 @@ class _Handler(socketserver.BaseRequestHandler):
             sock.sendall(ns)
             nc = _recv_exact(sock, NONCE_BYTES)
             if not hmac.compare_digest(_recv_exact(sock, 32), _mac(server.secret, b"client", ns, nc)):
-                sock.sendall(b"\x01")
+                server.rejected += 1  # counted before the peer can see the refusal
                 log.warning("control: peer %s failed authentication (wrong cluster secret)",
                             self.client_address)
-                server.rejected += 1
+                sock.sendall(b"\x01")
                 return
             sock.sendall(b"\x00" + _mac(server.secret, b"server", nc, ns))
             sock.settimeout(None)

@@ -10,6 +10,9 @@
 #include <vector>
 
 #include "tensorflow/core/common_runtime/optimization_registry.h"
+#include "tensorflow/core/common_runtime/shape_refiner.h"
+#include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/graph/algorithm.h"
 #include "tensorflow/core/framework/graph.pb.h"
 #include "tensorflow/core/framework/node_def_util.h"
 #include "tensorflow/core/graph/graph.h"
@@ -57,6 +60,70 @@ bool IsCrossTaskPair(const Node* n) {
     return false;
   tensorflow::TryGetNodeAttr(n->attrs(), "client_terminated", &client);
   return !client && TaskOf(from) != TaskOf(to);
+}
+
+bool IsSendOp(const Node* n) { return n->type_string() == "_Send" || n->type_string() == "_HostSend"; }
+bool IsRecvOp(const Node* n) { return n->type_string() == "_Recv" || n->type_string() == "_HostRecv"; }
+
+std::string RendezvousKey(const Node* n) {
+  std::string name, from, to;
+  tensorflow::TryGetNodeAttr(n->attrs(), "tensor_name", &name);
+  tensorflow::TryGetNodeAttr(n->attrs(), "send_device", &from);
+  tensorflow::TryGetNodeAttr(n->attrs(), "recv_device", &to);
+  return name + "|" + from + "|" + to;
+}
+
+// Rounds of cross-partition propagation: a shape crosses one task boundary per round; a
+// step crosses at most a few (ps -> worker -> ps), and a round costs one shape pass.
+constexpr int kShapeRounds = 4;
+
+// TF's partition graphs no longer carry shapes. Runs TF's own shape functions over every
+// partition, feeding each _Recv the shape its _Send's input got on the other side, until
+// nothing new is learned; then records each fully known shape as `_output_shapes` on the
+// _Recv, which the planner takes as authoritative.
+void AnnotateRecvShapes(std::unordered_map<std::string, std::unique_ptr<Graph>>* parts) {
+  std::map<std::string, tensorflow::PartialTensorShape> known;
+  for (int round = 0; round < kShapeRounds; ++round) {
+    size_t before = known.size();
+    for (auto& kv : *parts) {
+      Graph* g = kv.second.get();
+      tensorflow::ShapeRefiner refiner(g->versions(), g->op_registry());
+      std::vector<Node*> order;
+      tensorflow::GetReversePostOrder(*g, &order);
+      for (Node* n : order) {
+        if (!refiner.AddNode(n).ok()) continue;  // an input without a shape: skip it
+        if (IsRecvOp(n)) {
+          auto it = known.find(RendezvousKey(n));
+          if (it == known.end()) continue;
+          tensorflow::shape_inference::ShapeHandle h;
+          auto* c = refiner.GetContext(n);
+          if (c && c->MakeShapeFromPartialTensorShape(it->second, &h).ok()) {
+            refiner.SetShape(n, 0, h).IgnoreError();
+          }
+        } else if (IsSendOp(n)) {
+          const tensorflow::Edge* e = nullptr;
+          if (!n->input_edge(0, &e).ok() || !e) continue;
+          auto* c = refiner.GetContext(e->src());
+          if (!c) continue;
+          auto h = c->output(e->src_output());
+          if (!c->FullyDefined(h)) continue;
+          std::vector<int64_t> dims;
+          for (int i = 0; i < c->Rank(h); ++i) dims.push_back(c->Value(c->Dim(h, i)));
+          known[RendezvousKey(n)] = tensorflow::PartialTensorShape(dims);
+        }
+      }
+    }
+    if (known.size() == before) break;
+  }
+  for (auto& kv : *parts) {
+    for (Node* n : kv.second->op_nodes()) {
+      if (!IsRecvOp(n)) continue;
+      auto it = known.find(RendezvousKey(n));
+      if (it != known.end()) {
+        n->AddAttr("_output_shapes", std::vector<tensorflow::PartialTensorShape>{it->second});
+      }
+    }
+  }
 }
 
 std::string PyErrorText() {
@@ -180,6 +247,7 @@ class RdmadevPass : public tensorflow::GraphOptimizationPass {
       if (any) break;
     }
     if (!any) return absl::OkStatus();  // the common case: one task, nothing to do
+    AnnotateRecvShapes(parts);
     std::map<std::string, std::string> serialized;
     for (auto& kv : *parts) {
       tensorflow::GraphDef gd;

@@ -8,16 +8,12 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 import tf_cluster  # noqa: E402
+from tf_cluster import rdmadev_launcher  # noqa: E402,F401
 
 SECRET = "rdmadev-e2e-secret"
 ENV = {"RDMADEV_SECRET": SECRET, "RDMADEV_DEADLINE_S": "60", "RDMADEV_FABRIC": "auto"}
 # A coordinator process: TF import + connect + tracing + 30 steps, on a loaded 2-core box.
 DRIVER_TIMEOUT_S = 300
-
-
-def rdmadev_launcher(job, index, spec_json):
-    return [sys.executable, "-m", "rdmadev.server", "--cluster", spec_json, "--job", job,
-            "--task", str(index)]
 
 
 def run_driver(cluster, mode, scenario, env=None, expect_ok=True):

@@ -62,6 +62,6 @@ def test_free_ports_are_distinct():
 
 
 def test_default_launcher_runs_the_server_script():
-    cmd = tfc._default_launcher("ps", 0, json.dumps({"ps": ["127.0.0.1:1"]}))
+    cmd = tfc._plain_launcher("ps", 0, json.dumps({"ps": ["127.0.0.1:1"]}))
     assert cmd[0] == sys.executable and cmd[1] == str(tfc.SERVER_SCRIPT) and os.path.exists(cmd[1])
     assert cmd[2:] == ["--cluster", '{"ps": ["127.0.0.1:1"]}', "--job", "ps", "--index", "0"]

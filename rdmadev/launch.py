@@ -1,0 +1,230 @@
+"""A TensorFlow cluster on 127.0.0.1 for examples, benchmarks and tests: one process per
+task, all started in parallel, always killed. By default every task runs `rdmadev serve`.
+
+Example::
+
+    with rdmadev.launch.Cluster(num_ps=1, num_workers=2, env={"RDMADEV_SECRET": "s"}) as c:
+        tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(c.spec))
+        ...
+
+``launcher(job, index, spec_json) -> argv`` replaces the task command (tests use plain TF
+servers that way). Readiness means every task's gRPC port accepts connections; an
+`rdmadev serve` task opens its control service before its gRPC port.
+"""
+
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+__all__ = ["Cluster", "ClusterError", "free_ports", "rdmadev_launcher"]
+
+log = logging.getLogger(__name__)
+log.addHandler(logging.NullHandler())
+
+#: Loopback only: test traffic must never leave the machine.
+HOST = "127.0.0.1"
+#: Seconds all tasks together may take to listen. One server takes 5-9 s to import TF and start on
+#: an idle 2-core VM; three starting at once on a loaded box took up to ~40 s, so allow 3x that.
+READY_TIMEOUT_S = 120.0
+#: Seconds between readiness polls: short next to the 5-9 s start, cheap in CPU.
+POLL_INTERVAL_S = 0.2
+#: Seconds a task gets to exit after SIGTERM before it is SIGKILLed.
+STOP_TIMEOUT_S = 10.0
+#: Bytes of a failed task's log quoted in the error.
+LOG_TAIL_BYTES = 3000
+
+
+class ClusterError(RuntimeError):
+    """A task failed to start or to become ready; the message names the task and quotes its log."""
+
+
+def free_ports(count):
+    """Pick ``count`` distinct free TCP ports on 127.0.0.1 by binding port 0.
+
+    All sockets stay open until every port is chosen, so the ports are distinct; they are closed
+    before returning (a tiny race remains with other programs, which ``Cluster`` reports clearly).
+
+    Args:
+        count: how many ports.
+
+    Returns:
+        A list of ``count`` port numbers.
+    """
+    from .control import control_address
+
+    socks = []
+    try:
+        while len(socks) < count:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((HOST, 0))
+            port = s.getsockname()[1]
+            # rdmadev's control service of the task will listen at a port derived from this
+            # one; keep it free too.
+            c = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                c.bind((HOST, control_address(f"{HOST}:{port}")[1]))
+                socks.append(s)
+            except OSError:
+                s.close()
+            finally:
+                c.close()
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def rdmadev_launcher(job, index, spec_json):
+    """The default task command: `python -m rdmadev.server` for this task."""
+    return [sys.executable, "-m", "rdmadev.server", "--cluster", spec_json, "--job", job,
+            "--task", str(index)]
+
+
+def _port_open(port):
+    try:
+        with socket.create_connection((HOST, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+class Cluster:
+    """A set of TF server processes on 127.0.0.1, started in parallel; a context manager.
+
+    Args:
+        num_ps: number of ``ps`` tasks.
+        num_workers: number of ``worker`` tasks.
+        env: extra environment variables for every task (merged over ``os.environ``;
+            ``TF_CPP_MIN_LOG_LEVEL`` defaults to 2).
+        launcher: ``launcher(job, index, spec_json) -> argv`` builds each task's command; the
+            default runs ``rdmadev serve``. The command must serve the task's address
+            from the spec; readiness is judged by its port accepting connections.
+        ready_timeout: seconds all tasks together may take to listen.
+        log_dir: where each task's stdout+stderr go (``<job>-<index>.log``); by default a temp dir,
+            removed by ``stop()`` (a start failure quotes the log in its error first).
+
+    Attributes:
+        spec: the cluster spec, ``{"ps": ["127.0.0.1:p", ...], "worker": [...]}``.
+    """
+
+    def __init__(self, num_ps=1, num_workers=2, env=None, launcher=None, ready_timeout=READY_TIMEOUT_S,
+                 log_dir=None):
+        ports = free_ports(num_ps + num_workers)
+        self.spec = {"ps": [f"{HOST}:{p}" for p in ports[:num_ps]],
+                     "worker": [f"{HOST}:{p}" for p in ports[num_ps:]]}
+        self.env = dict(env or {})
+        self.launcher = launcher or rdmadev_launcher
+        self.ready_timeout = ready_timeout
+        self._own_log_dir = log_dir is None
+        self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="tf_cluster_"))
+        self._procs = {}  # (job, index) -> (Popen, log file object)
+
+    def tasks(self):
+        """Return ``[(job, index, "127.0.0.1:port"), ...]`` for every task."""
+        return [(job, i, addr) for job, addrs in self.spec.items() for i, addr in enumerate(addrs)]
+
+    def device(self, job, index, kind="CPU", number=0):
+        """Return the full device name of a task, e.g. ``/job:ps/replica:0/task:0/device:CPU:0``."""
+        return f"/job:{job}/replica:0/task:{index}/device:{kind}:{number}"
+
+    def log_path(self, job, index):
+        """Return the path of a task's log file."""
+        return self.log_dir / f"{job}-{index}.log"
+
+    def start(self):
+        """Start every task in parallel and wait until all listen.
+
+        Returns:
+            self.
+
+        Raises:
+            ClusterError: a task exited early or did not listen within ``ready_timeout``; all
+                tasks are stopped first and the message quotes the task's log.
+        """
+        env = dict(os.environ)
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        env.update(self.env)
+        spec_json = json.dumps(self.spec)
+        for job, index, _ in self.tasks():
+            logf = open(self.log_path(job, index), "wb")
+            proc = subprocess.Popen(self.launcher(job, index, spec_json), stdout=logf, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+            self._procs[(job, index)] = (proc, logf)
+            log.info("started %s:%d pid=%d", job, index, proc.pid)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self):
+        deadline = time.monotonic() + self.ready_timeout
+        pending = {(job, i): int(addr.rsplit(":", 1)[1]) for job, i, addr in self.tasks()}
+        while pending:
+            for key, port in list(pending.items()):
+                proc = self._procs[key][0]
+                if proc.poll() is not None:
+                    raise ClusterError(f"TF task {key[0]}:{key[1]} exited with code {proc.returncode} before "
+                                       f"listening on port {port}; its log:\n{self._tail(*key)}")
+                if _port_open(port):
+                    del pending[key]
+            if not pending:
+                break
+            if time.monotonic() > deadline:
+                names = ", ".join(f"{j}:{i}" for j, i in pending)
+                raise ClusterError(f"TF tasks {names} did not listen within {self.ready_timeout:.0f} s; raise "
+                                   f"ready_timeout on a loaded machine. Log of {names.split(',')[0]}:\n"
+                                   f"{self._tail(*next(iter(pending)))}")
+            time.sleep(POLL_INTERVAL_S)
+
+    def _tail(self, job, index):
+        try:
+            data = self.log_path(job, index).read_bytes()
+        except OSError as exc:
+            return f"<no log: {exc}>"
+        return data[-LOG_TAIL_BYTES:].decode("utf-8", "replace")
+
+    def stop(self):
+        """Stop every task (SIGTERM to its process group, SIGKILL after a grace period). Idempotent."""
+        procs, self._procs = self._procs, {}
+        for proc, _ in procs.values():
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)  # the group this helper created for the task
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for proc, logf in procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait(timeout=STOP_TIMEOUT_S)
+            logf.close()
+        if self._own_log_dir:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+
+    def alive(self):
+        """Return True when every started task is still running."""
+        return bool(self._procs) and all(p.poll() is None for p, _ in self._procs.values())
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False
+
+
