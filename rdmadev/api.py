@@ -9,7 +9,6 @@ import contextlib
 import ctypes
 import functools
 import logging
-import os
 
 from . import ops, runtime
 
@@ -31,7 +30,8 @@ def _lib():
 
 
 def enabled():
-    return os.environ.get("RDMADEV_ENABLED", "1") != "0"
+    from .config import Config
+    return Config.from_env().enabled
 
 
 def load_into_process(auto=False):

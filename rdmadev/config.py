@@ -30,6 +30,9 @@ VARIABLES = (
     ("RDMADEV_SECRET", "(generated)", "Cluster secret every task shares; the tcp fabric authenticates peers with HMAC-SHA256 over it. Generated per process if unset, which only suits single-process use."),
     ("RDMADEV_SECRET_FILE", "(unset)", "File holding the cluster secret (instead of RDMADEV_SECRET)."),
     ("RDMADEV_TCP_ADDR", "127.0.0.1:0", "host:port the tcp fabric listens on and advertises; host must be an address peers can reach (port 0 = any free port). The verbs fabric's connection side channel listens on the same host (any port)."),
+    ("RDMADEV_ENABLED", "1", "0 turns rdmadev off everywhere: optimize() and RDMADEV_AUTO leave every function on TF's gRPC path."),
+    ("RDMADEV_AUTO", "0", "1 rewrites every function instantiated in the process (in tasks started by `rdmadev serve`: functions they partition, e.g. ParameterServerStrategy steps), so scripts run unchanged."),
+    ("RDMADEV_CONTROL_PORT_OFFSET", "10000", "rdmadev's control service of a task listens at the task's TF port + this offset (minus it when that passes 65535), on the host of its cluster-spec address."),
     ("RDMADEV_DEVICE", "(auto)", "RDMA device for the verbs fabric (e.g. mlx5_0, rxe0); default: the first device with an ACTIVE port."),
     ("RDMADEV_PORT", "(auto)", "Port of RDMADEV_DEVICE (1-based); default: its first ACTIVE port."),
     ("RDMADEV_GID_INDEX", "(auto)", "GID index on RoCE; default: the first RoCE v2 GID holding an IPv4 address, then other RoCE v2, then RoCE v1 (`rdmadev doctor` lists them)."),
@@ -56,6 +59,15 @@ def _number(env, name, default, kind, low, high):
     return value
 
 
+def _flag(env, name, default):
+    text = env.get(name, "").strip()
+    if not text:
+        return default
+    if text not in ("0", "1"):
+        raise ConfigError(f"{name}={text!r} is not 0 or 1", hint=f"set {name} to 0 or 1")
+    return text == "1"
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     """Validated settings (see VARIABLES for their meaning)."""
@@ -70,6 +82,9 @@ class Config:
     device: str = ""
     port: int = 0
     gid_index: int = -1
+    enabled: bool = True
+    auto: bool = False
+    control_port_offset: int = 10000
 
     @classmethod
     def from_env(cls, env=None):
@@ -118,4 +133,7 @@ class Config:
             device=env.get("RDMADEV_DEVICE", "").strip(),
             port=_number(env, "RDMADEV_PORT", 0, int, 1, 255) if env.get("RDMADEV_PORT", "").strip() else 0,
             gid_index=_number(env, "RDMADEV_GID_INDEX", -1, int, 0, 65535),
+            enabled=_flag(env, "RDMADEV_ENABLED", True),
+            auto=_flag(env, "RDMADEV_AUTO", False),
+            control_port_offset=_number(env, "RDMADEV_CONTROL_PORT_OFFSET", 10000, int, 1, 65534),
         )

@@ -33,13 +33,13 @@ NONCE_BYTES = 32
 MAX_MESSAGE_BYTES = 1 << 20
 # Seconds a peer may take to authenticate before its connection is dropped.
 HANDSHAKE_TIMEOUT_S = 10.0
-DEFAULT_PORT_OFFSET = 10000
 
 
 def control_address(task_address, offset=None):
     """(host, port) of the control service of the task whose TF address is `task_address`."""
-    offset = int(os.environ.get("RDMADEV_CONTROL_PORT_OFFSET", DEFAULT_PORT_OFFSET)) \
-        if offset is None else offset
+    if offset is None:
+        from .config import Config
+        offset = Config.from_env().control_port_offset
     host, _, port = task_address.rpartition(":")
     port = int(port)
     port = port + offset if port + offset <= 65535 else port - offset

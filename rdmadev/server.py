@@ -47,7 +47,7 @@ def main(argv=None):
                                       hint="e.g. rdmadev serve --cluster '{...}' --job worker --task 0")
         spec = runtime.parse_cluster(args.cluster)
         rt = runtime.start(spec, job, int(index))
-        api.load_into_process(auto=os.environ.get("RDMADEV_AUTO") == "1")
+        api.load_into_process(auto=rt.config.auto)
         import tensorflow as tf
         server = tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=job, task_index=int(index),
                                       protocol="grpc", start=True)
