@@ -115,6 +115,13 @@ class Runtime:
             return self._send_channel(request)
         if op == "recv_channel":
             return self._recv_channel(request)
+        if op == "reports":
+            from . import tf_pass
+            return [str(r) for r in tf_pass.reports()]
+        if op == "pass_mode":
+            from . import api
+            api.load_into_process(auto=bool(request["auto"]))
+            return {"auto": bool(request["auto"])}
         raise ValueError(f"unknown control request {op!r}")
 
     def _endpoint(self, address):

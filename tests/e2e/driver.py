@@ -17,7 +17,12 @@ import rdmadev  # noqa: E402
 PS, W0, W1 = "/job:ps/replica:0/task:0", "/job:worker/replica:0/task:0", "/job:worker/replica:0/task:1"
 
 
-def train(mode, steps=30):
+def train_until_killed(mode):
+    """The train step, printing each step, for as long as the cluster lives (bounded)."""
+    return train(mode, steps=2000, progress=True)
+
+
+def train(mode, steps=30, progress=False):
     """Variables on ps; each step both workers compute a gradient on their half of a
     deterministic batch; ps applies the mean. Returns losses and final weights."""
     with tf.device(PS):
@@ -44,7 +49,11 @@ def train(mode, steps=30):
     fn = tf.function(step)
     if mode == "rdmadev":
         fn = rdmadev.optimize(fn)
-    losses = [float(fn(tf.constant(i, tf.int64))) for i in range(steps)]
+    losses = []
+    for i in range(steps):
+        losses.append(float(fn(tf.constant(i, tf.int64))))
+        if progress:
+            print(f"STEP {i}", flush=True)
     out = {"losses": losses, "w": w.numpy().tolist(), "b": b.numpy().tolist()}
     if mode == "rdmadev":
         out["report"] = fn.report
@@ -110,10 +119,89 @@ def retrace(mode):
     return {"values": out, "reports": [ff.report, gg.report] if mode == "rdmadev" else []}
 
 
+def _set_task_pass_mode(cluster, auto):
+    """Turns RDMADEV_AUTO on or off in every task (a control request), so one cluster serves
+    both the gRPC baseline and the rdmadev run of a strategy whose workers partition."""
+    from rdmadev import runtime
+    rt = runtime.start(cluster)
+    for job, addrs in cluster.items():
+        for i in range(len(addrs)):
+            rt.call(runtime.task_name(job, i), {"op": "pass_mode", "auto": auto})
+
+
+def pss(mode, cluster, workers=1, steps=20):
+    """ParameterServerStrategy + ClusterCoordinator: each scheduled step is partitioned by
+    the worker that runs it (rdmadev: RDMADEV_AUTO in the tasks)."""
+    _set_task_pass_mode(cluster, mode == "rdmadev")
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    spec = {"ps": cluster["ps"], "worker": cluster["worker"][:workers],
+            "chief": [f"127.0.0.1:{s.getsockname()[1]}"]}
+    s.close()
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(spec), task_type="chief", task_id=0, rpc_layer="grpc")
+    strategy = tf.distribute.ParameterServerStrategy(resolver)
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        w = tf.Variable(tf.random.stateless_normal([32, 16], [5, 6]) * 0.1, name="w")
+        b = tf.Variable(tf.zeros([16]), name="b")
+
+    @tf.function
+    def step(i):
+        x = tf.random.stateless_uniform([64, 32], [i, 3])
+        y = tf.random.stateless_uniform([64, 16], [i, 4])
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(tf.matmul(x, w) + b - y))
+        gw, gb = tape.gradient(loss, [w, b])
+        w.assign_sub(0.1 * gw)
+        b.assign_sub(0.1 * gb)
+        return loss
+
+    losses = []
+    for i in range(steps):
+        losses.append(coordinator.schedule(step, args=(tf.constant(i, tf.int64),)))
+        coordinator.join()  # one step at a time: the same order in both modes
+    out = {"losses": [float(l.fetch()) for l in losses], "w": w.numpy().tolist(),
+           "b": b.numpy().tolist()}
+    from rdmadev import runtime
+    out["reports"] = runtime.current().call(runtime.task_name("worker", 0), {"op": "reports"})
+    _set_task_pass_mode(cluster, False)
+    return out
+
+
+def keras_fit(mode, cluster):
+    """An unchanged Keras 3 `fit` with its variables on ps, run under a worker device scope:
+    the worker partitions the train function (rdmadev: RDMADEV_AUTO in the tasks)."""
+    _set_task_pass_mode(cluster, mode == "rdmadev")
+    tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster))
+    tf.keras.utils.set_random_seed(7)
+    x = np.random.default_rng(0).standard_normal((256, 20)).astype("float32")
+    y = (x @ np.random.default_rng(1).standard_normal((20, 1))).astype("float32")
+    with tf.device(PS):
+        model = tf.keras.Sequential([tf.keras.Input((20,)), tf.keras.layers.Dense(32, activation="relu"),
+                                     tf.keras.layers.Dense(1)])
+        model.compile(optimizer=tf.keras.optimizers.SGD(0.01), loss="mse")
+        model.optimizer.build(model.trainable_variables)
+    with tf.device(W0):
+        history = model.fit(x, y, epochs=3, batch_size=32, shuffle=False, verbose=0)
+    from rdmadev import runtime
+    out = {"loss": history.history["loss"],
+           "reports": runtime.current().call(runtime.task_name("worker", 0), {"op": "reports"})}
+    _set_task_pass_mode(cluster, False)
+    return out
+
+
 def main():
     cluster, mode, scenario = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
-    tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster))
-    result = {"train": train, "noop": noop, "big": big, "retrace": retrace}[scenario](mode)
+    if scenario.startswith("pss"):
+        result = pss(mode, cluster, workers=int(scenario[3:] or 1))
+    elif scenario == "keras":
+        result = keras_fit(mode, cluster)
+    else:
+        tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster))
+        result = {"train": train, "noop": noop, "big": big, "retrace": retrace,
+                  "train_until_killed": train_until_killed}[scenario](mode)
     print("RESULT " + json.dumps(result))
 
 
