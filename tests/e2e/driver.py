@@ -192,16 +192,66 @@ def keras_fit(mode, cluster):
     return out
 
 
+def mixed(mode):
+    """A string and a dynamic-shape tensor cross tasks next to a static one: the first two
+    stay on gRPC (and are reported), the static one moves through rdmadev."""
+    with tf.device(PS):
+        v = tf.Variable(tf.range(100, dtype=tf.float32))
+
+    def step(i):
+        with tf.device(PS):
+            text = tf.strings.as_string(v[:3])
+            picked = tf.boolean_mask(v, v > tf.cast(i, tf.float32) * 10.0)
+            doubled = v * 2.0
+        with tf.device(W0):
+            length = tf.strings.length(tf.strings.reduce_join(text, separator=","))
+            total = tf.reduce_sum(picked) + tf.reduce_sum(doubled)
+        return length, total
+
+    fn = rdmadev.optimize(tf.function(step)) if mode == "rdmadev" else tf.function(step)
+    values = [[float(t) for t in fn(tf.constant(i, tf.int64))] for i in range(4)]
+    return {"values": values, "report": fn.report if mode == "rdmadev" else ""}
+
+
+def tf1_session(mode, cluster):
+    """A TF1 between-graph session: each task partitions (and plans) only its own half."""
+    _set_task_pass_mode(cluster, mode == "rdmadev")
+    from rdmadev import runtime
+    tasks = [runtime.task_name("ps", 0), runtime.task_name("worker", 0)]
+    earlier = {t: len(runtime.current().call(t, {"op": "reports"})) for t in tasks}
+    graph = tf.Graph()
+    with graph.as_default():
+        with tf.device(PS):
+            w = tf.compat.v1.get_variable("w", initializer=tf.ones([4, 4]) * 0.5)
+            inc = w.assign_add(tf.ones([4, 4]))
+        with tf.device(W0):
+            y = tf.reduce_sum(tf.matmul(tf.ones([2, 4]), w))
+        init = tf.compat.v1.global_variables_initializer()
+    values = []
+    with tf.compat.v1.Session("grpc://" + cluster["worker"][0], graph=graph) as sess:
+        sess.run(init)
+        for _ in range(3):
+            values.append(float(sess.run(y)))
+            sess.run(inc)
+    reports = []
+    for t in tasks:  # only this scenario's reports (the tasks keep every report)
+        reports += runtime.current().call(t, {"op": "reports"})[earlier[t]:]
+    _set_task_pass_mode(cluster, False)
+    return {"values": values, "reports": reports}
+
+
 def main():
     cluster, mode, scenario = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
     if scenario.startswith("pss"):
         result = pss(mode, cluster, workers=int(scenario[3:] or 1))
     elif scenario == "keras":
         result = keras_fit(mode, cluster)
+    elif scenario == "tf1":
+        result = tf1_session(mode, cluster)
     else:
         tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster))
         result = {"train": train, "noop": noop, "big": big, "retrace": retrace,
-                  "train_until_killed": train_until_killed}[scenario](mode)
+                  "train_until_killed": train_until_killed, "mixed": mixed}[scenario](mode)
     print("RESULT " + json.dumps(result))
 
 

@@ -85,8 +85,9 @@ def test_keras_fit_unchanged(cluster):
     assert "DT_INT64" in report and "sgd/Mul" in report
 
 
-def test_killing_a_worker_fails_training_promptly():
-    """A worker dies mid-training: the coordinator gets an error (never a hang), the other
+@pytest.mark.parametrize("victim, survivor", [(("worker", 1), ("ps", 0)), (("ps", 0), ("worker", 0))])
+def test_killing_a_task_fails_training_promptly(victim, survivor):
+    """A task dies mid-training: the coordinator gets an error (never a hang), the other
     tasks keep serving, nothing is left in /dev/shm."""
     import os
     import signal
@@ -104,13 +105,31 @@ def test_killing_a_worker_fails_training_promptly():
             for line in driver.stdout:
                 if line.startswith("STEP 5"):
                     break
-            victim = c._procs[("worker", 1)][0]
-            os.killpg(victim.pid, signal.SIGKILL)
+            os.killpg(c._procs[victim][0].pid, signal.SIGKILL)
             _, err = driver.communicate(timeout=120)  # well inside RDMADEV_DEADLINE_S=60 x 2
         finally:
             if driver.poll() is None:
                 driver.kill()
         assert driver.returncode != 0
         assert "Error" in err
-        assert c._procs[("ps", 0)][0].poll() is None  # the ps survives
+        assert c._procs[survivor][0].poll() is None
     assert set(os.listdir("/dev/shm")) == before
+
+
+def test_strings_and_dynamic_shapes_stay_on_grpc_and_are_reported(cluster):
+    grpc = run_driver(cluster, "grpc", "mixed")
+    rdma = run_driver(cluster, "rdmadev", "mixed")
+    assert rdma["values"] == grpc["values"]
+    report = rdma["report"]
+    assert "1 transfers swapped" in report
+    assert "AsString (unsupported_dtype)" in report
+    assert "boolean_mask/GatherV2 (dynamic_unbounded)" in report
+
+
+def test_tf1_session_gives_the_same_values(cluster):
+    """In a TF1 between-graph session each task plans only its own half of a pair; this
+    version keeps such half pairs on gRPC and says so in each task's report."""
+    grpc = run_driver(cluster, "grpc", "tf1")
+    rdma = run_driver(cluster, "rdmadev", "tf1")
+    assert rdma["values"] == grpc["values"] == [16.0, 48.0, 80.0]
+    assert rdma["reports"] and all("(half_pair)" in r for r in rdma["reports"])
