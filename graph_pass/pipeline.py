@@ -7,6 +7,7 @@ from .load import load, may_have_transfers
 from .plan import Config, Plan
 from .plan_regions import plan_regions
 from .validate import validate
+from .zero_copy import mark_zero_copy
 
 __all__ = ["plan_partitions"]
 
@@ -41,5 +42,6 @@ def plan_partitions(partitions, config=None, instance_id=None, return_graph=Fals
         plan = Plan(config=config)
         return (plan, None) if return_graph else plan
     graph = load(partitions)
-    plan = validate(plan_regions(find_transfers(graph), config, instance_id, graph), graph)
+    plan = plan_regions(find_transfers(graph), config, instance_id, graph)
+    plan = validate(mark_zero_copy(plan, graph), graph)
     return (plan, graph) if return_graph else plan

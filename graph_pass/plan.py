@@ -129,7 +129,8 @@ class Transfer:
     Decision (set by ``plan_regions``): ``decision`` ("swap"/"keep"), ``reason`` (a code of
     ``graph_pass.policy.REASONS``), ``detail`` (text), ``channel_key`` and, for swaps, the layout:
     ``region``, ``offset`` (in the region), ``task_offset`` (in the task block), ``slots``,
-    ``slot_bytes``, ``payload_offset``, ``capacity_bytes``, ``rank_capacity`` (None = static).
+    ``slot_bytes``, ``payload_offset``, ``capacity_bytes``, ``rank_capacity`` (None = static);
+    ``zero_copy`` (set by ``zero_copy.mark_zero_copy``: the receiver may alias the slot).
     """
 
     channel_id: str
@@ -161,6 +162,7 @@ class Transfer:
     payload_offset: int = None
     capacity_bytes: int = None
     rank_capacity: int = None
+    zero_copy: bool = False
 
     @property
     def send_task(self):

@@ -32,7 +32,7 @@ class Report:
     """What one instantiation moved where."""
 
     instance: str
-    swapped: list        # [(tensor_name, send_task -> recv_task, dtype, bytes, fabric)]
+    swapped: list        # [(tensor_name, send_task -> recv_task, dtype, bytes, fabric[+zc])]
     kept: list           # [(tensor_name, send_task -> recv_task, reason)]
     registered: dict     # recv task -> bytes registered there
 
@@ -42,9 +42,9 @@ class Report:
         if not self.swapped and not self.kept:
             lines[0] = f"rdmadev instance {self.instance}: no cross-task transfer (nothing to do)"
         for name, route, dtype, nbytes, fabric in self.swapped:
-            lines.append(f"  {fabric:<5} {route}  {name} {dtype} {nbytes} B")
+            lines.append(f"  {fabric:<8} {route}  {name} {dtype} {nbytes} B")
         for name, route, reason in self.kept:
-            lines.append(f"  grpc  {route}  {name} ({reason})")
+            lines.append(f"  grpc     {route}  {name} ({reason})")
         for task, nbytes in sorted(self.registered.items()):
             lines.append(f"  registered on {task}: {nbytes} B")
         return "\n".join(lines)
@@ -108,9 +108,10 @@ def rewrites(partitions):
         dtype = _dtype_enum(t.dtype)
         timeout = rt.config.deadline_s
         out.append(("send", t.send_device, t.send_node, t.channel_key, dtype, [], False, timeout))
-        out.append(("recv", t.recv_device, t.recv_node, t.channel_key, dtype, list(t.shape), False,
-                    timeout))
-        swapped.append((t.tensor_name, route, t.dtype, t.bytes, sent["fabric"]))
+        out.append(("recv", t.recv_device, t.recv_node, t.channel_key, dtype, list(t.shape),
+                    bool(t.zero_copy), timeout))
+        swapped.append((t.tensor_name, route, t.dtype, t.bytes,
+                        sent["fabric"] + ("+zc" if t.zero_copy else "")))
     report = Report(instance, swapped, kept, registered)
     with _reports_lock:
         _reports.append(report)
