@@ -135,3 +135,31 @@ def test_version_check_names_the_fix(monkeypatch):
         assert "pip install" in e.value.hint
     finally:
         ops.load.cache_clear()
+
+
+def test_a_cancelled_step_ends_the_wait(channel):
+    """When another op of the step fails, TF cancels the step: the pending wait ends at once
+    (Cancelled) instead of at its 600 s deadline."""
+    import threading
+    key, _, _ = channel("cancel", 64)
+
+    @tf.function
+    def step():
+        y = ops.recv(tf.float32, [1], key, timeout_s=600)
+        tf.debugging.assert_equal(1, 2, message="the other op failed")
+        return y
+
+    outcome = []
+    worker = threading.Thread(target=lambda: outcome.append(_raises(step)), daemon=True)
+    worker.start()
+    worker.join(120)  # a hang guard, not a timing check: without cancellation it waits 600 s
+    assert outcome, "the wait was not cancelled"
+    assert isinstance(outcome[0], (tf.errors.InvalidArgumentError, tf.errors.CancelledError))
+
+
+def _raises(fn):
+    try:
+        fn()
+    except Exception as e:  # the test inspects which
+        return e
+    return None

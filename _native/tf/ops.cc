@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstring>
 
+#include "tensorflow/core/framework/cancellation.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -56,6 +57,17 @@ rdmadev::Liveness AliveOf(const std::shared_ptr<rdmadev::Endpoint>& ep) {
   return [ep](std::string* why) { return ep->Alive(why); };
 }
 
+// Ends a pending progress wait when TF cancels the step (a failed peer kernel, a closed
+// session): the wait completes with kClosed, which becomes a Cancelled status. If the step
+// was cancelled before the callback could be registered, cancel at once.
+void CancelOnAbort(tensorflow::CancellationManager* cm, tensorflow::CancellationToken token,
+                   std::shared_ptr<rdmadev::Domain> domain, uint64_t ticket) {
+  if (!cm) return;
+  if (!cm->RegisterCallback(token, [domain, ticket] { domain->progress().Cancel(ticket); })) {
+    domain->progress().Cancel(ticket);
+  }
+}
+
 class SendOp : public AsyncOpKernel {
  public:
   explicit SendOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
@@ -93,10 +105,13 @@ class SendOp : public AsyncOpKernel {
       send();
       return;
     }
+    auto* cm = ctx->cancellation_manager();
+    const auto token = cm ? cm->get_cancellation_token() : tensorflow::CancellationManager::kInvalidToken;
     try {
-      s.domain->progress().Submit(
+      uint64_t ticket = s.domain->progress().Submit(
           need.first, need.second, deadline, AliveOf(s.ring->endpoint()),
-          [ctx, send, done](const rdmadev::Status& st, uint64_t) {
+          [ctx, send, done, cm, token](const rdmadev::Status& st, uint64_t) {
+            if (cm) cm->TryDeregisterCallback(token);
             if (!st.ok) {
               ctx->SetStatus(ToStatus(st));
               done();
@@ -106,6 +121,7 @@ class SendOp : public AsyncOpKernel {
           },
           nullptr, "a free slot (credit) on channel " + channel_ +
                        " (the receiver still holds every slot: a zero-copy tensor kept alive?)");
+      CancelOnAbort(cm, token, s.domain, ticket);
     } catch (const rdmadev::Error& e) {
       ctx->SetStatus(ToStatus(e));
       done();
@@ -181,7 +197,10 @@ class RecvOp : public AsyncOpKernel {
       return;
     }
     const uint64_t want = shape_.num_elements() * tensorflow::DataTypeSize(dtype_);
-    auto finish = [this, ctx, r, n, want, done](const rdmadev::Status& st, uint64_t) {
+    auto* cm = ctx->cancellation_manager();
+    const auto token = cm ? cm->get_cancellation_token() : tensorflow::CancellationManager::kInvalidToken;
+    auto finish = [this, ctx, r, n, want, done, cm, token](const rdmadev::Status& st, uint64_t) {
+      if (cm) cm->TryDeregisterCallback(token);
       if (!st.ok) {
         ctx->SetStatus(ToStatus(st));
         done();
@@ -221,14 +240,17 @@ class RecvOp : public AsyncOpKernel {
       }
       done();
     };
+    uint64_t ticket = 0;
     try {
-      r.domain->progress().Submit(r.ring->WordFor(n), n, deadline, AliveOf(r.ring->endpoint()),
-                                  finish, nullptr,
-                                  "transfer " + std::to_string(n) + " on channel " + channel_);
+      ticket = r.domain->progress().Submit(r.ring->WordFor(n), n, deadline,
+                                           AliveOf(r.ring->endpoint()), finish, nullptr,
+                                           "transfer " + std::to_string(n) + " on channel " + channel_);
     } catch (const rdmadev::Error& e) {
       ctx->SetStatus(ToStatus(e));
       done();
+      return;
     }
+    CancelOnAbort(cm, token, r.domain, ticket);
   }
 
  private:
