@@ -103,6 +103,11 @@ void AnnotateRecvShapes(std::unordered_map<std::string, std::unique_ptr<Graph>>*
         } else if (IsSendOp(n)) {
           const tensorflow::Edge* e = nullptr;
           if (!n->input_edge(0, &e).ok() || !e) continue;
+          // oneDNN's fused ops register shape functions that are wrong past output 0 (e.g.
+          // _MklNativeConv2DBackpropFilterWithBias gives the bias gradient the conv's input
+          // channels): leave those shapes unknown, the planner then keeps the pair on gRPC
+          // unless another rule proves its size.
+          if (e->src_output() > 0 && e->src()->type_string().rfind("_Mkl", 0) == 0) continue;
           auto* c = refiner.GetContext(e->src());
           if (!c) continue;
           auto h = c->output(e->src_output());

@@ -192,6 +192,31 @@ def keras_fit(mode, cluster):
     return out
 
 
+def conv(mode):
+    """Conv + bias_add: oneDNN fuses the filter and bias gradients into one op whose shape
+    function is wrong for the bias (regression: the pass must not trust it)."""
+    with tf.device(PS):
+        f = tf.Variable(tf.random.stateless_normal([3, 3, 3, 8], [1, 9]) * 0.1)
+        bias = tf.Variable(tf.zeros([8]))
+
+    def step(i):
+        with tf.device(W0):
+            x = tf.random.stateless_uniform([4, 16, 16, 3], [i, 5])
+            with tf.GradientTape() as tape:
+                y = tf.nn.relu(tf.nn.bias_add(tf.nn.conv2d(x, f, 1, "SAME"), bias))
+                loss = tf.reduce_mean(tf.square(y - 0.5))
+            gf, gb = tape.gradient(loss, [f, bias])
+        with tf.device(PS):
+            f.assign_sub(0.1 * gf)
+            bias.assign_sub(0.1 * gb)
+        return loss
+
+    fn = rdmadev.optimize(tf.function(step)) if mode == "rdmadev" else tf.function(step)
+    losses = [float(fn(tf.constant(i, tf.int64))) for i in range(5)]
+    return {"losses": losses, "bias": bias.numpy().tolist(),
+            "report": fn.report if mode == "rdmadev" else ""}
+
+
 def mixed(mode):
     """A string and a dynamic-shape tensor cross tasks next to a static one: the first two
     stay on gRPC (and are reported), the static one moves through rdmadev."""
@@ -251,7 +276,8 @@ def main():
     else:
         tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster))
         result = {"train": train, "noop": noop, "big": big, "retrace": retrace,
-                  "train_until_killed": train_until_killed, "mixed": mixed}[scenario](mode)
+                  "train_until_killed": train_until_killed, "mixed": mixed,
+                  "conv": conv}[scenario](mode)
     print("RESULT " + json.dumps(result))
 
 

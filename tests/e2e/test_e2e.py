@@ -25,6 +25,15 @@ def test_training_is_bitwise_identical(cluster):
     assert re.search(r"worker/replica:0/task:\d -> /job:ps", rdma["report"])
 
 
+def test_conv_with_bias_gradient(cluster):
+    """Regression: oneDNN's fused conv filter+bias gradient op has a wrong shape function
+    for the bias; the channel must still get the right size (or stay on gRPC)."""
+    grpc = run_driver(cluster, "grpc", "conv")
+    rdma = run_driver(cluster, "rdmadev", "conv")
+    assert rdma["losses"] == grpc["losses"] and rdma["bias"] == grpc["bias"]
+    assert _swapped(rdma["report"])
+
+
 def test_function_without_cross_task_pair_is_left_alone(cluster):
     grpc = run_driver(cluster, "grpc", "noop")
     rdma = run_driver(cluster, "rdmadev", "noop")
