@@ -4,6 +4,9 @@ processes are pinned to CPUs 0 and 1; trials alternate between the columns.
 
     python benchmarks/fabric_bench.py                 # every viable fabric, full sweep
     python benchmarks/fabric_bench.py --quick         # smaller sizes, fewer trials
+    python benchmarks/fabric_bench.py --perftest      # + ib_write_bw/ib_write_lat on the
+                                                      #   verbs device (Soft-RoCE: see
+                                                      #   BENCHMARKS.md for the VM command)
 
 Latency: ping-pong of 8 B and 4 KiB (one-way = round trip / 2), payload plus a 16-byte
 signal per message, the waiter spin-polling its sequence word (RDMADEV_SPIN_US applies).
@@ -51,7 +54,9 @@ def _count(size, trial_bytes):
     return max(MIN_COUNT, trial_bytes // size)
 
 
-def _iters(size, quick):
+def _iters(size, quick, lat_iters=None):
+    if lat_iters:
+        return lat_iters
     return (2000 if quick else 20000) if size <= 4096 else 100
 
 
@@ -188,13 +193,27 @@ def _memcpy(size, n):
     return lambda: size * n / _core.bench_memcpy(size, n) / 1e9
 
 
-def run(columns, lat_sizes, bw_sizes, trials, quick, fixed_slots=None):
+def _perftest(kind, size, n):
+    """One trial of the perftest column: ib_write_lat / ib_write_bw on the verbs device."""
+    import perftest
+
+    dev, gid = perftest.device()
+    if kind == "latency":
+        return lambda: perftest.write_lat(size, n, dev, gid)
+    return lambda: perftest.write_bw(size, n, dev, gid)
+
+
+LOCAL_COLUMNS = ("memcpy", "perftest")  # measured here, with no far process of ours
+
+
+def run(columns, lat_sizes, bw_sizes, trials, quick, fixed_slots=None, trial_bytes=None,
+        lat_iters=None):
     """Every (metric, column) cell, trials alternating between columns."""
-    trial_bytes = TRIAL_BYTES // (8 if quick else 1)
-    fars = {c: Far(c) for c in columns if c != "memcpy"}
+    trial_bytes = trial_bytes or TRIAL_BYTES // (8 if quick else 1)
+    fars = {c: Far(c) for c in columns if c not in LOCAL_COLUMNS}
     results = {c: {} for c in columns}
     try:
-        jobs = [("latency", s, _iters(s, quick)) for s in lat_sizes] + \
+        jobs = [("latency", s, _iters(s, quick, lat_iters)) for s in lat_sizes] + \
                [("bandwidth", s, _count(s, trial_bytes)) for s in bw_sizes]
         for kind, size, n in jobs:
             runs = {}
@@ -203,6 +222,9 @@ def run(columns, lat_sizes, bw_sizes, trials, quick, fixed_slots=None):
                     if kind == "bandwidth":
                         runs[c] = _memcpy(size, n)
                     continue
+                if c == "perftest":
+                    runs[c] = _perftest(kind, size, n)
+                    continue
                 far_kind = ("raw" + kind) if c == "rawtcp" else kind
                 runs[c] = fars[c].setup(far_kind, size, n, slots_for(size, fixed_slots))
             samples = {c: [] for c in runs}
@@ -210,7 +232,7 @@ def run(columns, lat_sizes, bw_sizes, trials, quick, fixed_slots=None):
                 for c, trial in runs.items():
                     samples[c].append(trial())
             for c in runs:
-                if c != "memcpy":
+                if c not in LOCAL_COLUMNS:
                     fars[c].finish()
                 results[c][f"{'lat' if kind == 'latency' else 'bw'}_{size}"] = statistics.median(samples[c])
             print(f"  measured {kind} {size} B", file=sys.stderr)
@@ -225,10 +247,11 @@ def _fmt_size(n):
 
 
 def table(results, fabrics, lat_sizes, bw_sizes, fixed_slots=None):
-    cols = ["memcpy", "rawtcp"] + fabrics
+    cols = ["memcpy", "rawtcp"] + fabrics + (["perftest"] if "perftest" in results else [])
     head = f"{'metric':<22}" + "".join(f"{c:>10}" for c in cols)
-    ratios = [("shm", "memcpy", "shm/memcpy"), ("tcp", "rawtcp", "tcp/raw tcp")]
-    ratios = [r for r in ratios if r[0] in fabrics]
+    ratios = [("shm", "memcpy", "shm/memcpy"), ("tcp", "rawtcp", "tcp/raw tcp"),
+              ("verbs", "perftest", "verbs/perftest")]
+    ratios = [r for r in ratios if r[0] in fabrics and r[1] in results]
     head += "".join(f"{r[2]:>13}" for r in ratios)
     lines = [head, "-" * len(head)]
     for kind, sizes, unit in (("lat", lat_sizes, "one-way us"), ("bw", bw_sizes, "GB/s")):
@@ -254,14 +277,24 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="sizes up to 16 MiB, fewer iterations")
     ap.add_argument("--slots", type=int, default=None,
                     help="ring slots for bandwidth (default: max(2, 2 MiB / size))")
+    ap.add_argument("--perftest", action="store_true",
+                    help="add ib_write_bw / ib_write_lat on the verbs device (the verbs baseline)")
+    ap.add_argument("--max-size", type=int, default=None,
+                    help="largest bandwidth size in bytes (e.g. 16777216)")
+    ap.add_argument("--trial-mib", type=int, default=None,
+                    help="MiB moved per bandwidth trial (default 1024, 128 with --quick)")
+    ap.add_argument("--lat-iters", type=int, default=None,
+                    help="round trips per latency trial (default 20000, 2000 with --quick)")
     ap.add_argument("--json", default=os.path.join(HERE, "results", "fabric_bench.json"))
     args = ap.parse_args(argv)
     fabrics = [f for f in args.fabrics.split(",") if f]
-    bw_sizes = tuple(s for s in BW_SIZES if not args.quick or s <= 16 << 20)
+    bw_sizes = tuple(s for s in BW_SIZES if (not args.quick or s <= 16 << 20) and
+                     (args.max_size is None or s <= args.max_size))
     started = time.time()
     _pin(0)
-    results = run(["memcpy", "rawtcp"] + fabrics, LAT_SIZES, bw_sizes, args.trials, args.quick,
-                  args.slots)
+    extra = ["perftest"] if args.perftest else []
+    results = run(["memcpy", "rawtcp"] + fabrics + extra, LAT_SIZES, bw_sizes, args.trials,
+                  args.quick, args.slots, args.trial_mib and args.trial_mib << 20, args.lat_iters)
     text = table(results, fabrics, LAT_SIZES, bw_sizes, args.slots)
     print(f"rdmadev fabric_bench: median of {args.trials} trials, 2 processes on {platform.node()}, "
           f"{os.cpu_count()} CPUs, python {platform.python_version()}")

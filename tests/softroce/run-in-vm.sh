@@ -52,8 +52,13 @@ flock -u 8
 
 RUN=$(mktemp -d "$VM_DIR/run.XXXXXX") || fail "cannot create a run directory"
 QEMU_PID=
+TIMER_PID=
 cleanup() {
-    [ -n "$QEMU_PID" ] && kill -KILL "$QEMU_PID" 2>/dev/null
+    [ -n "$TIMER_PID" ] && kill "$TIMER_PID" 2>/dev/null
+    if [ -n "$QEMU_PID" ] && kill -TERM "$QEMU_PID" 2>/dev/null; then
+        for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$QEMU_PID" 2>/dev/null || break; sleep 0.5; done
+        kill -KILL "$QEMU_PID" 2>/dev/null
+    fi
     rm -rf "$RUN"
 }
 trap cleanup EXIT
@@ -82,7 +87,7 @@ if [ -n "${RDMADEV_VM_RW:-}" ]; then
     RW_ARG="rdv_rw=$RDMADEV_VM_RW"
 fi
 
-timeout -k 5 "$TIMEOUT" qemu-system-x86_64 "${ACCEL[@]}" -m "$MEM" -smp "$SMP" \
+qemu-system-x86_64 "${ACCEL[@]}" -m "$MEM" -smp "$SMP" \
     -nodefaults -no-user-config -display none -no-reboot -nic none \
     -kernel "$VM_DIR/vmlinux" -initrd "$VM_DIR/initrd.img" \
     -append "console=ttyS0 quiet panic=-1 rdv_init=$HERE/guest-init.sh rdv_run=$RUN $RW_ARG" \
@@ -92,13 +97,22 @@ timeout -k 5 "$TIMEOUT" qemu-system-x86_64 "${ACCEL[@]}" -m "$MEM" -smp "$SMP" \
     -virtfs "local,path=$RUN,mount_tag=run,security_model=none,multidevs=remap" \
     "${RW[@]}" < /dev/null &
 QEMU_PID=$!
+# The time limit: whichever ends first, qemu or this timer.
+sleep "$TIMEOUT" &
+TIMER_PID=$!
+wait -n "$QEMU_PID" "$TIMER_PID"
+if ! kill -0 "$TIMER_PID" 2>/dev/null; then
+    TIMER_PID=
+    say "timed out after ${TIMEOUT}s; the VM is killed"
+    exit 124   # cleanup stops qemu
+fi
 wait "$QEMU_PID"
 QRC=$?
 QEMU_PID=
+kill "$TIMER_PID" 2>/dev/null
+wait "$TIMER_PID" 2>/dev/null
+TIMER_PID=
 [ "${RDMADEV_VM_VERBOSE:-0}" = 1 ] && cat "$RUN/console.log" >&2
-case $QRC in
-    124|137) say "timed out after ${TIMEOUT}s; the VM was killed"; exit 124;;
-esac
 if [ ! -s "$RUN/rc" ]; then
     tail -n 30 "$RUN/console.log" >&2
     fail "the VM stopped (qemu status $QRC) without reporting the command's exit status"

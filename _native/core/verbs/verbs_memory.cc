@@ -9,9 +9,10 @@ namespace rdmadev {
 #if RDMADEV_HAVE_VERBS
 namespace {
 
+// Sizes for messages, rounded up (a "needs" figure must not understate).
 std::string Bytes(uint64_t n) {
-  if (n >= (uint64_t(1) << 30)) return std::to_string(n >> 20) + " MiB";
-  if (n >= (uint64_t(1) << 20)) return std::to_string(n >> 10) + " KiB";
+  if (n >= (uint64_t(1) << 20)) return std::to_string((n + (1 << 20) - 1) >> 20) + " MiB";
+  if (n >= 1024) return std::to_string((n + 1023) >> 10) + " KiB";
   return std::to_string(n) + " bytes";
 }
 

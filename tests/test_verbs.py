@@ -1,0 +1,135 @@
+"""verbs-only behaviour: descriptors that are real RDMA addresses and keys (proved by an
+independent pyverbs peer), dead peers, device choice. Runs where verbs is viable (the
+Soft-RoCE tier: tests/softroce/run-in-vm.sh); with RDMADEV_REQUIRE_VERBS=1 a non-viable
+verbs fails here instead of skipping."""
+import json
+import os
+import struct
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import rdmadev
+from remote import RemotePeer
+
+# As in conftest.py: with RDMADEV_REQUIRE_VERBS=1 (the Soft-RoCE tier) these run, and fail,
+# even when verbs is not viable.
+VERBS = "verbs" in rdmadev.viable_fabrics() or os.environ.get("RDMADEV_REQUIRE_VERBS") == "1"
+pytestmark = pytest.mark.skipif(not VERBS, reason="verbs is not viable here: " +
+                                rdmadev._core.unviable_reason("verbs"))
+
+HERE = os.path.dirname(__file__)
+PYVERBS_PEER = os.path.join(HERE, "softroce", "pyverbs_peer.py")
+# Debian's python3-pyverbs lives in the system Python's dist-packages only.
+SYSTEM_PYTHON = "/usr/bin/python3"
+DESC = struct.Struct("<IIQQQIiQQQI12x")
+
+
+def _pyverbs_pattern(n):
+    return bytes((i * 131 + 17) & 0xFF for i in range(n))
+
+
+@pytest.fixture
+def vdomain(secret):
+    dom = rdmadev.open_domain("test:verbs", rdmadev.Config(fabric="verbs", secret=secret))
+    yield dom
+    dom.close()
+
+
+def test_descriptor_carries_the_registration(vdomain):
+    region = vdomain.allocate(3 * 4096 + 5)
+    magic, version, rid, size, _, _, _, _, _, addr, rkey = DESC.unpack(region.descriptor)
+    assert (version, rid, size) == (2, region.id, 3 * 4096 + 5)
+    view = np.frombuffer(region, np.uint8)
+    assert addr == view.ctypes.data and rkey != 0
+    assert vdomain.address.startswith("verbs=") and "/::ffff:" in vdomain.address
+
+
+def test_dead_peer_fails_a_write_within_seconds(vdomain, secret):
+    peer = RemotePeer("verbs", secret)
+    try:
+        ep = vdomain.connect(peer.address, "verbs")
+        remote = ep.attach(peer.call("alloc", "dst", 1 << 20))
+        src = vdomain.allocate(1 << 20)
+        ep.write(src, 0, remote, 0, 1 << 20, signal=(0, 1, 0))
+        peer.kill()
+        t0 = time.monotonic()
+        with pytest.raises(rdmadev.PeerLostError):
+            for _ in range(100):
+                ep.write(src, 0, remote, 0, 1 << 20, signal=(0, 2, 0), timeout=60)
+        assert time.monotonic() - t0 < 10
+        assert ep.alive()[0] is False
+    finally:
+        peer.close()
+
+
+def test_wrong_gid_index_is_a_clear_error(secret):
+    with pytest.raises(rdmadev.FabricError, match="GID index 999"):
+        rdmadev.open_domain("x", rdmadev.Config(fabric="verbs", secret=secret, gid_index=999))
+
+
+def test_wrong_device_is_a_clear_error(secret):
+    with pytest.raises(rdmadev.FabricError, match="not an RDMA device"):
+        rdmadev.open_domain("x", rdmadev.Config(fabric="verbs", secret=secret, device="nosuch0"))
+
+
+def test_doctor_lists_ports_and_gids():
+    from rdmadev import doctor
+
+    ports = doctor.collect()["verbs"]["ports"]
+    assert any(p["state"] and "ACTIVE" in p["state"] and
+               any("RoCE v2, IPv4" in g["kind"] for g in p["gids"]) for p in ports)
+
+
+def _pyverbs(*args, timeout=120):
+    if not os.path.exists(SYSTEM_PYTHON):
+        pytest.fail(f"{SYSTEM_PYTHON} is missing: the pyverbs peer needs Debian's python3-pyverbs")
+    return subprocess.Popen([SYSTEM_PYTHON, PYVERBS_PEER, *map(str, args)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("size", [0, 1, 4096 + 3, 1 << 20], ids=lambda s: f"{s}B")
+def test_pyverbs_peer_writes_into_an_rdmadev_region(vdomain, secret, size):
+    region = vdomain.allocate(size + 4096 + 64)
+    off = 4096 + 7
+    p = _pyverbs("write", vdomain.address, region.descriptor.hex(), secret.hex(), off, size, 41)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err + out
+    assert region.wait(0, 41, timeout=10) == 41
+    assert json.loads(out.splitlines()[-1])["ok"]
+    assert region.load(8) == size
+    assert bytes(memoryview(region)[off:off + size]) == _pyverbs_pattern(size)
+
+
+@pytest.mark.parametrize("size", [1, 1 << 20], ids=lambda s: f"{s}B")
+def test_rdmadev_writes_into_a_pyverbs_mr(vdomain, secret, size):
+    off = 64
+    p = _pyverbs("serve", secret.hex(), off + size, off, size, 77, 120)
+    first = json.loads(p.stdout.readline())
+    ep = vdomain.connect(first["address"], "verbs", timeout=60)
+    remote = ep.attach(bytes.fromhex(first["descriptor"]))
+    src = vdomain.allocate(size)
+    np.frombuffer(src, np.uint8)[:] = np.frombuffer(_pyverbs_pattern(size), np.uint8)
+    ep.write(src, 0, remote, off, size, signal=(0, 77, size))
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err + out
+    assert json.loads(out.splitlines()[-1]) == {"ok": True, "seq": 77, "aux": size}
+    ep.close()
+
+
+def test_memlock_too_low_says_how_much_and_how_to_raise():
+    """Registration pins memory: with RLIMIT_MEMLOCK at 1 MiB (and CAP_IPC_LOCK dropped, as
+    for any non-root user) a 64 MiB region fails with the numbers and the fix."""
+    if os.geteuid() != 0 or not os.path.exists("/usr/bin/setpriv"):
+        pytest.skip("needs root and setpriv to drop CAP_IPC_LOCK")
+    code = ("import rdmadev; d = rdmadev.open_domain('m', rdmadev.Config(fabric='verbs', "
+            "secret=b's')); d.allocate(64 << 20)")
+    r = subprocess.run(["/usr/bin/setpriv", "--bounding-set", "-ipc_lock", "--inh-caps", "-ipc_lock",
+                        "bash", "-c", f'ulimit -l 1024 && exec "{sys.executable}" -c "{code}"'],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert "RegionError" in r.stderr and "RLIMIT_MEMLOCK is 1 MiB" in r.stderr, r.stderr
+    assert "needs 64 MiB" in r.stderr and "ulimit -l unlimited" in r.stderr
