@@ -27,7 +27,7 @@ from .errors import GraphPassError
 from .explain import explain
 from .load import as_graph_def, partition_sets
 from .pipeline import plan_partitions
-from .plan import Config
+from .plan import CARRIES, Config
 
 __all__ = ["main", "build_parser"]
 
@@ -53,6 +53,12 @@ def build_parser(prog="rdmadev plan"):
     p.add_argument("--plan-client-pairs", action="store_true", help="also plan pairs to/from the client task")
     p.add_argument("--default-dynamic-capacity", type=int, help="bytes bound for dynamic-shape transfers")
     p.add_argument("--half-pair-capacity", type=int, help="capacity for pairs with one half planned (TF1)")
+    p.add_argument("--zero-copy-min-bytes", type=int, default=Config.zero_copy_min_bytes,
+                   help="smallest transfer the receiver may alias (default %(default)s)")
+    p.add_argument("--deadline-s", type=float, default=Config.deadline_s,
+                   help="seconds every wait of a planned channel may take (default %(default)s)")
+    p.add_argument("--carry", action="append", default=[], choices=CARRIES,
+                   help="plan as if the ops could carry this too (repeatable; default: static shapes, both halves)")
     p.add_argument("--instance-id", default="plan", help="instance id in channel keys (default %(default)r)")
     return p
 
@@ -123,7 +129,9 @@ def main(argv=None):
     try:
         config = Config(slots=args.slots, min_bytes=args.min_bytes, plan_client_pairs=args.plan_client_pairs,
                         default_dynamic_capacity=args.default_dynamic_capacity,
-                        half_pair_capacity=args.half_pair_capacity)
+                        half_pair_capacity=args.half_pair_capacity,
+                        zero_copy_min_bytes=args.zero_copy_min_bytes, deadline_s=args.deadline_s,
+                        carries={k: k in args.carry for k in CARRIES})
         if args.graphdef:
             sets = [[as_graph_def(Path(f).read_bytes(), f) for f in args.graphdef]]
         elif args.run_metadata:

@@ -2,7 +2,9 @@
 
 Graphs are built with graph_pass's own proto subset, exactly as TF's partitioner lays them out:
 ``_Send``/``_Recv`` nodes with ``tensor_name``, ``send_device``, ``recv_device``,
-``send_device_incarnation``, ``client_terminated``, ``T`` / ``tensor_type``, ``_src``, ``_dst``.
+``send_device_incarnation``, ``client_terminated``, ``T`` / ``tensor_type``, ``_src``, ``_dst``;
+and, where given a shape, ``_output_shapes`` on the ``_Recv`` as rdmadev's native pass writes it
+after running TF's shape refiner across the partitions (TF's partitioner itself writes none).
 """
 
 from graph_pass import _proto
@@ -93,16 +95,22 @@ class Partition:
                          _src=src or inp.split(":")[0], _dst=dst or "consumer")
 
     def recv(self, name, tensor_name, frm, dtype=FLOAT, client=False, src=None, dst=None, op="_Recv",
-             recv_device=None):
+             recv_device=None, shape=None):
+        """A `_Recv`; ``shape`` (a tuple, or None for none) becomes its ``_output_shapes``."""
+        extra = {} if shape is None else {"_output_shapes": ("shapes", [shape])}
         return self.node(name, op, [], tensor_type=("type", dtype), tensor_name=tensor_name, send_device=frm,
                          recv_device=recv_device or self.device, send_device_incarnation=inc(frm),
-                         client_terminated=client, _src=src or "producer", _dst=dst or "consumer")
+                         client_terminated=client, _src=src or "producer", _dst=dst or "consumer", **extra)
 
 
-def pair(sender, recver, tensor_name, inp, recv_name=None, dtype=FLOAT, **kw):
-    """Add a matching _Send (on ``sender``) and _Recv (on ``recver``) pair; returns (send, recv)."""
+def pair(sender, recver, tensor_name, inp, recv_name=None, dtype=FLOAT, shape=None, **kw):
+    """Add a matching _Send (on ``sender``) and _Recv (on ``recver``) pair; returns (send, recv).
+
+    ``shape`` is what TF's shape refiner gives the tensor, written as the `_Recv`'s ``_output_shapes``.
+    """
     s = sender.send(f"{tensor_name}/_send", inp, tensor_name, recver.device, dtype=dtype, **kw)
-    r = recver.recv(recv_name or f"{tensor_name}/_recv", tensor_name, sender.device, dtype=dtype, **kw)
+    r = recver.recv(recv_name or f"{tensor_name}/_recv", tensor_name, sender.device, dtype=dtype, shape=shape,
+                    **kw)
     return s, r
 
 

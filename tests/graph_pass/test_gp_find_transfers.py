@@ -128,8 +128,11 @@ def test_dynamic_shapes():
     _, transfers = find(ps, w)
     assert [(t.shape, t.bytes) for t in transfers] == [([-1, 4], None), (None, None)]
     plan = gp.validate(gp.plan_regions(transfers, instance_id="i"))
+    assert [t.reason for t in plan.transfers] == ["not_carried_dynamic", "not_carried_dynamic"]
+    dyn = {"dynamic_shapes": True}
+    plan = gp.validate(gp.plan_regions(transfers, gp.Config(carries=dyn), instance_id="i"))
     assert [t.reason for t in plan.transfers] == ["dynamic_unbounded", "dynamic_unbounded"]
-    cfg = gp.Config(capacity_hints={"edge_1_batch": 4096}, default_dynamic_capacity=100)
+    cfg = gp.Config(capacity_hints={"edge_1_batch": 4096}, default_dynamic_capacity=100, carries=dyn)
     plan = gp.validate(gp.plan_regions(transfers, cfg, instance_id="i"))
     b, blob = plan.transfers
     assert (b.reason, b.capacity_bytes, b.rank_capacity) == ("dynamic_bounded", 4096, 2)
@@ -137,7 +140,7 @@ def test_dynamic_shapes():
     assert (b.payload_offset, b.slot_bytes) == (128, 128 + 4096)
     assert (blob.capacity_bytes, blob.rank_capacity) == (100, gp.Config().max_dynamic_rank)
     assert (blob.payload_offset, blob.slot_bytes) == (64 + 128, 64 + 128 + 128)
-    hinted_by_src = gp.plan_regions(transfers, gp.Config(capacity_hints={"batch": 64}), instance_id="i")
+    hinted_by_src = gp.plan_regions(transfers, gp.Config(capacity_hints={"batch": 64}, carries=dyn), instance_id="i")
     assert hinted_by_src.transfers[0].capacity_bytes == 64
 
 

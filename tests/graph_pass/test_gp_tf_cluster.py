@@ -197,7 +197,7 @@ def test_tf1_session_partitions_planned_per_task(devices, tf_cluster):
     for t in cross:
         seen = [h.transfer(t.channel_id) for h in halves if any(x.channel_id == t.channel_id for x in h.transfers)]
         assert sorted(x.halves for x in seen) == ["recv", "send"]
-        assert {x.reason for x in seen} == {"half_pair"}  # same decision on both tasks
+        assert {x.reason for x in seen} == {"not_carried_half_pair"}  # same decision on both tasks
 
 
 def test_cli_runs_a_function_once_and_plans_it(devices, tmp_path, capsys):

@@ -2,7 +2,7 @@
 import graph_pass
 from gp_builders import FLOAT, Partition, dev, pair, partitions
 
-BIG = (256, 256)  # 256 KiB of float32: above ZERO_COPY_MIN_BYTES
+BIG = (256, 256)  # 256 KiB of float32: above Config.zero_copy_min_bytes (64 KiB by default)
 
 
 def _plan(consumer_ops, shape=BIG):
