@@ -3,17 +3,13 @@
 Shapes are tuples of ints with -1 for an unknown dimension, or None when even the rank is unknown.
 """
 
-__all__ = ["attr", "shape_from_proto", "tensor_shape", "tensor_ints", "parse_input", "task_of", "job_of",
-           "NodeInput"]
+__all__ = ["attr", "shape_from_proto", "tensor_shape", "tensor_ints", "parse_input", "NodeInput"]
 
 import collections
-import re
 import struct
 
 #: One data or control input of a node: source node name, output index (-1 for control).
 NodeInput = collections.namedtuple("NodeInput", "name index control")
-
-_DEVICE_RE = re.compile(r"/job:([^/]+)(?:/replica:(\d+))?(?:/task:(\d+))?")
 
 
 def shape_from_proto(shape):
@@ -102,23 +98,3 @@ def parse_input(text):
         return NodeInput(name, int(index), False)
     return NodeInput(text, 0, False)
 
-
-def task_of(device):
-    """Return the task part of a device name, ``/job:J/replica:R/task:T`` (replica, task default 0).
-
-    Args:
-        device: a device name such as ``/job:ps/replica:0/task:0/device:CPU:0``.
-
-    Returns:
-        The canonical task name, or ``""`` when the name has no job (a local device).
-    """
-    m = _DEVICE_RE.match(device or "")
-    if not m:
-        return ""
-    return f"/job:{m.group(1)}/replica:{m.group(2) or 0}/task:{m.group(3) or 0}"
-
-
-def job_of(device):
-    """Return the job name of a device or task name (``""`` when it has none)."""
-    m = _DEVICE_RE.match(device or "")
-    return m.group(1) if m else ""

@@ -11,7 +11,8 @@ send -> recv with ``transfer=True``, and ``graph.graph["rdmadev"]["transfers"]``
 
 import logging
 
-from .attrs import attr, task_of, tensor_shape
+from .attrs import attr, tensor_shape
+from .devices import task_of
 from .dtypes import dtype_name, dtype_size
 from .errors import PlanError
 from .load import NS, RECV_OPS, SEND_OPS
@@ -34,6 +35,12 @@ def _rendezvous(key, data):
     if missing:
         raise PlanError(f"{data['op']} node {key[1]!r} on {key[0]} lacks attr(s) {missing}; pass the partition "
                         f"graphs exactly as TF's partitioner produced them")
+    for name, device in zip(RENDEZVOUS_ATTRS[1:3], values[1:3]):
+        try:
+            task_of(device)
+        except ValueError as exc:
+            raise PlanError(f"{data['op']} node {key[1]!r} on {key[0]}: attr {name} {exc}; pass the partition "
+                            f"graphs exactly as TF's partitioner produced them") from None
     return values
 
 

@@ -8,6 +8,7 @@ after running TF's shape refiner across the partitions (TF's partitioner itself 
 """
 
 from graph_pass import _proto
+from graph_pass.devices import split_task
 
 FLOAT, INT32, STRING, INT64, RESOURCE, VARIANT = 1, 3, 7, 9, 20, 21
 #: Incarnation numbers per task, as TF gives each device a random int64 (may be negative).
@@ -22,7 +23,7 @@ def dev(job, task=0, kind="CPU", number=0):
 
 def inc(device):
     """Incarnation of a device's task (stable per task, as in a real cluster)."""
-    job, task = device.split("/")[1][4:], device.split("/")[3][5:]
+    job, task = split_task(device)
     return INCARNATION.get(f"{job}:{task}", 7)
 
 

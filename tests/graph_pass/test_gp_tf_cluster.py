@@ -13,15 +13,12 @@ import textwrap
 import pytest
 
 import graph_pass as gp
+from graph_pass.devices import task_of as task
 
 tf = pytest.importorskip("tensorflow")
 from tensorflow.python.eager import context  # noqa: E402
 
 pytestmark = pytest.mark.tf
-
-
-def task(device):
-    return device.split("/device:")[0]
 
 
 def tf_pairs(partitions):
