@@ -12,6 +12,11 @@ cluster spec, or ``@file``) or ``TF_CONFIG``'s ``cluster``, this process connect
 coordinator first; otherwise the script connects itself. Every instantiation with cross-task
 transfers is planned, printed as a table and, with ``--out``, drawn.
 
+Shapes come from TF's own shape functions: before planning, each instantiation's partitions go
+through ``graph_pass.tf_shapes.annotate`` (TF's importer runs every op's shape function, as the
+native pass runs TF's ShapeRefiner), so the plan is the one the pass would make. Without an
+importable TensorFlow (``--run-metadata``/``--graphdef`` only), shapes are what the graphs carry.
+
 Exit codes: 0 planned, 1 planning or running failed (the message says why), 2 bad usage.
 """
 
@@ -109,6 +114,18 @@ def _run_target(target, cluster):
     return partition_sets(metadata)
 
 
+def _tf_shapes(sets):
+    """Each partition set with TF's inferred shapes on its `_Recv` nodes (unchanged without TF)."""
+    try:
+        from .tf_shapes import annotate
+        import tensorflow  # noqa: F401
+    except ImportError as exc:
+        print(f"rdmadev plan: TensorFlow is not importable ({exc}); shapes are only what the graphs carry",
+              file=sys.stderr)
+        return sets
+    return [annotate(s) for s in sets]
+
+
 def _numbered(path, i, n):
     if n == 1:
         return path
@@ -138,6 +155,7 @@ def main(argv=None):
             sets = partition_sets(Path(args.run_metadata).read_bytes())
         else:
             sets = _run_target(args.target, _cluster_spec(args.cluster))
+        sets = _tf_shapes(sets)
         plans = [p for p in (plan_partitions(s, config, args.instance_id) for s in sets) if p.transfers]
     except _UsageError as exc:
         print(f"rdmadev plan: {exc}", file=sys.stderr)

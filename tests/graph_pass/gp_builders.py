@@ -142,12 +142,12 @@ def ps_worker_step(workers=1, shape=(4, 8)):
     ws = []
     for i in range(workers):
         w = Partition(dev("worker", i))
-        pair(ps, w, f"edge_{10 + i}_w", "w/read", recv_name=f"w_read/_recv{i}")
+        pair(ps, w, f"edge_{10 + i}_w", "w/read", recv_name=f"w_read/_recv{i}", shape=shape)
         w.node("x", "_Arg", T=("type", FLOAT), _output_shapes=("shapes", [(2, shape[0])]), index=0)
         w.node("mm", "MatMul", ["x", f"w_read/_recv{i}"], T=("type", FLOAT))
         w.node("relu", "Relu", ["mm"], T=("type", FLOAT))
         w.node("grad", "MatMul", ["x", "relu"], T=("type", FLOAT), transpose_a=True)
-        pair(w, ps, f"edge_{20 + i}_grad", "grad", recv_name=f"grad/_recv{i}")
+        pair(w, ps, f"edge_{20 + i}_grad", "grad", recv_name=f"grad/_recv{i}", shape=shape)
         ps.node(f"apply{i}", "AssignSubVariableOp", ["w/resource", f"grad/_recv{i}"], dtype=("type", FLOAT))
         ws.append(w)
     return ps, ws

@@ -49,7 +49,7 @@ def test_channels_sorted_by_key_and_offsets_packed():
     ps, w = B.Partition(PS), B.Partition(W0)
     for i, n in enumerate([10, 1000, 3]):
         ps.var(f"v{i}", (n,))
-        B.pair(ps, w, f"edge_{i}_v", f"v{i}/read")
+        B.pair(ps, w, f"edge_{i}_v", f"v{i}/read", shape=(n,))
     plan = gp.plan_partitions(B.partitions(ps, w), instance_id="x")
     (region,) = plan.regions
     assert region.channels == sorted(region.channels)
@@ -98,8 +98,8 @@ def test_half_pairs_decide_alike_on_both_sides():
 
 def test_half_pair_larger_than_its_capacity_is_an_error_naming_node_and_fix():
     ps, (w,) = B.ps_worker_step(shape=(64, 64))
-    with pytest.raises(gp.PlanError, match=r"_Send node 'edge_10_w/_send' .* 16384 bytes.*raise half_pair_capacity "
-                                           r"to at least 16384"):
+    with pytest.raises(gp.PlanError, match=r"_Recv node 'grad/_recv0' \(edge_20_grad\) carries 16384 bytes.*raise "
+                                           r"half_pair_capacity to at least 16384"):
         gp.plan_partitions({PS: ps.gd}, gp.Config(carries={"half_pairs": True}, half_pair_capacity=1000))
 
 
