@@ -3,10 +3,9 @@
 Shapes are tuples of ints with -1 for an unknown dimension, or None when even the rank is unknown.
 """
 
-__all__ = ["attr", "shape_from_proto", "tensor_shape", "tensor_ints", "parse_input", "NodeInput"]
+__all__ = ["attr", "shape_from_proto", "tensor_shape", "parse_input", "NodeInput"]
 
 import collections
-import struct
 
 #: One data or control input of a node: source node name, output index (-1 for control).
 NodeInput = collections.namedtuple("NodeInput", "name index control")
@@ -59,34 +58,6 @@ def attr(node_def, name, default=None):
 def tensor_shape(tensor):
     """Return the shape of a TensorProto (a tuple)."""
     return shape_from_proto(tensor.tensor_shape)
-
-
-def tensor_ints(tensor):
-    """Return the integer values of a small int32/int64 TensorProto (e.g. a shape Const), or None.
-
-    Args:
-        tensor: a TensorProto of dtype DT_INT32 (3) or DT_INT64 (9).
-
-    Returns:
-        A list of ints, or None when the dtype is not an integer type or the values are missing.
-    """
-    if tensor.dtype == 3:
-        if tensor.tensor_content:
-            return list(struct.unpack(f"<{len(tensor.tensor_content) // 4}i", tensor.tensor_content))
-        values = list(tensor.int_val)
-    elif tensor.dtype == 9:
-        if tensor.tensor_content:
-            return list(struct.unpack(f"<{len(tensor.tensor_content) // 8}q", tensor.tensor_content))
-        values = list(tensor.int64_val)
-    else:
-        return None
-    shape = tensor_shape(tensor)
-    count = 1
-    for d in shape or ():
-        count *= d
-    if len(values) == 1 and count > 1:  # TF stores a splat as one value
-        values = values * count
-    return values if len(values) == count else None
 
 
 def parse_input(text):
