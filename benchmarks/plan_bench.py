@@ -8,7 +8,8 @@ POST_PARTITIONING pass hands over; the time is ``graph_pass.plan_partitions`` en
 load, find_transfers, plan_regions, validate). The ResNet-50 step is synthetic but TF-shaped: each
 worker receives all 161 trainable variables from ps, runs conv/BN/ReLU forward and backward
 (Conv2DBackpropFilter, FusedBatchNormGradV3, ...) and sends 161 gradients plus 106 BN statistics
-back; ps reads, sends and applies. Targets (issue 4): < 1 s for the step, well under 1 ms with no pair.
+back; ps reads, sends and applies. Each `_Recv` carries ``_output_shapes`` as the native pass writes it
+after running TF's shape refiner across the partitions, so every pair is sized. Targets (issue 4): < 1 s for the step, well under 1 ms with no pair.
 """
 
 import argparse
@@ -54,15 +55,15 @@ def resnet50_step(workers=2):
     ps = B.Partition(B.dev("ps"))
     ws = [B.Partition(B.dev("worker", i)) for i in range(workers)]
     convs = resnet50_convs()
+    shapes = {"fc/kernel": (2048, 1000), "fc/bias": (1000,)}
     for i, (kh, kw, cin, cout, _) in enumerate(convs):
-        ps.var(f"conv{i}/kernel", (kh, kw, cin, cout))
-        ps.var(f"bn{i}/gamma", (cout,))
-        ps.var(f"bn{i}/beta", (cout,))
+        shapes.update({f"conv{i}/kernel": (kh, kw, cin, cout), f"bn{i}/gamma": (cout,), f"bn{i}/beta": (cout,)})
+    for name, shape in shapes.items():
+        ps.var(name, shape)
+    for i, (kh, kw, cin, cout, _) in enumerate(convs):
         for s in ("mean", "var"):
             ps.node(f"bn{i}/moving_{s}/resource", "_Arg", T=("type", B.RESOURCE),
                     _handle_shapes=("shapes", [(cout,)]), index=0)
-    ps.var("fc/kernel", (2048, 1000))
-    ps.var("fc/bias", (1000,))
     ps.node("lr", "Const", dtype=("type", B.FLOAT), value=("tensor", (B.FLOAT, (), None)))
     edge = iter(range(1, 10 ** 6))
     trainable = [f"conv{i}/kernel" for i in range(len(convs))] + [f"bn{i}/{p}" for i in range(len(convs))
@@ -71,7 +72,7 @@ def resnet50_step(workers=2):
         recv = {}
         for v in trainable:
             tn = f"edge_{next(edge)}_{v}/read"
-            B.pair(ps, w, tn, f"{v}/read", recv_name=f"{v}/read/_recv")
+            B.pair(ps, w, tn, f"{v}/read", recv_name=f"{v}/read/_recv", shape=shapes[v])
             recv[v] = f"{v}/read/_recv"
         w.node("images", "_Arg", T=("type", B.FLOAT), _output_shapes=("shapes", [(BATCH, 224, 224, 3)]), index=0)
         x, grads = "images", []
@@ -81,7 +82,8 @@ def resnet50_step(workers=2):
             w.node(f"relu{i}", "Relu", [f"bn{i}"])
             x = f"relu{i}"
             for j, s in ((1, "mean"), (2, "var")):
-                B.pair(w, ps, f"edge_{next(edge)}_bn{i}_{s}_w{k}", f"bn{i}:{j}", recv_name=f"bn{i}/{s}/_recv{k}")
+                B.pair(w, ps, f"edge_{next(edge)}_bn{i}_{s}_w{k}", f"bn{i}:{j}", recv_name=f"bn{i}/{s}/_recv{k}",
+                       shape=(cout,))
                 ps.node(f"bn{i}/update_{s}{k}", "AssignVariableOp", [f"bn{i}/moving_{s}/resource", f"bn{i}/{s}/_recv{k}"])
         w.node("pool", "Mean", [x, B.Partition.node(w, "pool/axes", "Const", dtype=("type", B.INT32),
                                                     value=("tensor", (B.INT32, (2,), [1, 2]))).name])
@@ -107,7 +109,7 @@ def resnet50_step(workers=2):
                       (f"bn{i}/beta", f"bn{i}/grad:2")]
         for v, g in grads:
             r = f"{v}/grad/_recv{k}"
-            B.pair(w, ps, f"edge_{next(edge)}_{v}_grad_w{k}", g, recv_name=r)
+            B.pair(w, ps, f"edge_{next(edge)}_{v}_grad_w{k}", g, recv_name=r, shape=shapes[v])
             ps.node(f"{v}/apply{k}", "ResourceApplyGradientDescent", [f"{v}/resource", "lr", r])
     return [ps] + ws
 

@@ -3,17 +3,12 @@
 Shapes are tuples of ints with -1 for an unknown dimension, or None when even the rank is unknown.
 """
 
-__all__ = ["attr", "shape_from_proto", "tensor_shape", "tensor_ints", "parse_input", "task_of", "job_of",
-           "NodeInput"]
+__all__ = ["attr", "shape_from_proto", "tensor_shape", "parse_input", "NodeInput"]
 
 import collections
-import re
-import struct
 
 #: One data or control input of a node: source node name, output index (-1 for control).
 NodeInput = collections.namedtuple("NodeInput", "name index control")
-
-_DEVICE_RE = re.compile(r"/job:([^/]+)(?:/replica:(\d+))?(?:/task:(\d+))?")
 
 
 def shape_from_proto(shape):
@@ -65,34 +60,6 @@ def tensor_shape(tensor):
     return shape_from_proto(tensor.tensor_shape)
 
 
-def tensor_ints(tensor):
-    """Return the integer values of a small int32/int64 TensorProto (e.g. a shape Const), or None.
-
-    Args:
-        tensor: a TensorProto of dtype DT_INT32 (3) or DT_INT64 (9).
-
-    Returns:
-        A list of ints, or None when the dtype is not an integer type or the values are missing.
-    """
-    if tensor.dtype == 3:
-        if tensor.tensor_content:
-            return list(struct.unpack(f"<{len(tensor.tensor_content) // 4}i", tensor.tensor_content))
-        values = list(tensor.int_val)
-    elif tensor.dtype == 9:
-        if tensor.tensor_content:
-            return list(struct.unpack(f"<{len(tensor.tensor_content) // 8}q", tensor.tensor_content))
-        values = list(tensor.int64_val)
-    else:
-        return None
-    shape = tensor_shape(tensor)
-    count = 1
-    for d in shape or ():
-        count *= d
-    if len(values) == 1 and count > 1:  # TF stores a splat as one value
-        values = values * count
-    return values if len(values) == count else None
-
-
 def parse_input(text):
     """Parse a NodeDef input string: ``"x"``, ``"x:1"`` or ``"^x"`` -> NodeInput."""
     if text.startswith("^"):
@@ -102,23 +69,3 @@ def parse_input(text):
         return NodeInput(name, int(index), False)
     return NodeInput(text, 0, False)
 
-
-def task_of(device):
-    """Return the task part of a device name, ``/job:J/replica:R/task:T`` (replica, task default 0).
-
-    Args:
-        device: a device name such as ``/job:ps/replica:0/task:0/device:CPU:0``.
-
-    Returns:
-        The canonical task name, or ``""`` when the name has no job (a local device).
-    """
-    m = _DEVICE_RE.match(device or "")
-    if not m:
-        return ""
-    return f"/job:{m.group(1)}/replica:{m.group(2) or 0}/task:{m.group(3) or 0}"
-
-
-def job_of(device):
-    """Return the job name of a device or task name (``""`` when it has none)."""
-    m = _DEVICE_RE.match(device or "")
-    return m.group(1) if m else ""

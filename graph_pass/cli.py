@@ -12,6 +12,11 @@ cluster spec, or ``@file``) or ``TF_CONFIG``'s ``cluster``, this process connect
 coordinator first; otherwise the script connects itself. Every instantiation with cross-task
 transfers is planned, printed as a table and, with ``--out``, drawn.
 
+Shapes come from TF's own shape functions: before planning, each instantiation's partitions go
+through ``graph_pass.tf_shapes.annotate`` (TF's importer runs every op's shape function, as the
+native pass runs TF's ShapeRefiner), so the plan is the one the pass would make. Without an
+importable TensorFlow (``--run-metadata``/``--graphdef`` only), shapes are what the graphs carry.
+
 Exit codes: 0 planned, 1 planning or running failed (the message says why), 2 bad usage.
 """
 
@@ -27,7 +32,7 @@ from .errors import GraphPassError
 from .explain import explain
 from .load import as_graph_def, partition_sets
 from .pipeline import plan_partitions
-from .plan import Config
+from .plan import CARRIES, Config
 
 __all__ = ["main", "build_parser"]
 
@@ -53,6 +58,12 @@ def build_parser(prog="rdmadev plan"):
     p.add_argument("--plan-client-pairs", action="store_true", help="also plan pairs to/from the client task")
     p.add_argument("--default-dynamic-capacity", type=int, help="bytes bound for dynamic-shape transfers")
     p.add_argument("--half-pair-capacity", type=int, help="capacity for pairs with one half planned (TF1)")
+    p.add_argument("--zero-copy-min-bytes", type=int, default=Config.zero_copy_min_bytes,
+                   help="smallest transfer the receiver may alias (default %(default)s)")
+    p.add_argument("--deadline-s", type=float, default=Config.deadline_s,
+                   help="seconds every wait of a planned channel may take (default %(default)s)")
+    p.add_argument("--carry", action="append", default=[], choices=CARRIES,
+                   help="plan as if the ops could carry this too (repeatable; default: static shapes, both halves)")
     p.add_argument("--instance-id", default="plan", help="instance id in channel keys (default %(default)r)")
     return p
 
@@ -103,6 +114,18 @@ def _run_target(target, cluster):
     return partition_sets(metadata)
 
 
+def _tf_shapes(sets):
+    """Each partition set with TF's inferred shapes on its `_Recv` nodes (unchanged without TF)."""
+    try:
+        from .tf_shapes import annotate
+        import tensorflow  # noqa: F401
+    except ImportError as exc:
+        print(f"rdmadev plan: TensorFlow is not importable ({exc}); shapes are only what the graphs carry",
+              file=sys.stderr)
+        return sets
+    return [annotate(s) for s in sets]
+
+
 def _numbered(path, i, n):
     if n == 1:
         return path
@@ -123,13 +146,16 @@ def main(argv=None):
     try:
         config = Config(slots=args.slots, min_bytes=args.min_bytes, plan_client_pairs=args.plan_client_pairs,
                         default_dynamic_capacity=args.default_dynamic_capacity,
-                        half_pair_capacity=args.half_pair_capacity)
+                        half_pair_capacity=args.half_pair_capacity,
+                        zero_copy_min_bytes=args.zero_copy_min_bytes, deadline_s=args.deadline_s,
+                        carries={k: k in args.carry for k in CARRIES})
         if args.graphdef:
             sets = [[as_graph_def(Path(f).read_bytes(), f) for f in args.graphdef]]
         elif args.run_metadata:
             sets = partition_sets(Path(args.run_metadata).read_bytes())
         else:
             sets = _run_target(args.target, _cluster_spec(args.cluster))
+        sets = _tf_shapes(sets)
         plans = [p for p in (plan_partitions(s, config, args.instance_id) for s in sets) if p.transfers]
     except _UsageError as exc:
         print(f"rdmadev plan: {exc}", file=sys.stderr)

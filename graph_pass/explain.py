@@ -10,6 +10,8 @@ import logging
 import math
 from collections import Counter, defaultdict
 
+from .devices import parse_device
+
 __all__ = ["explain", "format_table", "draw", "build_figure", "short_task", "human_bytes"]
 
 log = logging.getLogger(__name__)
@@ -26,10 +28,15 @@ SWAP_COLOR, KEEP_COLOR, TASK_COLOR = "#1a9850", "#878787", "#deebf7"
 
 
 def short_task(task):
-    """``/job:worker/replica:0/task:1`` -> ``worker:1`` (replica shown only when not 0)."""
-    parts = dict(p.split(":", 1) for p in task.strip("/").split("/") if ":" in p)
-    rep = parts.get("replica", "0")
-    return f"{parts.get('job', '?')}:{'' if rep == '0' else 'r' + rep + ':'}{parts.get('task', '0')}"
+    """``/job:worker/replica:0/task:1`` -> ``worker:1`` (replica shown only when not 0; ``?`` for no job).
+
+    Raises:
+        ValueError: ``task`` is not a task or device name.
+    """
+    d = parse_device(task)
+    if not d.job:
+        return "?"
+    return f"{d.job}:{'' if d.replica == 0 else f'r{d.replica}:'}{d.task}"
 
 
 def human_bytes(n):
@@ -76,6 +83,10 @@ def format_table(plan):
     lines.append(f"{len(plan.transfers)} cross-task transfers: {len(swapped)} swapped ({human_bytes(per_step)} per "
                  f"step), {len(plan.kept())} kept on gRPC"
                  + (" (" + ", ".join(f"{r}: {n}" for r, n in sorted(reasons.items())) + ")" if reasons else ""))
+    cfg = plan.config
+    carried = [k for k, v in sorted(cfg.carries.items()) if v]
+    lines.append(f"  config: {cfg.slots} slots, zero-copy from {human_bytes(cfg.zero_copy_min_bytes)}, deadline "
+                 f"{cfg.deadline_s:g} s, ops carry static shapes{''.join(' + ' + k for k in carried)}")
     for b in plan.tasks:
         lines.append(f"  {short_task(b.task)} registers {human_bytes(b.total_bytes)} ({b.total_bytes} B) in "
                      f"{len(b.regions)} region(s), {plan.config.slots} slots per channel")

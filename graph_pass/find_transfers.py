@@ -11,12 +11,13 @@ send -> recv with ``transfer=True``, and ``graph.graph["rdmadev"]["transfers"]``
 
 import logging
 
-from .attrs import attr, task_of, tensor_shape
+from .attrs import attr, tensor_shape
+from .devices import task_of
 from .dtypes import dtype_name, dtype_size
 from .errors import PlanError
 from .load import NS, RECV_OPS, SEND_OPS
 from .plan import Transfer, channel_id
-from .shapes import ShapeInference, fully_defined
+from .shapes import data_input, fully_defined, transfer_shape
 
 __all__ = ["find_transfers", "RENDEZVOUS_ATTRS"]
 
@@ -34,16 +35,22 @@ def _rendezvous(key, data):
     if missing:
         raise PlanError(f"{data['op']} node {key[1]!r} on {key[0]} lacks attr(s) {missing}; pass the partition "
                         f"graphs exactly as TF's partitioner produced them")
+    for name, device in zip(RENDEZVOUS_ATTRS[1:3], values[1:3]):
+        try:
+            task_of(device)
+        except ValueError as exc:
+            raise PlanError(f"{data['op']} node {key[1]!r} on {key[0]}: attr {name} {exc}; pass the partition "
+                            f"graphs exactly as TF's partitioner produced them") from None
     return values
 
 
-def _is_control_send(g, si, send_key):
+def _is_control_send(g, send_key):
     """A control edge's `_Send` sends an empty dummy Const that has only control inputs."""
-    ins = si.data_inputs(send_key)
-    if not ins:
+    src = data_input(g.nodes[send_key]["node_def"])
+    if src is None or (send_key[0], src[0]) not in g:
         return False
-    src = g.nodes[ins[0][0]]
-    if src["op"] != "Const" or si.data_inputs(ins[0][0]):
+    src = g.nodes[(send_key[0], src[0])]
+    if src["op"] != "Const" or data_input(src["node_def"]) is not None:
         return False
     shape = tensor_shape(attr(src["node_def"], "value"))
     return shape is not None and 0 in shape
@@ -96,12 +103,10 @@ def find_transfers(graph):
                             f"must name one pair: plan each instantiation's partitions separately")
         table[rv] = key
         data[NS]["client_terminated"] = client
-    peer_send = {recvs[rv]: sends[rv] for rv in recvs if rv in sends}
-    si = ShapeInference(graph, peer_send)
     transfers = []
     for rv in sorted(set(sends) | set(recvs), key=lambda r: (r[0], r[1], r[2], r[3])):
         s_key, r_key = sends.get(rv), recvs.get(rv)
-        transfers.append(_transfer(graph, si, rv, s_key, r_key))
+        transfers.append(_transfer(graph, rv, s_key, r_key))
     graph.graph.setdefault(NS, {})
     graph.graph[NS]["transfers"] = transfers
     graph.graph[NS]["same_task_pairs"] = same_task
@@ -109,7 +114,7 @@ def find_transfers(graph):
     return transfers
 
 
-def _transfer(g, si, rv, s_key, r_key):
+def _transfer(g, rv, s_key, r_key):
     tensor_name, send_device, recv_device, incarnation = rv
     cid = channel_id(tensor_name, send_device, recv_device, incarnation)
     s_nd = g.nodes[s_key]["node_def"] if s_key else None
@@ -123,10 +128,10 @@ def _transfer(g, si, rv, s_key, r_key):
     dtype = s_type if s_type is not None else r_type
     client = any(bool(attr(nd, "client_terminated", False)) for nd in (s_nd, r_nd) if nd is not None)
     if s_key is not None:
-        control = _is_control_send(g, si, s_key)
+        control = _is_control_send(g, s_key)
     else:
         control = _is_control_recv(g, r_key)
-    shape, source = si.transfer_shape(s_key, r_key)
+    shape, source = transfer_shape(g, s_key, r_key)
     size = dtype_size(dtype) if dtype is not None else None
     nbytes = None
     if fully_defined(shape) and size is not None:

@@ -2,7 +2,7 @@
 
 Schema ``rdmadev.plan`` version ``PLAN_VERSION`` (see ``Plan.to_dict`` for the exact keys)::
 
-    {"schema": "rdmadev.plan", "version": 1,
+    {"schema": "rdmadev.plan", "version": 2,
      "layout": {...graph_pass.layout.layout_dict()...},
      "config": {...Config fields...},
      "instance_id": "9f2c..." | null,
@@ -10,7 +10,9 @@ Schema ``rdmadev.plan`` version ``PLAN_VERSION`` (see ``Plan.to_dict`` for the e
      "regions":   [Region, ...],       # one per (receiving task, sending task) with swapped pairs
      "tasks":     [TaskBlock, ...]}    # per receiving task: total bytes to register, its regions
 
-The native side applies a plan and never re-decides: a transfer with ``decision == "swap"`` becomes
+Version 2 added ``config.zero_copy_min_bytes``, ``config.deadline_s`` and ``config.carries``: the
+runtime tells the planner what its ops can carry and the policy obeys, so nothing downstream
+re-decides. The native side applies a plan and never re-decides: a transfer with ``decision == "swap"`` becomes
 a write on ``send_task`` into ``region`` at ``offset`` and a wait on ``recv_task``; a ``"keep"``
 transfer is left to TF's gRPC rendezvous. Offsets are authoritative on the receiving task, which
 sends its region descriptor to the sender at setup.
@@ -22,16 +24,17 @@ import json
 from dataclasses import dataclass, field
 
 from . import layout as _layout
-from .attrs import task_of
+from .devices import task_of
 from .errors import ConfigError, PlanFormatError
 
 __all__ = ["PLAN_SCHEMA", "PLAN_VERSION", "DEFAULT_SLOTS", "DEFAULT_MAX_DYNAMIC_RANK", "CLIENT_JOBS",
-           "Config", "Transfer", "Region", "TaskBlock", "Plan", "channel_id", "channel_key"]
+           "DEFAULT_ZERO_COPY_MIN_BYTES", "DEFAULT_DEADLINE_S", "CARRIES", "Config", "Transfer", "Region", "TaskBlock", "Plan", "channel_id", "channel_key"]
 
 #: Schema name written into every serialized plan.
 PLAN_SCHEMA = "rdmadev.plan"
 #: Version of the schema; bump on any incompatible change (the native side refuses other versions).
-PLAN_VERSION = 1
+#: 2: config gained zero_copy_min_bytes, deadline_s and carries.
+PLAN_VERSION = 2
 #: Slots per channel. 2 lets the sender write step n+1 while the receiver still holds step n's
 #: tensor (zero-copy aliasing returns the slot only when TF frees the tensor); fewer than 2 would
 #: serialize every step on the slowest consumer, so the architecture requires K >= 2.
@@ -43,6 +46,21 @@ DEFAULT_MAX_DYNAMIC_RANK = 8
 #: Jobs of the client/coordinator: pairs to or from them (arguments, return values) stay on gRPC
 #: unless ``Config.plan_client_pairs`` is set.
 CLIENT_JOBS = ("localhost", "chief")
+#: Smallest swapped transfer whose receive slot may be handed to TF without a copy (zero-copy).
+#: Below 64 KiB a copy out of the slot costs < 5 us on these machines (memcpy at 12.5-15 GB/s on
+#: one core) and frees the slot for the sender at once, while an aliased slot is credited back
+#: only when TF frees the tensor; aliasing pays only for large tensors.
+DEFAULT_ZERO_COPY_MIN_BYTES = 64 << 10
+#: Seconds any wait of a planned channel (a write waiting for credit, a wait for its slot, the
+#: channel's setup) may take before it fails with DeadlineExceeded: the one default for every
+#: wait. A wait that legitimately lasts long is a peer still building its first step (tracing,
+#: partitioning and kernel construction of a large model take minutes on a 2 vCPU task) or a
+#: slow step on the other side; 300 s covers both, while a dead peer is caught earlier by the
+#: fabric's liveness checks, so the deadline only bounds what nothing else notices (never a hang).
+DEFAULT_DEADLINE_S = 300.0
+#: What the runtime's ops can carry, by capability; each False keeps such transfers on gRPC with
+#: their own reason. Today's RdmadevSend/RdmadevRecv carry static shapes with both halves planned.
+CARRIES = ("dynamic_shapes", "half_pairs")
 
 
 def channel_id(tensor_name, send_device, recv_device, send_device_incarnation):
@@ -90,6 +108,13 @@ class Config:
             own half), both halves must decide from the attrs alone; None keeps such pairs on gRPC,
             a number swaps them as dynamic channels with this capacity.
         max_dynamic_rank: dims reserved in the shape block when a dynamic rank is unknown.
+        zero_copy_min_bytes: smallest swapped transfer the receiver may alias (see
+            ``DEFAULT_ZERO_COPY_MIN_BYTES``); ``zero_copy.mark_zero_copy`` reads it here.
+        deadline_s: seconds every wait of the plan's channels may take (see ``DEFAULT_DEADLINE_S``).
+        carries: ``{"dynamic_shapes": bool, "half_pairs": bool}``, what the runtime's ops can carry
+            (the bridge passes it; missing keys are False). The policy keeps what they cannot
+            carry, with reason ``not_carried_dynamic`` or ``not_carried_half_pair``. Carrying half
+            pairs means carrying them as dynamic channels of ``half_pair_capacity``.
     """
 
     slots: int = DEFAULT_SLOTS
@@ -100,13 +125,24 @@ class Config:
     default_dynamic_capacity: int = None
     half_pair_capacity: int = None
     max_dynamic_rank: int = DEFAULT_MAX_DYNAMIC_RANK
+    zero_copy_min_bytes: int = DEFAULT_ZERO_COPY_MIN_BYTES
+    deadline_s: float = DEFAULT_DEADLINE_S
+    carries: dict = field(default_factory=lambda: dict.fromkeys(CARRIES, False))
 
     def __post_init__(self):
         self.client_jobs = tuple(self.client_jobs)
         self.capacity_hints = dict(self.capacity_hints)
+        unknown = sorted(set(self.carries) - set(CARRIES))
+        if unknown:
+            raise ConfigError(f"carries has unknown capabilities {unknown}; known: {list(CARRIES)}")
+        self.carries = {k: bool(self.carries.get(k, False)) for k in CARRIES}
+        if isinstance(self.deadline_s, bool) or not isinstance(self.deadline_s, (int, float)) \
+                or not self.deadline_s > 0:
+            raise ConfigError(f"deadline_s={self.deadline_s!r}: must be a number of seconds > 0")
+        self.deadline_s = float(self.deadline_s)
         if not isinstance(self.slots, int) or self.slots < 2:
             raise ConfigError(f"slots={self.slots!r}: must be an int >= 2 (K >= 2 slots per channel)")
-        for name in ("min_bytes", "max_dynamic_rank"):
+        for name in ("min_bytes", "max_dynamic_rank", "zero_copy_min_bytes"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r}: must be an int >= 0")
         for name in ("default_dynamic_capacity", "half_pair_capacity"):
@@ -269,8 +305,11 @@ class Plan:
         if not isinstance(data, dict) or data.get("schema") != PLAN_SCHEMA:
             raise PlanFormatError(f"not an {PLAN_SCHEMA} document (schema={data.get('schema') if isinstance(data, dict) else None!r})")
         if data.get("version") != PLAN_VERSION:
-            raise PlanFormatError(f"plan version {data.get('version')!r} is not supported (this graph_pass reads "
-                                  f"version {PLAN_VERSION}); re-plan with the graph_pass that matches the native library")
+            older = isinstance(data.get("version"), int) and data["version"] < PLAN_VERSION
+            raise PlanFormatError(
+                f"plan version {data.get('version')!r} is not supported (this graph_pass reads version "
+                f"{PLAN_VERSION}{', which added config.zero_copy_min_bytes, deadline_s and carries' if older else ''}); "
+                f"re-plan with the graph_pass that matches the native library")
         cfg = dict(data.get("config", {}))
         return cls(transfers=[_build(Transfer, t, "a transfer") for t in data.get("transfers", [])],
                    regions=[_build(Region, r, "a region") for r in data.get("regions", [])],

@@ -5,15 +5,20 @@ Rules, first match wins:
 1. ``client_terminated`` (a TF1 feed/fetch) -> keep.
 2. an end on a client job (``/job:localhost``, ``/job:chief``) -> keep unless ``plan_client_pairs``.
 3. DT_STRING / DT_VARIANT / DT_RESOURCE, reference or unknown dtypes -> keep.
-4. only one half loaded -> keep, unless ``half_pair_capacity`` is set: then swap as a dynamic
-   channel of that capacity. Both halves see the same attrs and config, so they decide alike.
+4. only one half loaded -> keep when the ops cannot carry half pairs (``carries["half_pairs"]``)
+   or no ``half_pair_capacity`` is set; else swap as a dynamic channel of that capacity. Both
+   halves see the same attrs and config, so they decide alike.
 5. a control edge's empty dummy -> swap as a header-only signal.
 6. a static shape -> swap with exact-size slots (keep if below ``min_bytes``).
-7. a dynamic shape -> swap with a shape block when a bound is known (``capacity_hints``,
+7. a dynamic shape -> keep when the ops cannot carry dynamic shapes (``carries["dynamic_shapes"]``);
+   else swap with a shape block when a bound is known (``capacity_hints``,
    ``default_dynamic_capacity``), else keep.
+
+``Config.carries`` is what the runtime's ops can carry; it is the runtime's to say, and this
+policy the only place it is applied, so nothing downstream decides again.
 """
 
-from .attrs import job_of
+from .devices import job_of
 from .dtypes import DTYPES, UNSUPPORTED
 from .errors import PlanError
 
@@ -34,6 +39,10 @@ REASONS = {
     "half_pair": ("keep", "only this half is in the planned graphs and the receiver cannot size it from "
                           "the attrs alone (set half_pair_capacity)"),
     "below_min_bytes": ("keep", "smaller than min_bytes: gRPC is as fast for tiny tensors"),
+    "not_carried_dynamic": ("keep", "dynamic shape: the runtime's ops do not carry dynamic shapes "
+                                    "(config.carries['dynamic_shapes'] is False)"),
+    "not_carried_half_pair": ("keep", "only this half is in the planned graphs: the runtime's ops do not "
+                                      "carry half pairs (config.carries['half_pairs'] is False)"),
 }
 
 _SIZES = {name: size for name, size in DTYPES.values()}
@@ -70,6 +79,8 @@ def decide(t, config):
     if t.dtype in UNSUPPORTED or _SIZES.get(t.dtype) is None:
         return Decision("unsupported_dtype", f"{t.label}: dtype {t.dtype}")
     if t.halves != "both":
+        if not config.carries["half_pairs"]:
+            return Decision("not_carried_half_pair", f"{t.label}: only the {t.halves} half is in these graphs")
         cap = config.half_pair_capacity
         if cap is None:
             return Decision("half_pair", f"{t.label}: only the {t.halves} half is in these graphs")
@@ -84,6 +95,8 @@ def decide(t, config):
         if t.bytes < config.min_bytes:
             return Decision("below_min_bytes", f"{t.label}: {t.bytes} B < min_bytes={config.min_bytes}")
         return Decision("static", f"{t.label}: {t.bytes} B ({t.shape_source})", t.bytes, None)
+    if not config.carries["dynamic_shapes"]:
+        return Decision("not_carried_dynamic", f"{t.label}: shape {t.shape} ({t.shape_source})")
     cap = config.capacity_hints.get(t.tensor_name, config.capacity_hints.get(t.src))
     if cap is None:
         cap = config.default_dynamic_capacity

@@ -52,6 +52,13 @@ def _check_transfer(t, plan, regions, out):
     if t.halves == "both" and plan.instance_id and t.channel_key != f"{t.channel_id}@{plan.instance_id}":
         out.append(f"{who} has channel key {t.channel_key!r}, expected '{t.channel_id}@{plan.instance_id}': "
                    f"{_REPLAN}")
+    carried = plan.config.carries
+    if t.halves != "both" and not carried["half_pairs"]:
+        out.append(f"{who} is swapped with only its {t.halves} half planned, but config.carries says the ops do not "
+                   f"carry half pairs: {_REPLAN}")
+    if t.halves == "both" and t.rank_capacity is not None and not carried["dynamic_shapes"]:
+        out.append(f"{who} is swapped as a dynamic channel, but config.carries says the ops do not carry dynamic "
+                   f"shapes: {_REPLAN}")
     region = regions.get(t.region)
     if region is None:
         out.append(f"{who} is swapped but its region {t.region!r} is not in the plan: {_REPLAN}")

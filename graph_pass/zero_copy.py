@@ -4,7 +4,8 @@ A received tensor that aliases its slot returns the slot to the sender only when
 it, and credits return in order: a tensor that outlives its step (returned to the caller,
 forwarded into a variable -- AssignVariableOp shares its input buffer -- or kept by any
 op whose output may alias its input) stalls the channel K transfers later. So a transfer
-is marked zero-copy only when every consumer of the received tensor is an op that reads it
+is marked zero-copy only when it carries at least ``plan.config.zero_copy_min_bytes`` (see
+``graph_pass.plan.DEFAULT_ZERO_COPY_MIN_BYTES`` for why) and every consumer of the received tensor is an op that reads it
 and keeps nothing: its outputs are fresh allocations (TF does not forward a buffer it does
 not own, and slot buffers do not own their memory) and it stores nothing past the step.
 
@@ -14,14 +15,10 @@ import logging
 
 from .load import NS
 
-__all__ = ["mark_zero_copy", "NON_RETAINING_OPS", "ZERO_COPY_MIN_BYTES"]
+__all__ = ["mark_zero_copy", "NON_RETAINING_OPS"]
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
-
-# Below this a copy out of the slot costs < 5 us here (memcpy at ~15 GB/s) and keeps the
-# slot free for the sender at once; aliasing only pays for large tensors.
-ZERO_COPY_MIN_BYTES = 64 << 10
 
 # Ops that read a tensor input and neither return it, nor alias it, nor store it.
 # Deliberately absent: Identity, Reshape, Slice/StridedSlice, Cast, ExpandDims, Squeeze,
@@ -55,7 +52,7 @@ def mark_zero_copy(plan, graph):
     for t in plan.transfers:
         t.zero_copy = False
         if t.decision != "swap" or t.rank_capacity is not None or not t.recv_node \
-                or (t.bytes or 0) < ZERO_COPY_MIN_BYTES:
+                or (t.bytes or 0) < plan.config.zero_copy_min_bytes:
             continue
         keys = [k for k in recvs.get(t.recv_node, ()) if graph.nodes[k].get("device") in ("", t.recv_device)
                 or k[0] == t.recv_device] or recvs.get(t.recv_node, [])

@@ -2,10 +2,13 @@
 
 Graphs are built with graph_pass's own proto subset, exactly as TF's partitioner lays them out:
 ``_Send``/``_Recv`` nodes with ``tensor_name``, ``send_device``, ``recv_device``,
-``send_device_incarnation``, ``client_terminated``, ``T`` / ``tensor_type``, ``_src``, ``_dst``.
+``send_device_incarnation``, ``client_terminated``, ``T`` / ``tensor_type``, ``_src``, ``_dst``;
+and, where given a shape, ``_output_shapes`` on the ``_Recv`` as rdmadev's native pass writes it
+after running TF's shape refiner across the partitions (TF's partitioner itself writes none).
 """
 
 from graph_pass import _proto
+from graph_pass.devices import split_task
 
 FLOAT, INT32, STRING, INT64, RESOURCE, VARIANT = 1, 3, 7, 9, 20, 21
 #: Incarnation numbers per task, as TF gives each device a random int64 (may be negative).
@@ -20,7 +23,7 @@ def dev(job, task=0, kind="CPU", number=0):
 
 def inc(device):
     """Incarnation of a device's task (stable per task, as in a real cluster)."""
-    job, task = device.split("/")[1][4:], device.split("/")[3][5:]
+    job, task = split_task(device)
     return INCARNATION.get(f"{job}:{task}", 7)
 
 
@@ -93,16 +96,22 @@ class Partition:
                          _src=src or inp.split(":")[0], _dst=dst or "consumer")
 
     def recv(self, name, tensor_name, frm, dtype=FLOAT, client=False, src=None, dst=None, op="_Recv",
-             recv_device=None):
+             recv_device=None, shape=None):
+        """A `_Recv`; ``shape`` (a tuple, or None for none) becomes its ``_output_shapes``."""
+        extra = {} if shape is None else {"_output_shapes": ("shapes", [shape])}
         return self.node(name, op, [], tensor_type=("type", dtype), tensor_name=tensor_name, send_device=frm,
                          recv_device=recv_device or self.device, send_device_incarnation=inc(frm),
-                         client_terminated=client, _src=src or "producer", _dst=dst or "consumer")
+                         client_terminated=client, _src=src or "producer", _dst=dst or "consumer", **extra)
 
 
-def pair(sender, recver, tensor_name, inp, recv_name=None, dtype=FLOAT, **kw):
-    """Add a matching _Send (on ``sender``) and _Recv (on ``recver``) pair; returns (send, recv)."""
+def pair(sender, recver, tensor_name, inp, recv_name=None, dtype=FLOAT, shape=None, **kw):
+    """Add a matching _Send (on ``sender``) and _Recv (on ``recver``) pair; returns (send, recv).
+
+    ``shape`` is what TF's shape refiner gives the tensor, written as the `_Recv`'s ``_output_shapes``.
+    """
     s = sender.send(f"{tensor_name}/_send", inp, tensor_name, recver.device, dtype=dtype, **kw)
-    r = recver.recv(recv_name or f"{tensor_name}/_recv", tensor_name, sender.device, dtype=dtype, **kw)
+    r = recver.recv(recv_name or f"{tensor_name}/_recv", tensor_name, sender.device, dtype=dtype, shape=shape,
+                    **kw)
     return s, r
 
 
@@ -133,12 +142,12 @@ def ps_worker_step(workers=1, shape=(4, 8)):
     ws = []
     for i in range(workers):
         w = Partition(dev("worker", i))
-        pair(ps, w, f"edge_{10 + i}_w", "w/read", recv_name=f"w_read/_recv{i}")
+        pair(ps, w, f"edge_{10 + i}_w", "w/read", recv_name=f"w_read/_recv{i}", shape=shape)
         w.node("x", "_Arg", T=("type", FLOAT), _output_shapes=("shapes", [(2, shape[0])]), index=0)
         w.node("mm", "MatMul", ["x", f"w_read/_recv{i}"], T=("type", FLOAT))
         w.node("relu", "Relu", ["mm"], T=("type", FLOAT))
         w.node("grad", "MatMul", ["x", "relu"], T=("type", FLOAT), transpose_a=True)
-        pair(w, ps, f"edge_{20 + i}_grad", "grad", recv_name=f"grad/_recv{i}")
+        pair(w, ps, f"edge_{20 + i}_grad", "grad", recv_name=f"grad/_recv{i}", shape=shape)
         ps.node(f"apply{i}", "AssignSubVariableOp", ["w/resource", f"grad/_recv{i}"], dtype=("type", FLOAT))
         ws.append(w)
     return ps, ws

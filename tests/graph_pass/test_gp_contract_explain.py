@@ -23,7 +23,7 @@ def test_json_roundtrip_is_exact_and_carries_the_layout():
     plan = sample_plan()
     text = plan.to_json(indent=1)
     data = json.loads(text)
-    assert data["schema"] == "rdmadev.plan" and data["version"] == gp.PLAN_VERSION == 1
+    assert data["schema"] == "rdmadev.plan" and data["version"] == gp.PLAN_VERSION == 2
     assert data["layout"] == gp.layout.layout_dict()
     assert set(data) == {"schema", "version", "layout", "config", "instance_id", "transfers", "regions", "tasks"}
     t = data["transfers"][0]
@@ -37,8 +37,8 @@ def test_json_roundtrip_is_exact_and_carries_the_layout():
 
 def test_from_json_rejects_other_schemas_and_versions():
     data = sample_plan().to_dict()
-    with pytest.raises(gp.PlanFormatError, match="version 2 is not supported"):
-        gp.Plan.from_dict(dict(data, version=2))
+    with pytest.raises(gp.PlanFormatError, match="version 3 is not supported"):
+        gp.Plan.from_dict(dict(data, version=3))
     with pytest.raises(gp.PlanFormatError, match="not an rdmadev.plan document"):
         gp.Plan.from_dict(dict(data, schema="other"))
     with pytest.raises(gp.PlanFormatError, match="not valid JSON"):
@@ -122,7 +122,10 @@ def test_cli_plans_graphdef_files_as_halves(tmp_path, capsys):
     f = tmp_path / "ps.pb"
     f.write_bytes(ps.gd.SerializeToString())
     assert cli.main(["--graphdef", str(f)]) == 0
-    assert "half_pair" in capsys.readouterr().out
+    assert "not_carried_half_pair" in capsys.readouterr().out
+    assert cli.main(["--graphdef", str(f), "--carry", "half_pairs"]) == 0
+    out = capsys.readouterr().out
+    assert "half_pair " in out and "ops carry static shapes + half_pairs" in out
 
 
 def test_cli_errors(tmp_path, capsys):

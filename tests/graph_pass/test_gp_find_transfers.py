@@ -30,11 +30,11 @@ def test_diamond_across_two_tasks():
     """a on ps feeds b and c on worker0 (one pair: TF sends once per destination); b, c feed d on ps."""
     ps, w = B.Partition(PS), B.Partition(W0)
     ps.var("a", (16, 16))
-    B.pair(ps, w, "edge_1_a", "a/read", recv_name="a/_recv")
+    B.pair(ps, w, "edge_1_a", "a/read", recv_name="a/_recv", shape=(16, 16))
     w.node("b", "Relu", ["a/_recv"])
     w.node("c", "Neg", ["a/_recv"])
-    B.pair(w, ps, "edge_2_b", "b", recv_name="b/_recv")
-    B.pair(w, ps, "edge_3_c", "c", recv_name="c/_recv")
+    B.pair(w, ps, "edge_2_b", "b", recv_name="b/_recv", shape=(16, 16))
+    B.pair(w, ps, "edge_3_c", "c", recv_name="c/_recv", shape=(16, 16))
     ps.node("d", "AddV2", ["b/_recv", "c/_recv"])
     g, transfers = find(ps, w)
     assert [(t.tensor_name, t.send_task, t.recv_task) for t in transfers] == [
@@ -44,8 +44,8 @@ def test_diamond_across_two_tasks():
     for t in transfers:
         assert t.halves == "both" and t.kind == "data" and t.dtype == "DT_FLOAT"
         assert t.shape == [16, 16] and t.bytes == 1024
-    # b and c get their shape from Relu/Neg of the _Recv, followed through the pair to a's variable
-    assert [t.shape_source for t in transfers] == ["variable shape read by a/read", "inferred (Relu)", "inferred (Neg)"]
+    # shapes are what TF's refiner wrote on each _Recv (the native pass does it before planning)
+    assert [t.shape_source for t in transfers] == [f"_output_shapes of {n}/_recv" for n in "abc"]
     # results on the graph: a transfer edge send -> recv and the channel on both ends
     edges = [(u[1], v[1]) for u, v, d in g.edges(data=True) if d.get("transfer")]
     assert sorted(edges) == [("edge_1_a/_send", "a/_recv"), ("edge_2_b/_send", "b/_recv"), ("edge_3_c/_send", "c/_recv")]
@@ -60,8 +60,8 @@ def test_diamond_across_two_tasks():
 def test_one_tensor_to_two_tasks_is_two_transfers():
     ps, w0, w1 = B.Partition(PS), B.Partition(W0), B.Partition(W1)
     ps.var("v", (1000,))
-    B.pair(ps, w0, "edge_5_v", "v/read")
-    B.pair(ps, w1, "edge_6_v", "v/read")
+    B.pair(ps, w0, "edge_5_v", "v/read", shape=(1000,))
+    B.pair(ps, w1, "edge_6_v", "v/read", shape=(1000,))
     _, transfers = find(ps, w0, w1)
     assert len(transfers) == 2 and len({t.channel_id for t in transfers}) == 2
     assert {t.recv_task for t in transfers} == {"/job:worker/replica:0/task:0", "/job:worker/replica:0/task:1"}
@@ -128,8 +128,11 @@ def test_dynamic_shapes():
     _, transfers = find(ps, w)
     assert [(t.shape, t.bytes) for t in transfers] == [([-1, 4], None), (None, None)]
     plan = gp.validate(gp.plan_regions(transfers, instance_id="i"))
+    assert [t.reason for t in plan.transfers] == ["not_carried_dynamic", "not_carried_dynamic"]
+    dyn = {"dynamic_shapes": True}
+    plan = gp.validate(gp.plan_regions(transfers, gp.Config(carries=dyn), instance_id="i"))
     assert [t.reason for t in plan.transfers] == ["dynamic_unbounded", "dynamic_unbounded"]
-    cfg = gp.Config(capacity_hints={"edge_1_batch": 4096}, default_dynamic_capacity=100)
+    cfg = gp.Config(capacity_hints={"edge_1_batch": 4096}, default_dynamic_capacity=100, carries=dyn)
     plan = gp.validate(gp.plan_regions(transfers, cfg, instance_id="i"))
     b, blob = plan.transfers
     assert (b.reason, b.capacity_bytes, b.rank_capacity) == ("dynamic_bounded", 4096, 2)
@@ -137,7 +140,7 @@ def test_dynamic_shapes():
     assert (b.payload_offset, b.slot_bytes) == (128, 128 + 4096)
     assert (blob.capacity_bytes, blob.rank_capacity) == (100, gp.Config().max_dynamic_rank)
     assert (blob.payload_offset, blob.slot_bytes) == (64 + 128, 64 + 128 + 128)
-    hinted_by_src = gp.plan_regions(transfers, gp.Config(capacity_hints={"batch": 64}), instance_id="i")
+    hinted_by_src = gp.plan_regions(transfers, gp.Config(capacity_hints={"batch": 64}, carries=dyn), instance_id="i")
     assert hinted_by_src.transfers[0].capacity_bytes == 64
 
 
@@ -155,7 +158,7 @@ def test_host_send_recv_are_pairs_too():
     ps, w = B.Partition(PS), B.Partition(W0)
     ps.var("v", (8,))
     ps.send("v/_hs", "v/read", "edge_1_v", W0, op="_HostSend")
-    w.recv("v/_hr", "edge_1_v", PS, op="_HostRecv")
+    w.recv("v/_hr", "edge_1_v", PS, op="_HostRecv", shape=(8,))
     (t,) = find(ps, w)[1]
     assert (t.send_op, t.recv_op, t.bytes) == ("_HostSend", "_HostRecv", 32)
 

@@ -49,7 +49,7 @@ def test_channels_sorted_by_key_and_offsets_packed():
     ps, w = B.Partition(PS), B.Partition(W0)
     for i, n in enumerate([10, 1000, 3]):
         ps.var(f"v{i}", (n,))
-        B.pair(ps, w, f"edge_{i}_v", f"v{i}/read")
+        B.pair(ps, w, f"edge_{i}_v", f"v{i}/read", shape=(n,))
     plan = gp.plan_partitions(B.partitions(ps, w), instance_id="x")
     (region,) = plan.regions
     assert region.channels == sorted(region.channels)
@@ -85,7 +85,9 @@ def test_tf1_half_graphs_give_the_same_channel_identities_as_the_full_graph():
 def test_half_pairs_decide_alike_on_both_sides():
     ps, (w,) = B.ps_worker_step()
     parts = B.partitions(ps, w)
-    for cfg, reason in ((gp.Config(), "half_pair"), (gp.Config(half_pair_capacity=1024), "half_pair_capacity")):
+    halves = {"half_pairs": True}
+    for cfg, reason in ((gp.Config(), "not_carried_half_pair"), (gp.Config(carries=halves), "half_pair"),
+                        (gp.Config(carries=halves, half_pair_capacity=1024), "half_pair_capacity")):
         by_side = [{t.channel_id: t for t in gp.plan_partitions({d: gd}, cfg).transfers} for d, gd in parts.items()]
         assert by_side[0].keys() == by_side[1].keys()
         for cid in by_side[0]:
@@ -96,9 +98,9 @@ def test_half_pairs_decide_alike_on_both_sides():
 
 def test_half_pair_larger_than_its_capacity_is_an_error_naming_node_and_fix():
     ps, (w,) = B.ps_worker_step(shape=(64, 64))
-    with pytest.raises(gp.PlanError, match=r"_Send node 'edge_10_w/_send' .* 16384 bytes.*raise half_pair_capacity "
-                                           r"to at least 16384"):
-        gp.plan_partitions({PS: ps.gd}, gp.Config(half_pair_capacity=1000))
+    with pytest.raises(gp.PlanError, match=r"_Recv node 'grad/_recv0' \(edge_20_grad\) carries 16384 bytes.*raise "
+                                           r"half_pair_capacity to at least 16384"):
+        gp.plan_partitions({PS: ps.gd}, gp.Config(carries={"half_pairs": True}, half_pair_capacity=1000))
 
 
 def test_min_bytes_keeps_small_tensors():
@@ -142,7 +144,8 @@ def test_any_set_of_transfers_gives_a_valid_non_overlapping_plan(specs, slots):
                                      send_node=f"s{i}", recv_node=f"r{i}", kind="control" if control else "data",
                                      dtype="DT_FLOAT", shape=None if size is None else [size // 4],
                                      bytes=0 if control else (None if size is None else size // 4 * 4)))
-    plan = gp.validate(gp.plan_regions(transfers, gp.Config(slots=slots, default_dynamic_capacity=512), "i"))
+    plan = gp.validate(gp.plan_regions(transfers, gp.Config(slots=slots, default_dynamic_capacity=512,
+                                                                  carries={"dynamic_shapes": True}), "i"))
     for block in plan.tasks:
         regions = [r for r in plan.regions if r.recv_task == block.task]
         assert block.total_bytes == sum(r.bytes for r in regions)

@@ -2,6 +2,9 @@
 
 Each workload runs once from this process (the coordinator, /job:localhost) with run metadata on,
 so the coordinator partitions it and the metadata holds every partition (both halves of each pair).
+Run metadata's partitions carry no shapes; as the native pass does with TF's ShapeRefiner, the
+tests first run TF's own shape functions over them (``graph_pass.tf_shapes.annotate``): these
+tests are the proof that real graphs plan statically from TF's shapes alone.
 Keras 3's ``fit`` under a worker device scope is partitioned on the worker, so its partitions never
 reach this process's run metadata; instead the test runs the model's own ``train_step`` (what
 ``fit`` runs per step) inside a tf.function called from the coordinator, compute on worker0 and all
@@ -13,15 +16,13 @@ import textwrap
 import pytest
 
 import graph_pass as gp
+from graph_pass.devices import task_of as task
+from graph_pass.tf_shapes import annotate
 
 tf = pytest.importorskip("tensorflow")
 from tensorflow.python.eager import context  # noqa: E402
 
 pytestmark = pytest.mark.tf
-
-
-def task(device):
-    return device.split("/device:")[0]
 
 
 def tf_pairs(partitions):
@@ -82,7 +83,7 @@ def test_matmul_relu_step_with_variables_on_ps(devices):
     y, parts, md = capture(step, tf.ones([2, 4]))
     assert float(y) == pytest.approx(128.0)
     assert len(parts) == 4  # localhost, ps, worker0, worker1
-    plan, graph = gp.plan_partitions(parts, instance_id="mm", return_graph=True)
+    plan, graph = gp.plan_partitions(annotate(parts), instance_id="mm", return_graph=True)
     check_one_for_one(parts, plan)
     gp.validate(plan, graph)
     swaps = {(t.src, task(t.send_device), task(t.recv_device)): (t.shape, t.bytes) for t in plan.swapped()}
@@ -93,7 +94,7 @@ def test_matmul_relu_step_with_variables_on_ps(devices):
     assert {t.reason for t in plan.kept()} == {"client_task"}  # x in, the sum out, the returned Identity
     # the same plan from the serialized run metadata (graph_pass's own proto subset)
     (from_bytes,) = [s for s in gp.partition_sets(md.SerializeToString()) if len(s) == 4]
-    assert gp.plan_partitions(from_bytes, instance_id="mm").to_json() == plan.to_json()
+    assert gp.plan_partitions(annotate(from_bytes), instance_id="mm").to_json() == plan.to_json()
     # TF1-style: each partition planned alone gives the same channel identities
     for gd in parts:
         for t in gp.plan_partitions([gd]).transfers:
@@ -118,7 +119,7 @@ def test_gradient_step_writes_updates_back_to_ps(devices):
         return loss
 
     _, parts, _ = capture(step, tf.ones([2, 4]))
-    plan = gp.validate(gp.plan_partitions(parts, instance_id="g"))
+    plan = gp.validate(gp.plan_partitions(annotate(parts), instance_id="g"))
     check_one_for_one(parts, plan)
     up = sorted((t.shape, t.bytes, t.reason) for t in plan.transfers
                 if t.send_task.startswith("/job:worker") and t.recv_task.startswith("/job:ps"))
@@ -152,7 +153,7 @@ def test_keras3_train_step_with_variables_on_ps(devices):
     y = tf.random.normal([32, 1], seed=2)
     logs, parts, _ = capture(train_step, x, y)
     assert "loss" in logs
-    plan, graph = gp.plan_partitions(parts, instance_id="k", return_graph=True)
+    plan, graph = gp.plan_partitions(annotate(parts), instance_id="k", return_graph=True)
     check_one_for_one(parts, plan)
     gp.validate(plan, graph)
     between = [t for t in plan.transfers if "localhost" not in t.send_task + t.recv_task]
@@ -186,7 +187,7 @@ def test_tf1_session_partitions_planned_per_task(devices, tf_cluster):
                  run_metadata=md)
     parts = list(md.partition_graphs)
     assert {task(n.device) for gd in parts for n in gd.node} >= {task(ps), task(w0)}
-    full = gp.plan_partitions(parts, instance_id="s")
+    full = gp.plan_partitions(annotate(parts), instance_id="s")
     check_one_for_one(parts, full)
     by_task = {}
     for gd in parts:
@@ -197,7 +198,7 @@ def test_tf1_session_partitions_planned_per_task(devices, tf_cluster):
     for t in cross:
         seen = [h.transfer(t.channel_id) for h in halves if any(x.channel_id == t.channel_id for x in h.transfers)]
         assert sorted(x.halves for x in seen) == ["recv", "send"]
-        assert {x.reason for x in seen} == {"half_pair"}  # same decision on both tasks
+        assert {x.reason for x in seen} == {"not_carried_half_pair"}  # same decision on both tasks
 
 
 def test_cli_runs_a_function_once_and_plans_it(devices, tmp_path, capsys):
@@ -233,3 +234,34 @@ def test_cli_reports_a_failing_function_and_a_missing_one(tmp_path, capsys):
     assert "failed: ValueError: no data" in capsys.readouterr().err
     assert cli.main([f"{script}:missing"]) == 2
     assert "has no callable 'missing'" in capsys.readouterr().err
+
+
+def test_conv_bias_gradient_is_never_planned_with_a_wrong_size(devices):
+    """Regression (commit 3601043): oneDNN fuses the conv filter and bias gradients into one op whose
+    TF shape function gives the bias gradient the input channels; that shape is never trusted."""
+    ps, w0 = devices["ps:0"], devices["worker:0"]
+    with tf.device(ps):
+        f = tf.Variable(tf.random.stateless_normal([3, 3, 3, 8], [1, 9]) * 0.1, name="cf")
+        bias = tf.Variable(tf.zeros([8]), name="cb")
+
+    @tf.function
+    def step(i):
+        with tf.device(w0):
+            x = tf.random.stateless_uniform([4, 16, 16, 3], [i, 5])
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(tf.nn.relu(tf.nn.bias_add(tf.nn.conv2d(x, f, 1, "SAME"), bias))))
+            gf, gb = tape.gradient(loss, [f, bias])
+        with tf.device(ps):
+            f.assign_sub(0.1 * gf)
+            bias.assign_sub(0.1 * gb)
+        return loss
+
+    _, parts, _ = capture(step, tf.constant(1, tf.int64))
+    plan = gp.validate(gp.plan_partitions(annotate(parts), instance_id="c"))
+    check_one_for_one(parts, plan)
+    up = [t for t in plan.transfers if t.kind == "data" and t.send_task == task(w0) and t.recv_task == task(ps)]
+    assert len(up) == 2
+    for t in up:  # each gradient: its variable's exact shape, or unknown and kept; never another size
+        assert (t.shape, t.reason) in (([3, 3, 3, 8], "static"), ([8], "static")) or \
+            (t.decision == "keep" and t.bytes is None), (t.label, t.shape, t.shape_source)
+    assert ([3, 3, 3, 8], "static") in [(t.shape, t.reason) for t in up]

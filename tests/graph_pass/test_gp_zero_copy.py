@@ -2,13 +2,13 @@
 import graph_pass
 from gp_builders import FLOAT, Partition, dev, pair, partitions
 
-BIG = (256, 256)  # 256 KiB of float32: above ZERO_COPY_MIN_BYTES
+BIG = (256, 256)  # 256 KiB of float32: above Config.zero_copy_min_bytes (64 KiB by default)
 
 
 def _plan(consumer_ops, shape=BIG):
     ps, w = Partition(dev("ps")), Partition(dev("worker"))
     ps.var("v", shape)
-    pair(ps, w, "edge_1_v", "v/read", recv_name="v/_recv")
+    pair(ps, w, "edge_1_v", "v/read", recv_name="v/_recv", shape=shape)
     for i, op in enumerate(consumer_ops):
         w.node(f"use{i}", op, ["v/_recv", "v/_recv"] if op == "MatMul" else ["v/_recv"], T=("type", FLOAT))
     (t,) = graph_pass.plan_partitions(partitions(ps, w)).transfers
