@@ -177,6 +177,6 @@ std::string ShmUnviableReason() {
   return "";
 }
 
-std::unique_ptr<Fabric> MakeShmFabric() { return std::unique_ptr<Fabric>(new ShmFabric()); }
+std::unique_ptr<Fabric> MakeShmFabric(const FabricContext&, const ShmOptions&) { return std::unique_ptr<Fabric>(new ShmFabric()); }
 
 }  // namespace rdmadev

@@ -327,13 +327,12 @@ std::string TcpUnviableReason() {
   return "";
 }
 
-std::unique_ptr<Fabric> MakeTcpFabric(Domain* domain, const std::string& listen,
-                                      const std::string& name, const std::string& secret) {
-  if (secret.empty()) {
+std::unique_ptr<Fabric> MakeTcpFabric(const FabricContext& ctx, const TcpOptions&) {
+  if (ctx.secret.empty()) {
     throw Error(ErrorKind::kConfig, "Failed to open the tcp fabric: no cluster secret", 0,
                 "set RDMADEV_SECRET (the same value in every task)");
   }
-  return std::unique_ptr<Fabric>(new TcpFabric(domain, listen, name, secret));
+  return std::unique_ptr<Fabric>(new TcpFabric(ctx.domain, ctx.listen, ctx.name, ctx.secret));
 }
 
 ServeResult FeedFrames(Domain* domain, const std::string& peer, const std::string& bytes) {

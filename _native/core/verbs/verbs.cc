@@ -567,10 +567,8 @@ class VerbsFabric : public Fabric {
 
 }  // namespace
 
-std::unique_ptr<Fabric> MakeVerbsFabric(const VerbsOptions& opts, const std::string& listen,
-                                        const std::string& name, const std::string& secret,
-                                        const WaitPolicy& wait) {
-  if (secret.empty()) {
+std::unique_ptr<Fabric> MakeVerbsFabric(const FabricContext& ctx, const VerbsOptions& opts) {
+  if (ctx.secret.empty()) {
     throw Error(ErrorKind::kConfig, "Failed to open the verbs fabric: no cluster secret", 0,
                 "set RDMADEV_SECRET (the same value in every task)");
   }
@@ -578,15 +576,14 @@ std::unique_ptr<Fabric> MakeVerbsFabric(const VerbsOptions& opts, const std::str
   const IbvLib* lib = LoadIbv(&why);
   if (!lib) throw Error(ErrorKind::kFabric, "Failed to open the verbs fabric: " + why);
   auto mem = std::make_shared<VerbsMemory>(OpenVerbsDevice(*lib, opts));
-  return std::unique_ptr<Fabric>(new VerbsFabric(std::move(mem), listen, name, secret, wait));
+  return std::unique_ptr<Fabric>(
+      new VerbsFabric(std::move(mem), ctx.listen, ctx.name, ctx.secret, ctx.wait));
 }
 
 #else
 
-std::unique_ptr<Fabric> MakeVerbsFabric(const VerbsOptions&, const std::string&,
-                                        const std::string&, const std::string&,
-                                        const WaitPolicy&) {
-  throw Error(ErrorKind::kFabric, "Failed to open the verbs fabric: " + VerbsUnviableReason({}));
+std::unique_ptr<Fabric> MakeVerbsFabric(const FabricContext&, const VerbsOptions& opts) {
+  throw Error(ErrorKind::kFabric, "Failed to open the verbs fabric: " + VerbsUnviableReason(opts));
 }
 
 #endif
