@@ -40,6 +40,8 @@ constexpr uint64_t kSignalBytes = 16;
 
 // A region of the peer's, attached through an endpoint.
 struct RemoteRegion {
+  RemoteRegion() = default;
+  explicit RemoteRegion(const RegionDesc& d) : desc(d) {}
   RegionDesc desc;
   uint8_t* mapped = nullptr;  // shm: the peer's memory mapped here; others: null
   uint64_t mapped_len = 0;
