@@ -9,7 +9,7 @@
 //   <name>_options.h  its typed options and Parse<Name>Options(), which reads the
 //                     "<name>.<key>" entries of the domain's fabric options
 //   <name>_factory.cc its registry entry (priority, viable, create) and the options parser
-// plus any helper files of its own (tcp/frame.*, verbs/verbs_{device,memory,qp}.*, ...).
+// plus any helper files of its own (tcp/frame.*, verbs/verbs_{device,memory,qp,endpoint}.*).
 #pragma once
 
 #include <cstdint>
