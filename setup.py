@@ -19,11 +19,12 @@ CORE = os.path.join("_native", "core")
 CORE_SOURCES = [
     os.path.join(CORE, f)
     for f in ("common.cc", "hmac.cc", "sockio.cc", "handshake.cc", "region.cc", "completion.cc",
-              "fabric.cc", "domain.cc", "channel.cc", "registry.cc", "bench.cc",
-              os.path.join("shm", "shm.cc"),
+              "fabric.cc", "acceptor.cc", "domain.cc", "channel.cc", "registry.cc", "bench.cc",
+              os.path.join("shm", "shm.cc"), os.path.join("shm", "shm_factory.cc"),
               os.path.join("tcp", "frame.cc"), os.path.join("tcp", "tcp.cc"),
+              os.path.join("tcp", "tcp_factory.cc"), os.path.join("verbs", "verbs_factory.cc"),
               os.path.join("verbs", "ibv_lib.cc"), os.path.join("verbs", "verbs_device.cc"),
-              os.path.join("verbs", "verbs_memory.cc"), os.path.join("verbs", "verbs_qp.cc"),
+              os.path.join("verbs", "verbs_memory.cc"), os.path.join("verbs", "verbs_qp.cc"), os.path.join("verbs", "verbs_endpoint.cc"),
               os.path.join("verbs", "verbs.cc"))
 ]
 # Every extension depends on every core header: distutils rebuilds only when a listed file

@@ -1,10 +1,15 @@
-"""Configuration from environment variables, validated once with messages that name the
-variable and the fix.
+"""Configuration from environment variables: the one place rdmadev reads them. Generic
+settings are validated here, with messages that name the variable and the fix; the settings
+of one fabric (RDMADEV_DEVICE, RDMADEV_PORT, RDMADEV_GID_INDEX) travel as that fabric's
+options (`Config.fabric_options()`, "<fabric>.<key>" -> text) and the fabric validates them
+(the native core's <fabric>_options.h); `with_variable_names` makes its errors name the
+variable.
 
 Example:
-    >>> cfg = Config.from_env({"RDMADEV_FABRIC": "tcp", "RDMADEV_SECRET": "s3cret"})
-    >>> cfg.fabric
-    'tcp'
+    >>> cfg = Config.from_env({"RDMADEV_FABRIC": "tcp", "RDMADEV_SECRET": "s3cret",
+    ...                        "RDMADEV_DEVICE": "rxe0"})
+    >>> cfg.fabric, cfg.fabric_options()
+    ('tcp', {'verbs.device': 'rxe0'})
 """
 import dataclasses
 import logging
@@ -12,7 +17,7 @@ import os
 
 from .errors import ConfigError
 
-__all__ = ["Config", "VARIABLES", "FABRIC_CHOICES"]
+__all__ = ["Config", "VARIABLES", "FABRIC_CHOICES", "FABRIC_OPTION_VARIABLES", "with_variable_names"]
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
@@ -36,6 +41,14 @@ VARIABLES = (
     ("RDMADEV_DEVICE", "(auto)", "RDMA device for the verbs fabric (e.g. mlx5_0, rxe0); default: the first device with an ACTIVE port."),
     ("RDMADEV_PORT", "(auto)", "Port of RDMADEV_DEVICE (1-based); default: its first ACTIVE port."),
     ("RDMADEV_GID_INDEX", "(auto)", "GID index on RoCE; default: the first RoCE v2 GID holding an IPv4 address, then other RoCE v2, then RoCE v1 (`rdmadev doctor` lists them)."),
+)
+
+# (variable, fabric option it sets, Config field holding its text). Read here, validated
+# by the fabric that owns the option.
+FABRIC_OPTION_VARIABLES = (
+    ("RDMADEV_DEVICE", "verbs.device", "device"),
+    ("RDMADEV_PORT", "verbs.port", "port"),
+    ("RDMADEV_GID_INDEX", "verbs.gid_index", "gid_index"),
 )
 
 # Below 2 slots a sender would wait for every release: no overlap of transfers at all.
@@ -79,9 +92,11 @@ class Config:
     deadline_s: float = 300.0
     secret: bytes = b""
     tcp_addr: str = "127.0.0.1:0"
-    device: str = ""
-    port: int = 0
-    gid_index: int = -1
+    # Fabric options (see FABRIC_OPTION_VARIABLES): None = unset (the fabric chooses);
+    # otherwise the text (or a number) the fabric parses.
+    device: object = None
+    port: object = None
+    gid_index: object = None
     enabled: bool = True
     auto: bool = False
     control_port_offset: int = 10000
@@ -130,10 +145,40 @@ class Config:
             deadline_s=_number(env, "RDMADEV_DEADLINE_S", 300.0, float, 0.001, 1e7),
             secret=secret,
             tcp_addr=tcp_addr,
-            device=env.get("RDMADEV_DEVICE", "").strip(),
-            port=_number(env, "RDMADEV_PORT", 0, int, 1, 255) if env.get("RDMADEV_PORT", "").strip() else 0,
-            gid_index=_number(env, "RDMADEV_GID_INDEX", -1, int, 0, 65535),
+            **{field: env.get(var, "").strip() or None for var, _, field in FABRIC_OPTION_VARIABLES},
             enabled=_flag(env, "RDMADEV_ENABLED", True),
             auto=_flag(env, "RDMADEV_AUTO", False),
             control_port_offset=_number(env, "RDMADEV_CONTROL_PORT_OFFSET", 10000, int, 1, 65534),
         )
+
+    def fabric_options(self):
+        """The fabric-specific settings, as the native fabrics take them.
+
+        Returns:
+            dict "<fabric>.<key>" -> text, only the settings that are set, e.g.
+            {"verbs.device": "rxe0", "verbs.port": "1"}.
+        """
+        return {key: str(getattr(self, field)) for _, key, field in FABRIC_OPTION_VARIABLES
+                if getattr(self, field) is not None}
+
+
+def with_variable_names(error, config):
+    """`error` (a ConfigError from a fabric) restated in terms of the variable that set the
+    option it names, so the user sees the name they typed.
+
+    Args:
+        error: ConfigError raised by the native core (its message names "<fabric>.<key>").
+        config: the Config whose fabric_options() reached the fabric.
+    Returns:
+        a ConfigError naming the variable, or `error` itself when it names no option.
+    Example:
+        >>> with_variable_names(ConfigError("option verbs.port='x' is bad"), Config(port="x"))
+        ConfigError("RDMADEV_PORT='x' is invalid: option verbs.port='x' is bad")
+    """
+    message = str(error.args[0]) if error.args else ""
+    options = config.fabric_options()
+    for var, key, _ in FABRIC_OPTION_VARIABLES:
+        if key in options and (f"{key}=" in message or f"'{key}'" in message):
+            hint = error.hint.replace(key, var)
+            return ConfigError(f"{var}={options[key]!r} is invalid: {message}", error.errno, hint)
+    return error

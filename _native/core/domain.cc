@@ -2,24 +2,7 @@
 
 #include <algorithm>
 
-#include "shm/shm.h"
-#include "tcp/tcp.h"
-#include "verbs/verbs.h"
-
 namespace rdmadev {
-
-const std::vector<std::string>& FabricPriority() {
-  // Same host: shm (one memcpy, ~14 GB/s here); then RDMA verbs; tcp reaches anything.
-  static const std::vector<std::string> kPriority = {"shm", "verbs", "tcp"};
-  return kPriority;
-}
-
-std::string FabricUnviableReason(const std::string& name) {
-  if (name == "shm") return ShmUnviableReason();
-  if (name == "tcp") return TcpUnviableReason();
-  if (name == "verbs") return VerbsUnviableReason(VerbsOptionsFromEnv());
-  return "unknown fabric '" + name + "' (choose one of shm, tcp, verbs)";
-}
 
 std::vector<std::pair<std::string, std::string>> ParseAddress(const std::string& address) {
   std::vector<std::pair<std::string, std::string>> out;
@@ -50,28 +33,21 @@ std::shared_ptr<Domain> Domain::Open(const DomainOptions& options) {
   std::shared_ptr<Domain> d(new Domain(options));
   if (options.fabrics.empty()) {
     throw Error(ErrorKind::kConfig, "Failed to open domain: no fabric requested", 0,
-                "set RDMADEV_FABRIC to auto, shm, tcp or verbs");
+                "set RDMADEV_FABRIC to auto or one of the registered fabrics");
   }
-  for (const auto& name : FabricPriority()) {
-    if (std::find(options.fabrics.begin(), options.fabrics.end(), name) == options.fabrics.end())
-      continue;
-    std::string why = FabricUnviableReason(name);
+  // Every request is checked before anything opens: names, then option keys.
+  for (const auto& name : options.fabrics) FindFabric(name);
+  CheckFabricOptions(options.fabric_options);
+  FabricContext ctx{d.get(), options.name, options.secret, options.tcp_listen, options.wait};
+  for (const auto& factory : RegisteredFabrics()) {  // best first: fabrics_ stays in that order
+    const auto& want = options.fabrics;
+    if (std::find(want.begin(), want.end(), factory.name) == want.end()) continue;
+    std::string why = factory.viable(options.fabric_options);
     if (!why.empty()) {
-      throw Error(ErrorKind::kFabric, "Failed to open fabric " + name + ": " + why, 0,
+      throw Error(ErrorKind::kFabric, "Failed to open fabric " + factory.name + ": " + why, 0,
                   "choose another fabric with RDMADEV_FABRIC, or RDMADEV_FABRIC=auto");
     }
-    if (name == "shm") d->fabrics_.push_back(MakeShmFabric());
-    if (name == "verbs") {
-      d->fabrics_.push_back(MakeVerbsFabric(options.verbs, options.tcp_listen, options.name,
-                                            options.secret, options.wait));
-    }
-    if (name == "tcp") {
-      d->fabrics_.push_back(MakeTcpFabric(d.get(), options.tcp_listen, options.name, options.secret));
-    }
-  }
-  for (const auto& name : options.fabrics) {
-    if (std::find(FabricPriority().begin(), FabricPriority().end(), name) == FabricPriority().end())
-      throw Error(ErrorKind::kConfig, "Failed to open domain: " + FabricUnviableReason(name));
+    d->fabrics_.push_back(factory.create(ctx, options.fabric_options));
   }
   d->progress_.reset(new Progress(options.wait));
   return d;

@@ -11,7 +11,6 @@
 #include "completion.h"
 #include "fabric.h"
 #include "region.h"
-#include "verbs/verbs_options.h"
 
 namespace rdmadev {
 
@@ -21,7 +20,9 @@ struct DomainOptions {
   std::vector<std::string> fabrics;   // which to open, e.g. {"shm", "tcp"}
   std::string tcp_listen = "127.0.0.1:0";  // host:port the tcp fabric listens on (the verbs
                                            // side channel listens on the same host, any port)
-  VerbsOptions verbs;                      // device/port/GID choice of the verbs fabric
+  // Fabric-specific settings, "<fabric>.<key>" -> text (e.g. "verbs.device" -> "mlx5_0");
+  // each fabric validates its own keys (see fabric.h), a key of no fabric is refused.
+  FabricOptions fabric_options;
   WaitPolicy wait;
 };
 

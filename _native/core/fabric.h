@@ -1,8 +1,20 @@
 // The interface every fabric implements: a peer task seen as a device with a memory
-// interface. Each fabric lives in its own folder with the same file set (<name>.h/.cc).
+// interface, and the registry through which fabrics are found (the way TensorPipe
+// registers its transports: each names itself, gives a priority, says whether it is viable
+// here and why not, and creates itself; nothing outside the fabric's folder names it).
+//
+// Every fabric lives in its own folder <name>/ with the same file set:
+//   <name>.h          what the fabric is (the protocol, in prose) and Make<Name>Fabric()
+//   <name>.cc         its Endpoint and Fabric classes
+//   <name>_options.h  its typed options and Parse<Name>Options(), which reads the
+//                     "<name>.<key>" entries of the domain's fabric options
+//   <name>_factory.cc its registry entry (priority, viable, create) and the options parser
+// plus any helper files of its own (tcp/frame.*, verbs/verbs_{device,memory,qp,endpoint}.*).
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +40,8 @@ constexpr uint64_t kSignalBytes = 16;
 
 // A region of the peer's, attached through an endpoint.
 struct RemoteRegion {
+  RemoteRegion() = default;
+  explicit RemoteRegion(const RegionDesc& d) : desc(d) {}
   RegionDesc desc;
   uint8_t* mapped = nullptr;  // shm: the peer's memory mapped here; others: null
   uint64_t mapped_len = 0;
@@ -83,9 +97,63 @@ class Fabric {
 // thread delivers it (see Endpoint::delivered_by_local_thread).
 WaitPolicy PolicyFor(const WaitPolicy& base, const Endpoint* ep);
 
-// Why a fabric cannot run in this process ("" when it can), without opening it.
-std::string FabricUnviableReason(const std::string& name);
+// ---- The registry ----
+
+// Fabric-specific settings, "<fabric>.<key>" -> text (e.g. "verbs.port" -> "1"). Each
+// fabric parses and validates its own keys; rdmadev.Config fills them from the environment.
+using FabricOptions = std::map<std::string, std::string>;
+
+// What a fabric gets from the domain that opens it.
+struct FabricContext {
+  Domain* domain = nullptr;  // serves the domain's regions (tcp looks them up by id)
+  std::string name;          // this task's identity, presented to peers
+  std::string secret;        // cluster secret for authenticated connections
+  std::string listen;        // "host:port" of DomainOptions::tcp_listen
+  WaitPolicy wait;
+};
+
+// One registry entry per fabric (registered by its <name>_factory.cc at load time).
+struct FabricFactory {
+  std::string name;
+  // Higher is preferred when two tasks can reach each other over several fabrics.
+  int priority = 0;
+  // Validates this fabric's "<name>.*" options without touching hardware; throws kConfig
+  // naming the key. Run for every registered fabric whenever a domain opens.
+  std::function<void(const FabricOptions&)> check;
+  // "" when the fabric can open here with these options, else why not. Never opens the
+  // fabric; throws kConfig when an option of this fabric is malformed.
+  std::function<std::string(const FabricOptions&)> viable;
+  // Opens the fabric; throws kConfig / kFabric.
+  std::function<std::unique_ptr<Fabric>(const FabricContext&, const FabricOptions&)> create;
+};
+
+// Adds `factory` to the registry; a static FabricRegistration in each <name>_factory.cc
+// calls it. Registering a name twice aborts the load with a message (a build error).
+void RegisterFabric(FabricFactory factory);
+struct FabricRegistration {
+  explicit FabricRegistration(FabricFactory factory) { RegisterFabric(std::move(factory)); }
+};
+
+// Every registered fabric, best first (highest priority).
+const std::vector<FabricFactory>& RegisteredFabrics();
+// The entry named `name`; throws kConfig naming the registered choices.
+const FabricFactory& FindFabric(const std::string& name);
 // Fabric names, best first: the order in which two tasks pick a common fabric.
 const std::vector<std::string>& FabricPriority();
+// Why fabric `name` cannot run in this process ("" when it can), without opening it.
+// Throws kConfig for an unknown fabric or a malformed option of that fabric.
+std::string FabricUnviableReason(const std::string& name, const FabricOptions& options);
+// Throws kConfig for a key whose "<fabric>." prefix names no registered fabric, or that
+// its fabric refuses (every fabric's check, opened or not: a typo is never ignored).
+void CheckFabricOptions(const FabricOptions& options);
+
+// For the options parsers: the "<fabric>.<key>" entries of `options` as key -> text,
+// prefix removed; throws kConfig naming an entry whose key is not in `known`.
+std::map<std::string, std::string> OptionsOf(const std::string& fabric,
+                                             const FabricOptions& options,
+                                             const std::vector<std::string>& known);
+// `text` as an integer in [low, high]; throws kConfig naming "<fabric>.<key>".
+int OptionInt(const std::string& fabric, const std::string& key, const std::string& text,
+              int low, int high);
 
 }  // namespace rdmadev

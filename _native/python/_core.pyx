@@ -9,6 +9,7 @@ bytes or wait release the GIL.
 from cpython.buffer cimport PyBUF_FORMAT
 from libc.stdint cimport uint64_t
 from libcpp cimport bool as cbool
+from libcpp.map cimport map
 from libcpp.memory cimport shared_ptr
 from libcpp.string cimport string
 from libcpp.vector cimport vector
@@ -49,9 +50,17 @@ def fabric_priority():
     return [f.decode() for f in names]
 
 
-def unviable_reason(name):
-    """Why fabric `name` cannot run in this process, or "" if it can."""
-    return FabricUnviableReason(_b(name)).decode()
+cdef map[string, string] _options(options):
+    cdef map[string, string] out
+    for k, v in (options or {}).items():
+        out[_b(k)] = _b(v)
+    return out
+
+
+def unviable_reason(name, options=None):
+    """Why fabric `name` cannot run in this process with these fabric options ("<fabric>.<key>"
+    -> text), or "" if it can. Raises ConfigError for an unknown fabric or a bad option."""
+    return FabricUnviableReason(_b(name), _options(options)).decode()
 
 
 def recent_events():
@@ -78,20 +87,17 @@ cdef class Domain:
         tcp_listen: "host:port" the tcp fabric listens on (port 0 picks a free one); the
             verbs fabric's connection side channel listens on the same host, any port.
         spin_us, yield_us: the wait policy (see rdmadev.config).
-        verbs_device, verbs_port, verbs_gid_index: the RDMA device, port and GID for the
-            verbs fabric ("", 0, -1: chosen automatically, see rdmadev.config).
+        fabric_options: {"<fabric>.<key>": text}, e.g. {"verbs.device": "rxe0"}; each fabric
+            validates its own keys (see rdmadev.Config.fabric_options()).
     """
     cdef shared_ptr[CDomain] p
     cdef WaitPolicy policy
     cdef object __weakref__
 
     def __cinit__(self, name, fabrics, secret=b"", tcp_listen="127.0.0.1:0",
-                  double spin_us=20, double yield_us=200, verbs_device="", int verbs_port=0,
-                  int verbs_gid_index=-1):
+                  double spin_us=20, double yield_us=200, fabric_options=None):
         cdef DomainOptions o
-        o.verbs.device = _b(verbs_device)
-        o.verbs.port = verbs_port
-        o.verbs.gid_index = verbs_gid_index
+        o.fabric_options = _options(fabric_options)
         o.name = _b(name)
         o.secret = _b(secret)
         for f in fabrics:

@@ -1,6 +1,7 @@
 # Raw declarations of the C++ core (_native/core), one block per header.
 from libc.stdint cimport uint32_t, uint64_t
 from libcpp cimport bool
+from libcpp.map cimport map
 from libcpp.memory cimport shared_ptr
 from libcpp.string cimport string
 from libcpp.vector cimport vector
@@ -93,15 +94,8 @@ cdef extern from "fabric.h" namespace "rdmadev":
         void Close() nogil
 
     WaitPolicy PolicyFor(const WaitPolicy& base, const Endpoint* ep)
-    string FabricUnviableReason(const string& name)
+    string FabricUnviableReason(const string& name, const map[string, string]& options) except +raise_py_error
     const vector[string]& FabricPriority()
-
-
-cdef extern from "verbs/verbs_options.h" namespace "rdmadev":
-    cdef cppclass VerbsOptions:
-        string device
-        int port
-        int gid_index
 
 
 cdef extern from "domain.h" namespace "rdmadev":
@@ -110,7 +104,7 @@ cdef extern from "domain.h" namespace "rdmadev":
         string secret
         vector[string] fabrics
         string tcp_listen
-        VerbsOptions verbs
+        map[string, string] fabric_options
         WaitPolicy wait
 
     cdef cppclass Domain:

@@ -67,8 +67,7 @@ class ShmEndpoint : public Endpoint {
                       " is no longer that region (it was closed)",
                   0, "ask the peer for a fresh descriptor");
     }
-    auto rr = std::make_shared<RemoteRegion>();
-    rr->desc = desc;
+    auto rr = std::make_shared<RemoteRegion>(desc);
     rr->mapped_len = RoundUp(desc.size == 0 ? 1 : desc.size, kPageSize);
     // MAP_POPULATE: fault the peer's pages into our page table now, not per transfer.
     void* p = mmap(nullptr, rr->mapped_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
@@ -177,6 +176,6 @@ std::string ShmUnviableReason() {
   return "";
 }
 
-std::unique_ptr<Fabric> MakeShmFabric() { return std::unique_ptr<Fabric>(new ShmFabric()); }
+std::unique_ptr<Fabric> MakeShmFabric(const FabricContext&, const ShmOptions&) { return std::unique_ptr<Fabric>(new ShmFabric()); }
 
 }  // namespace rdmadev

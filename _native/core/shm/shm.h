@@ -8,10 +8,11 @@
 #include <string>
 
 #include "../fabric.h"
+#include "shm_options.h"
 
 namespace rdmadev {
 
 std::string ShmUnviableReason();
-std::unique_ptr<Fabric> MakeShmFabric();
+std::unique_ptr<Fabric> MakeShmFabric(const FabricContext& ctx, const ShmOptions& options);
 
 }  // namespace rdmadev

@@ -1,23 +1,15 @@
 #include "tcp.h"
 
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <immintrin.h>
 
-#include <atomic>
 #include <cstring>
-#include <list>
 #include <mutex>
-#include <thread>
 
+#include "../acceptor.h"
 #include "../domain.h"
 #include "../handshake.h"
 #include "../sockio.h"
@@ -28,9 +20,6 @@ namespace {
 
 // Domain-separation tag of the handshake (see handshake.h).
 constexpr char kTag[] = "rdmadev-tcp-v1";
-// Bound on concurrent inbound connections: a cluster has a handful of peers; this only
-// stops a hostile client from exhausting threads.
-constexpr size_t kMaxConnections = 512;
 
 // Socket reads and writes for the serving side (one thread per connection). A read first
 // polls the socket without blocking for up to `spin_ns` (the domain's spin budget): a
@@ -99,9 +88,7 @@ class TcpEndpoint : public Endpoint {
   bool delivered_by_local_thread() const override { return true; }
 
   std::shared_ptr<RemoteRegion> Attach(const RegionDesc& desc) override {
-    auto rr = std::make_shared<RemoteRegion>();
-    rr->desc = desc;
-    return rr;
+    return std::make_shared<RemoteRegion>(desc);
   }
 
   void Write(const void* src, const RemoteRegion& dst, uint64_t roff, uint64_t len,
@@ -179,15 +166,15 @@ class TcpEndpoint : public Endpoint {
 class TcpFabric : public Fabric {
  public:
   TcpFabric(Domain* domain, const std::string& listen, std::string name, std::string secret)
-      : domain_(domain), name_(std::move(name)), secret_(std::move(secret)) {
-    listen_fd_ = ListenTcp(listen, &reach_);
-    wake_fd_ = eventfd(0, EFD_CLOEXEC);
-    acceptor_ = std::thread([this] { AcceptLoop(); });
-  }
+      : domain_(domain), name_(std::move(name)), secret_(std::move(secret)),
+        acceptor_(listen, "tcp", kTag, secret_,
+                  [this](int fd, const std::string& peer, const std::string& where) {
+                    Serve(fd, peer, where);
+                  }) {}
   ~TcpFabric() override { Close(); }
 
   std::string name() const override { return "tcp"; }
-  std::string reach() const override { return reach_; }
+  std::string reach() const override { return acceptor_.reach(); }
   bool CanReach(const std::string& peer_reach) const override {
     return peer_reach.find(':') != std::string::npos;
   }
@@ -204,98 +191,24 @@ class TcpFabric : public Fabric {
     return std::make_shared<TcpEndpoint>(fd, peer_reach);
   }
 
-  void Close() override {
-    std::list<std::unique_ptr<Conn>> conns;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stopping_) return;
-      stopping_ = true;
-      conns.swap(conns_);
-      for (auto& c : conns) shutdown(c->fd, SHUT_RDWR);
-    }
-    uint64_t one = 1;
-    if (write(wake_fd_, &one, sizeof one) < 0) { /* the acceptor also polls stopping_ */ }
-    if (acceptor_.joinable()) acceptor_.join();
-    for (auto& c : conns) {
-      if (c->thread.joinable()) c->thread.join();
-      close(c->fd);
-    }
-    close(listen_fd_);
-    close(wake_fd_);
-  }
+  void Close() override { acceptor_.Close(); }
 
  private:
-  struct Conn {
-    int fd = -1;
-    std::thread thread;
-    std::atomic<bool> done{false};
-  };
-
-  void Serve(Conn* c, std::string where) {
-    std::string peer = ServerHandshake(c->fd, kTag, secret_, where, "tcp");
-    if (!peer.empty()) {
-      SocketStream s(c->fd, domain_->options().wait.spin_ns);
-      Domain* d = domain_;
-      ServeResult r = ServeFrames(s, peer, [d](uint64_t id) { return d->Find(id); });
-      if (!r.rejected.empty()) {
-        LogEvent("tcp: rejected a frame from peer '" + peer + "' at " + where + ": " +
-                 r.rejected + "; disconnected");
-      }
-    }
-    shutdown(c->fd, SHUT_RDWR);
-    c->done.store(true, std::memory_order_release);
-  }
-
-  void AcceptLoop() {
-    for (;;) {
-      pollfd p[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-      int n = poll(p, 2, 1000);
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (stopping_) return;
-        Reap();
-      }
-      if (n <= 0 || !(p[0].revents & POLLIN)) continue;
-      sockaddr_storage ss{};
-      socklen_t len = sizeof ss;
-      int fd = accept4(listen_fd_, reinterpret_cast<sockaddr*>(&ss), &len, SOCK_CLOEXEC);
-      if (fd < 0) continue;
-      int one = 1;
-      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stopping_ || conns_.size() >= kMaxConnections) {
-        LogEvent("tcp: refused a connection from " + PeerText(ss) + ": too many connections");
-        close(fd);
-        continue;
-      }
-      auto c = std::make_unique<Conn>();
-      c->fd = fd;
-      Conn* raw = c.get();
-      raw->thread = std::thread([this, raw, where = PeerText(ss)] { Serve(raw, where); });
-      conns_.push_back(std::move(c));
-    }
-  }
-
-  // Joins connection threads that have finished (caller holds mu_).
-  void Reap() {
-    for (auto it = conns_.begin(); it != conns_.end();) {
-      if ((*it)->done.load(std::memory_order_acquire)) {
-        (*it)->thread.join();
-        close((*it)->fd);
-        it = conns_.erase(it);
-      } else {
-        ++it;
-      }
+  // One authenticated inbound connection: frames until the peer leaves, breaks the
+  // protocol, or the acceptor shuts the socket down.
+  void Serve(int fd, const std::string& peer, const std::string& where) {
+    SocketStream s(fd, domain_->options().wait.spin_ns);
+    Domain* d = domain_;
+    ServeResult r = ServeFrames(s, peer, [d](uint64_t id) { return d->Find(id); });
+    if (!r.rejected.empty()) {
+      LogEvent("tcp: rejected a frame from peer '" + peer + "' at " + where + ": " + r.rejected +
+               "; disconnected");
     }
   }
 
   Domain* domain_;
-  std::string name_, secret_, reach_;
-  int listen_fd_ = -1, wake_fd_ = -1;
-  std::mutex mu_;
-  bool stopping_ = false;
-  std::list<std::unique_ptr<Conn>> conns_;
-  std::thread acceptor_;
+  std::string name_, secret_;
+  Acceptor acceptor_;  // last: its threads use the members above
 };
 
 class BufferStream : public ByteStream {
@@ -327,13 +240,12 @@ std::string TcpUnviableReason() {
   return "";
 }
 
-std::unique_ptr<Fabric> MakeTcpFabric(Domain* domain, const std::string& listen,
-                                      const std::string& name, const std::string& secret) {
-  if (secret.empty()) {
+std::unique_ptr<Fabric> MakeTcpFabric(const FabricContext& ctx, const TcpOptions&) {
+  if (ctx.secret.empty()) {
     throw Error(ErrorKind::kConfig, "Failed to open the tcp fabric: no cluster secret", 0,
                 "set RDMADEV_SECRET (the same value in every task)");
   }
-  return std::unique_ptr<Fabric>(new TcpFabric(domain, listen, name, secret));
+  return std::unique_ptr<Fabric>(new TcpFabric(ctx.domain, ctx.listen, ctx.name, ctx.secret));
 }
 
 ServeResult FeedFrames(Domain* domain, const std::string& peer, const std::string& bytes) {

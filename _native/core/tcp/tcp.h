@@ -9,14 +9,14 @@
 #include <string>
 
 #include "../fabric.h"
+#include "tcp_options.h"
 
 namespace rdmadev {
 
 class Domain;
 
 std::string TcpUnviableReason();
-std::unique_ptr<Fabric> MakeTcpFabric(Domain* domain, const std::string& listen,
-                                      const std::string& name, const std::string& secret);
+std::unique_ptr<Fabric> MakeTcpFabric(const FabricContext& ctx, const TcpOptions& options);
 
 // Runs the receiving side's frame loop over `bytes` as if they had arrived from an
 // authenticated peer called `peer`: the entry point for fuzzing the parser.

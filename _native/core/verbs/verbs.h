@@ -24,9 +24,7 @@
 namespace rdmadev {
 
 std::string VerbsUnviableReason(const VerbsOptions& opts);
-// listen: the host whose any free port the side channel listens on ("host:port").
-std::unique_ptr<Fabric> MakeVerbsFabric(const VerbsOptions& opts, const std::string& listen,
-                                        const std::string& name, const std::string& secret,
-                                        const WaitPolicy& wait);
+// The side channel listens on the host of ctx.listen ("host:port"), any free port.
+std::unique_ptr<Fabric> MakeVerbsFabric(const FabricContext& ctx, const VerbsOptions& opts);
 
 }  // namespace rdmadev

@@ -12,27 +12,6 @@
 
 namespace rdmadev {
 
-namespace {
-
-int EnvInt(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  char* end = nullptr;
-  long n = std::strtol(v, &end, 10);
-  return (*end == '\0' && n >= 0 && n < 1 << 16) ? static_cast<int>(n) : fallback;
-}
-
-}  // namespace
-
-VerbsOptions VerbsOptionsFromEnv() {
-  VerbsOptions o;
-  const char* dev = std::getenv("RDMADEV_DEVICE");
-  if (dev) o.device = dev;
-  o.port = EnvInt("RDMADEV_PORT", 0);
-  o.gid_index = EnvInt("RDMADEV_GID_INDEX", -1);
-  return o;
-}
-
 std::string GidText(const uint8_t gid[16]) {
   char buf[INET6_ADDRSTRLEN] = "?";
   inet_ntop(AF_INET6, gid, buf, sizeof buf);
