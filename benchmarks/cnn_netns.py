@@ -28,7 +28,7 @@ __all__ = ["NetnsCluster", "unavailable_reason", "SUBNET"]
 SUBNET = "10.231.78"
 #: Every task listens on this port inside its own namespace (each has its own port space).
 PORT = 2222
-#: Seconds all tasks together may take to listen (as rdmadev.launch: 5-40 s each on 2 cores).
+#: Seconds all tasks together may take to listen (as rdmadev.testing.launch: 5-40 s each on 2 cores).
 READY_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 10.0
 

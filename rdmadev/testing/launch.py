@@ -3,7 +3,7 @@ task, all started in parallel, always killed. By default every task runs `rdmade
 
 Example::
 
-    with rdmadev.launch.Cluster(num_ps=1, num_workers=2, env={"RDMADEV_SECRET": "s"}) as c:
+    with rdmadev.testing.launch.Cluster(num_ps=1, num_workers=2, env={"RDMADEV_SECRET": "s"}) as c:
         tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(c.spec))
         ...
 
@@ -23,6 +23,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from graph_pass.devices import task_name
+
+from ..cluster.control import control_address
 
 __all__ = ["Cluster", "ClusterError", "free_ports", "rdmadev_launcher"]
 
@@ -58,8 +62,6 @@ def free_ports(count):
     Returns:
         A list of ``count`` port numbers.
     """
-    from .control import control_address
-
     socks = []
     try:
         while len(socks) < count:
@@ -133,7 +135,7 @@ class Cluster:
 
     def device(self, job, index, kind="CPU", number=0):
         """Return the full device name of a task, e.g. ``/job:ps/replica:0/task:0/device:CPU:0``."""
-        return f"/job:{job}/replica:0/task:{index}/device:{kind}:{number}"
+        return f"{task_name(job, index)}/device:{kind}:{number}"
 
     def log_path(self, job, index):
         """Return the path of a task's log file."""

@@ -10,16 +10,14 @@ Example:
 import logging
 import multiprocessing
 
-from ._core import RingReceiver, RingSender, ring_bytes
-from .errors import DeadlineExceeded, PeerLostError
+from .._core import RingReceiver, RingSender, ring_bytes
+from ..cluster.channels import CREDIT_BYTES
+from ..errors import DeadlineExceeded, PeerLostError
 
 __all__ = ["spawn", "ring_receiver", "ring_sender", "recv", "stop"]
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
-
-# Credit region: one cache line holding the credit word (see channel.h).
-CREDIT_BYTES = 64
 
 
 def spawn(target, *args):
