@@ -110,7 +110,7 @@ def parse_cluster(cluster=None, env=None):
                 raise ConfigError(f"cluster spec job {job!r}: task indices {indices} are not 0..{len(indices) - 1}",
                                   hint="list every task of the job")
             addrs = [addrs[i] for i in indices]
-        if not isinstance(addrs, (list, tuple)) or not addrs:
+        if not isinstance(addrs, (list, tuple)):
             raise ConfigError(f"cluster spec job {job!r}: {addrs!r} is not a list of host:port",
                               hint=FORM_HINT)
         for address in addrs:
