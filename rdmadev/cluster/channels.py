@@ -8,7 +8,6 @@ control requests from the process that planned; ``ChannelTable`` serves them in 
 Example:
     >>> fabric = open_channel(rt.call, instance, transfer, region_bytes, allocated)
 """
-import logging
 import threading
 
 from graph_pass.devices import split_task
@@ -16,9 +15,6 @@ from graph_pass.devices import split_task
 from .. import _core
 
 __all__ = ["ChannelTable", "open_channel", "REQUESTS", "CREDIT_BYTES"]
-
-log = logging.getLogger(__name__)
-log.addHandler(logging.NullHandler())
 
 #: Bytes of a sender's credit region: one cache line holding the credit word (C++ kCreditBytes
 #: in channel.h; to be read from rdmadev._core once the core exports it).

@@ -9,7 +9,6 @@ Example:
     >>> rt = runtime.start({"ps": ["10.0.0.1:2222"], "worker": [...]}, "ps", 0)
     >>> rt.call(task_name("ps", 0), {"op": "ping"})
 """
-import logging
 import threading
 
 from graph_pass.devices import split_task, task_name
@@ -23,9 +22,6 @@ from .control import ControlClient, ControlServer, control_address
 from .spec import parse_cluster, split_address
 
 __all__ = ["Runtime", "start", "current", "register_handler"]
-
-log = logging.getLogger(__name__)
-log.addHandler(logging.NullHandler())
 
 _current = None
 _lock = threading.Lock()

@@ -7,7 +7,6 @@ Example:
     >>> proc, conn = spawn(child_main, "tcp")     # child_main(conn, fabric) runs in the child
     >>> rx = ring_receiver(domain, conn, slots=2, capacity=1 << 20)
 """
-import logging
 import multiprocessing
 
 from .._core import RingReceiver, RingSender, ring_bytes
@@ -15,9 +14,6 @@ from ..cluster.channels import CREDIT_BYTES
 from ..errors import DeadlineExceeded, PeerLostError
 
 __all__ = ["spawn", "ring_receiver", "ring_sender", "recv", "stop"]
-
-log = logging.getLogger(__name__)
-log.addHandler(logging.NullHandler())
 
 
 def spawn(target, *args):

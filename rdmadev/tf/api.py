@@ -8,7 +8,6 @@ Example:
 import contextlib
 import ctypes
 import functools
-import logging
 
 from ..cluster import reports, runtime
 from ..cluster.spec import parse_cluster
@@ -16,9 +15,6 @@ from ..config import Config
 from . import ops
 
 __all__ = ["optimize", "enable", "load_into_process"]
-
-log = logging.getLogger(__name__)
-log.addHandler(logging.NullHandler())
 
 MODE_OFF, MODE_ALL, MODE_ARMED = 0, 1, 2
 _native = None

@@ -9,16 +9,12 @@ Example:
     >>> y = ops.recv(tf.float32, [4], channel="w0->ps:x")      # on the receiver's device
 """
 import functools
-import logging
 import os
 
 from ..config import Config
 from ..errors import ConfigError
 
 __all__ = ["load", "send", "recv", "library_path"]
-
-log = logging.getLogger(__name__)
-log.addHandler(logging.NullHandler())
 
 
 def library_path():
