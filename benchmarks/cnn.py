@@ -67,8 +67,8 @@ def parse_args(argv=None):
                     help="one network namespace per task, joined by veth links to a bridge; "
                          "forces the tcp fabric (root only; benchmarks/cnn_netns.py)")
     ap.add_argument("--bias_op", default="add", choices=["add", "bias_add"],
-                    help="conv bias as x + b (default) or tf.nn.bias_add (hits an rdmadev shape "
-                         "bug under oneDNN, see BENCHMARKS_cnn.md)")
+                    help="conv bias as x + b (default, as in BENCHMARKS.md's runs) or "
+                         "tf.nn.bias_add (oneDNN fuses its gradient; see models/layers.py)")
     ap.add_argument("--learning_rate", type=float, default=0.001)
     ap.add_argument("--json", help="write the result as JSON here")
     ap.add_argument("--no_progress", action="store_true")
@@ -223,7 +223,8 @@ def run(args):
     sys.path.insert(0, os.path.dirname(HERE))
     import tensorflow as tf
     import rdmadev
-    from rdmadev import launch
+    from graph_pass.devices import task_name
+    from rdmadev.testing import launch
     from models import MODELS, Params
 
     env = {"RDMADEV_SECRET": os.environ["RDMADEV_SECRET"]}
@@ -240,8 +241,8 @@ def run(args):
         cluster_cm = launch.Cluster(num_ps=args.num_ps, num_workers=args.num_workers, env=env)
     with cluster_cm as cluster:
         tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster.spec))
-        ps = [f"/job:ps/replica:0/task:{i}" for i in range(args.num_ps)]
-        workers = [f"/job:worker/replica:0/task:{i}" for i in range(args.num_workers)]
+        ps = [task_name("ps", i) for i in range(args.num_ps)]
+        workers = [task_name("worker", i) for i in range(args.num_workers)]
         counters = []
         for w in workers:
             with tf.device(w):

@@ -12,15 +12,11 @@ Example::
     with NetnsCluster(1, 2, env={"RDMADEV_SECRET": "s"}) as c:
         tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(c.spec))
 """
-import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
-import sys
-import tempfile
-import time
+
+from rdmadev.testing import launch
 
 __all__ = ["NetnsCluster", "unavailable_reason", "SUBNET"]
 
@@ -28,9 +24,8 @@ __all__ = ["NetnsCluster", "unavailable_reason", "SUBNET"]
 SUBNET = "10.231.78"
 #: Every task listens on this port inside its own namespace (each has its own port space).
 PORT = 2222
-#: Seconds all tasks together may take to listen (as rdmadev.launch: 5-40 s each on 2 cores).
+#: Seconds all tasks together may take to listen (as rdmadev.testing.launch: 5-40 s each on 2 cores).
 READY_TIMEOUT_S = 120.0
-STOP_TIMEOUT_S = 10.0
 
 
 def unavailable_reason():
@@ -47,7 +42,7 @@ def _ip(*args, ns=None, check=True):
     return subprocess.run(cmd, check=check, capture_output=True, text=True, timeout=30)
 
 
-class NetnsCluster:
+class NetnsCluster(launch.Cluster):
     """num_ps + num_workers `rdmadev serve` tasks, each in its own namespace; a context manager.
 
     Args:
@@ -62,17 +57,21 @@ class NetnsCluster:
     def __init__(self, num_ps, num_workers, env=None):
         self.tag = f"rdc{os.getpid() % 100000}"
         self.bridge, self.bridge_address = f"{self.tag}br", f"{SUBNET}.1"
-        self.tasks = [("ps", i) for i in range(num_ps)] + [("worker", i) for i in range(num_workers)]
-        self.addr = {t: f"{SUBNET}.{10 + n}" for n, t in enumerate(self.tasks)}
-        self.spec = {job: [f"{self.addr[(j, i)]}:{PORT}" for j, i in self.tasks if j == job]
-                     for job in ("ps", "worker")}
-        self.env = dict(env or {})
-        self.procs = {}
+        tasks = [("ps", i) for i in range(num_ps)] + [("worker", i) for i in range(num_workers)]
+        self.addr = {t: f"{SUBNET}.{10 + n}" for n, t in enumerate(tasks)}
+        spec = {job: [f"{self.addr[(j, i)]}:{PORT}" for j, i in tasks if j == job] for job in ("ps", "worker")}
         self.namespaces = []
-        self.log_dir = tempfile.mkdtemp(prefix="cnn_netns_")
+        super().__init__(num_ps, num_workers, env=env, launcher=self._in_namespace,
+                         ready_timeout=READY_TIMEOUT_S, spec=spec)
 
-    def _ns(self, task):
-        return f"{self.tag}-{task[0]}{task[1]}"
+    def _ns(self, job, index):
+        return f"{self.tag}-{job}{index}"
+
+    def _in_namespace(self, job, index, spec_json):
+        """`rdmadev serve` inside the task's namespace, forced onto tcp at its address."""
+        return (["ip", "netns", "exec", self._ns(job, index), "env", "RDMADEV_FABRIC=tcp",
+                 f"RDMADEV_TCP_ADDR={self.addr[(job, index)]}:0"]
+                + launch.rdmadev_launcher(job, index, spec_json))
 
     def start(self):
         try:
@@ -80,65 +79,22 @@ class NetnsCluster:
             self.namespaces.append(None)  # marks the bridge as made
             _ip("addr", "add", f"{self.bridge_address}/24", "dev", self.bridge)
             _ip("link", "set", self.bridge, "up")
-            for n, task in enumerate(self.tasks):
-                ns, host_end = self._ns(task), f"{self.tag}v{n}"
+            for n, (job, index, _) in enumerate(self.tasks()):
+                ns, host_end = self._ns(job, index), f"{self.tag}v{n}"
                 _ip("netns", "add", ns)
                 self.namespaces.append(ns)
                 _ip("link", "add", host_end, "type", "veth", "peer", "name", "eth0", "netns", ns)
                 _ip("link", "set", host_end, "master", self.bridge, "up")
-                _ip("addr", "add", f"{self.addr[task]}/24", "dev", "eth0", ns=ns)
+                _ip("addr", "add", f"{self.addr[(job, index)]}/24", "dev", "eth0", ns=ns)
                 _ip("link", "set", "eth0", "up", ns=ns)
                 _ip("link", "set", "lo", "up", ns=ns)
-            spec_json = json.dumps(self.spec)
-            for task in self.tasks:
-                env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **self.env,
-                       "RDMADEV_FABRIC": "tcp", "RDMADEV_TCP_ADDR": f"{self.addr[task]}:0"}
-                log = open(os.path.join(self.log_dir, f"{task[0]}-{task[1]}.log"), "wb")
-                self.procs[task] = subprocess.Popen(
-                    ["ip", "netns", "exec", self._ns(task), sys.executable, "-m", "rdmadev.server",
-                     "--cluster", spec_json, "--job", task[0], "--task", str(task[1])],
-                    env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-                log.close()
-            self._wait_ready()
         except BaseException:
             self.stop()
             raise
-        return self
-
-    def _wait_ready(self):
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        waiting = set(self.tasks)
-        while waiting and time.monotonic() < deadline:
-            for task in list(waiting):
-                if self.procs[task].poll() is not None:
-                    raise RuntimeError(f"{task} exited: {self._tail(task)}")
-                try:
-                    with socket.create_connection((self.addr[task], PORT), timeout=0.5):
-                        waiting.discard(task)
-                except OSError:
-                    pass
-            time.sleep(0.2)
-        if waiting:
-            raise RuntimeError(f"not listening after {READY_TIMEOUT_S:.0f} s: {sorted(waiting)}")
-
-    def _tail(self, task):
-        with open(os.path.join(self.log_dir, f"{task[0]}-{task[1]}.log"), "rb") as f:
-            return f.read()[-2000:].decode(errors="replace")
+        return super().start()  # stops everything (namespaces too) if a task fails to start
 
     def stop(self):
-        for p in self.procs.values():
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        for p in self.procs.values():
-            try:
-                p.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(timeout=STOP_TIMEOUT_S)
-        self.procs = {}
+        super().stop()
         for n, ns in enumerate(ns for ns in self.namespaces if ns is not None):
             # the namespace's teardown is asynchronous and can keep the pair alive for a long
             # while (seen: minutes); delete the host end explicitly, which removes both ends
@@ -147,10 +103,3 @@ class NetnsCluster:
         if self.namespaces:
             _ip("link", "del", self.bridge, check=False)
         self.namespaces = []
-        shutil.rmtree(self.log_dir, ignore_errors=True)
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.stop()

@@ -134,7 +134,7 @@ def plot(rows, image_size, prefix, netns=False):
         groups.setdefault((r["model"], r["num_workers"]), []).append(r)
     where = "one netns per task, tcp fabric over veth" if netns else "127.0.0.1, shm fabric"
     note = (f"{where}; CPU-only, {image_size}px synthetic images: communication-bound "
-            f"(see BENCHMARKS_cnn.md)")
+            f"(see BENCHMARKS.md)")
 
     def bars(ax, items, labels):
         width = 0.27

@@ -21,7 +21,10 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 HERE = os.path.dirname(os.path.abspath(__file__))
-PS, W0 = "/job:ps/replica:0/task:0", "/job:worker/replica:0/task:0"
+sys.path.insert(0, os.path.dirname(HERE))
+from graph_pass.devices import task_name  # noqa: E402
+
+PS, W0 = task_name("ps", 0), task_name("worker", 0)
 SIZES = [4, 4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20]
 
 
@@ -85,10 +88,10 @@ def main(argv=None):
     ap.add_argument("--json", default=os.path.join(HERE, "results", "transfer.json"))
     args = ap.parse_args(argv)
     os.environ.setdefault("RDMADEV_SECRET", secrets.token_hex(16))
-    sys.path.insert(0, os.path.dirname(HERE))
     import tensorflow as tf
     import rdmadev
-    from rdmadev import _core, launch
+    from rdmadev import _core
+    from rdmadev.testing import launch
 
     sizes = [s for s in SIZES if s <= args.max_mib << 20]
     rows = []

@@ -11,7 +11,6 @@ initial weights, and the final weights are compared bit for bit. Every process s
 is stopped at the end.
 """
 import argparse
-import json
 import os
 import secrets
 import statistics
@@ -20,7 +19,9 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-PS, WORKERS = "/job:ps/replica:0/task:0", ["/job:worker/replica:0/task:0", "/job:worker/replica:0/task:1"]
+from graph_pass.devices import task_name  # noqa: E402
+
+PS, WORKERS = task_name("ps", 0), [task_name("worker", 0), task_name("worker", 1)]
 BATCH, FEATURES, HIDDEN, CLASSES = 256, 784, 512, 10
 LEARNING_RATE = 0.1
 
@@ -77,7 +78,8 @@ def main(argv=None):
 
     import tensorflow as tf
     import rdmadev
-    from rdmadev import launch
+    from rdmadev.cluster.spec import parse_cluster
+    from rdmadev.testing import launch
 
     cluster = None
     if args.cluster is None:
@@ -86,7 +88,7 @@ def main(argv=None):
                                  env={"RDMADEV_SECRET": os.environ["RDMADEV_SECRET"]}).start()
         spec = cluster.spec
     else:
-        spec = json.loads(args.cluster)
+        spec = parse_cluster(args.cluster)
     try:
         print(f"cluster: {spec}")
         tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(spec))

@@ -14,7 +14,7 @@ from ._core import (ANY_PEER, Domain, Endpoint, Region, RemoteRegion, RingReceiv
                     recent_events, ring_bytes)
 from .config import Config
 from .device import fabric_report, open_domain, viable_fabrics
-from .api import enable, optimize
+from .tf.api import enable, optimize
 from .errors import (AuthError, BoundsError, ClosedError, ConfigError, DeadlineExceeded,
                      FabricError, PeerLostError, ProtocolError, RdmadevError, RegionError)
 
@@ -29,3 +29,15 @@ __all__ = [
 ]
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
+
+# Old flat module names still imported by files outside this package's owner (tests/test_tf_ops.py,
+# tests/remote.py, tests/test_verbs.py, benchmarks/fabric_bench.py, benchmarks/perftest.py);
+# remove once they import rdmadev.tf.ops, rdmadev.testing.pair and rdmadev.tools.doctor.
+_MOVED = {"ops": "rdmadev.tf.ops", "pair": "rdmadev.testing.pair", "doctor": "rdmadev.tools.doctor"}
+
+
+def __getattr__(name):
+    if name in _MOVED:
+        import importlib
+        return importlib.import_module(_MOVED[name])
+    raise AttributeError(f"module 'rdmadev' has no attribute {name!r}")

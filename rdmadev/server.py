@@ -1,66 +1,9 @@
-"""`rdmadev serve` / `python -m rdmadev.server`: start one TF task with rdmadev.
-
-Loads the op library (which registers the partition pass and the write/wait ops), opens
-this task's Domain and control service, starts tf.distribute.Server and serves until killed.
-
-Example:
-    $ RDMADEV_SECRET=... python -m rdmadev.server --cluster '{"ps": ["h:2222"], "worker": ["h:2223"]}' --job ps --task 0
-    $ TF_CONFIG='{"cluster": {...}, "task": {"type": "worker", "index": 1}}' rdmadev serve
-"""
-import argparse
-import json
-import os
+"""`python -m rdmadev.server`: the entry point of rdmadev.tf.server (`rdmadev serve`)."""
 import sys
-import time
+
+from .tf.server import main
 
 __all__ = ["main"]
-
-READY_MARKER = "RDMADEV_SERVER_READY"
-
-
-def _task_from_env():
-    try:
-        task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {})
-        return task.get("type"), task.get("index")
-    except ValueError:
-        return None, None
-
-
-def main(argv=None):
-    ap = argparse.ArgumentParser(prog="rdmadev serve", description=__doc__.splitlines()[0])
-    ap.add_argument("--cluster", help="cluster spec JSON (default: TF_CONFIG's)")
-    ap.add_argument("--job", help="this task's job (default: TF_CONFIG's task.type)")
-    ap.add_argument("--task", type=int, help="this task's index (default: TF_CONFIG's task.index)")
-    args = ap.parse_args(argv)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from . import api, runtime
-    from .errors import RdmadevError
-
-    job, index = args.job, args.task
-    if job is None or index is None:
-        env_job, env_index = _task_from_env()
-        job = job if job is not None else env_job
-        index = index if index is not None else env_index
-    try:
-        if job is None or index is None:
-            raise runtime.ConfigError("no task given: pass --job and --task, or set TF_CONFIG's task",
-                                      hint="e.g. rdmadev serve --cluster '{...}' --job worker --task 0")
-        spec = runtime.parse_cluster(args.cluster)
-        rt = runtime.start(spec, job, int(index))
-        api.load_into_process(auto=rt.config.auto)
-        import tensorflow as tf
-        server = tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=job, task_index=int(index),
-                                      protocol="grpc", start=True)
-    except RdmadevError as e:
-        print(f"rdmadev serve: {e}", file=sys.stderr, flush=True)
-        return 2
-    print(f"{READY_MARKER} {job}:{index} {server.target} rdmadev={rt.domain.address} pid={os.getpid()}",
-          flush=True)
-    # Sleeping in Python (not server.join()) keeps the GIL free for the partition pass,
-    # which calls the planner from TF's threads.
-    while True:
-        time.sleep(3600)
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -7,30 +7,32 @@ import sys
 import pytest
 
 import rdmadev
-from rdmadev import runtime
-from rdmadev.control import ControlClient, ControlServer, control_address
+from rdmadev.cluster.control import ControlClient, ControlServer, control_address
+from rdmadev.cluster.spec import parse_cluster
 
 
 @pytest.mark.parametrize("spec, match", [
     ("{not json", "not valid JSON"),
     ("[]", "non-empty mapping"),
     ({"ps": "127.0.0.1:1"}, "is not a list of host:port"),
-    ({"ps": ["127.0.0.1"]}, "is not a list of host:port"),
+    ({"ps": ["127.0.0.1"]}, "job 'ps': '127.0.0.1' is not a host:port"),
+    ({"ps": ["h:1"], "worker": ["h:2", "h:99999"]}, "job 'worker': 'h:99999' is not a host:port"),
+    ({"worker": {"0": "h:2", "2": "h:3"}}, "job 'worker': task indices"),
 ])
 def test_malformed_cluster_spec_names_the_problem(spec, match):
     with pytest.raises(rdmadev.ConfigError, match=match):
-        runtime.parse_cluster(spec)
+        parse_cluster(spec)
 
 
 def test_cluster_spec_from_tf_config(monkeypatch):
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"ps": ["h:1"], "worker": {"1": "h:3", "0": "h:2"}}}))
-    assert runtime.parse_cluster(None) == {"ps": ["h:1"], "worker": ["h:2", "h:3"]}
+    assert parse_cluster(None) == {"ps": ["h:1"], "worker": ["h:2", "h:3"]}
     monkeypatch.setenv("TF_CONFIG", "nope")
     with pytest.raises(rdmadev.ConfigError, match="TF_CONFIG is not valid JSON"):
-        runtime.parse_cluster(None)
+        parse_cluster(None)
     monkeypatch.delenv("TF_CONFIG")
     with pytest.raises(rdmadev.ConfigError, match="no cluster spec"):
-        runtime.parse_cluster(None)
+        parse_cluster(None)
 
 
 def test_control_address_is_derived_from_the_spec():
@@ -68,3 +70,32 @@ def test_serve_rejects_bad_input_with_a_clear_message(args, env, match):
     proc = subprocess.run([sys.executable, "-m", "rdmadev", "serve", *args], capture_output=True,
                           text=True, timeout=120, env=full_env)
     assert proc.returncode == 2 and match in proc.stderr, proc.stderr[-2000:]
+
+
+def test_cluster_spec_from_tf_cluster_spec_object():
+    import tensorflow as tf
+    spec = tf.train.ClusterSpec({"ps": ["h:1"], "worker": {1: "h:3", 0: "h:2"}})
+    assert parse_cluster(spec) == {"ps": ["h:1"], "worker": ["h:2", "h:3"]}
+
+
+def test_runtime_serves_registered_handlers_and_refuses_unknown_requests():
+    from graph_pass.devices import task_name
+    from rdmadev.cluster import reports, runtime
+    from rdmadev.testing.launch import free_ports
+
+    spec = {"ps": [f"127.0.0.1:{free_ports(1)[0]}"]}
+    config = rdmadev.Config(secret=b"k")
+    runtime.register_handler("test_echo", lambda r: {"echo": r["x"]})
+    task = runtime.Runtime(spec, "ps", 0, config)
+    coordinator = runtime.Runtime(spec, config=config)
+    try:
+        ps = task_name("ps", 0)
+        assert coordinator.call(ps, {"op": "test_echo", "x": 7}) == {"echo": 7}
+        assert coordinator.call(ps, {"op": "reports"}) == [str(r) for r in reports.reports()]
+        with pytest.raises(rdmadev.ProtocolError, match="unknown control request 'nope'.*serves ping"):
+            coordinator.call(ps, {"op": "nope"})
+        with pytest.raises(rdmadev.ProtocolError, match="unknown control request 'nope'"):
+            task.handle({"op": "nope"})
+    finally:
+        coordinator.close()
+        task.close()

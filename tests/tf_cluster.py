@@ -1,4 +1,4 @@
-"""The test suite's cluster helpers over rdmadev.launch: plain TF servers by default
+"""The test suite's cluster helpers over rdmadev.testing.launch: plain TF servers by default
 (tests/tf_server_main.py), one shared cluster per test session, and connecting to it.
 
 Example (pytest)::
@@ -14,8 +14,8 @@ import atexit
 import sys
 from pathlib import Path
 
-from rdmadev import launch
-from rdmadev.launch import ClusterError, free_ports, rdmadev_launcher  # noqa: F401 (re-exported)
+from rdmadev.testing import launch
+from rdmadev.testing.launch import ClusterError, free_ports, rdmadev_launcher  # noqa: F401 (re-exported)
 
 __all__ = ["Cluster", "ClusterError", "free_ports", "shared_cluster", "connect", "SERVER_SCRIPT",
            "rdmadev_launcher"]
@@ -29,7 +29,7 @@ def _plain_launcher(job, index, spec_json):
 
 
 class Cluster(launch.Cluster):
-    """rdmadev.launch.Cluster whose tasks are plain TF servers unless `launcher` says otherwise."""
+    """rdmadev.testing.launch.Cluster whose tasks are plain TF servers unless `launcher` says otherwise."""
 
     def __init__(self, *args, launcher=None, **kwargs):
         super().__init__(*args, launcher=launcher or _plain_launcher, **kwargs)

@@ -1,21 +1,18 @@
 """One TensorFlow task of a loopback test cluster: ``python tf_server_main.py --cluster JSON --job J --index I``.
 
-Started by ``tests/tf_cluster.py`` (one process per task). It loads the op libraries listed in
-``TF_SERVER_OPLIBS`` (``:``-separated paths; later issues use this to load rdmadev's native library
-before the server starts, which TF needs for custom ops and graph passes), starts a
-``tf.distribute.Server`` on the address the cluster spec gives this task, prints a ready line and
-serves until it is killed.
+Started by ``tests/tf_cluster.py`` (one process per task): a plain TF server, without rdmadev
+(tasks that run rdmadev use ``rdmadev serve``). It starts a ``tf.distribute.Server`` on the address
+the cluster spec gives this task, prints a ready line and serves until it is killed.
 
-Exit codes: 0 never (it serves until killed), 2 on bad arguments, 3 when an op library fails to load.
+Exit codes: 0 never (it serves until killed), 2 on bad arguments.
 """
 
 import argparse
-import json
 import os
 import sys
 
-#: Environment variable holding ``:``-separated op library paths to load before the server starts.
-OPLIBS_ENV = "TF_SERVER_OPLIBS"
+from rdmadev.cluster.spec import parse_cluster
+
 #: Line printed (and flushed) once the server is listening; the cluster helper's log shows it.
 READY_MARKER = "TF_SERVER_READY"
 
@@ -34,17 +31,10 @@ def main(argv=None):
     parser.add_argument("--job", required=True, help="this task's job name, e.g. ps or worker")
     parser.add_argument("--index", required=True, type=int, help="this task's index in its job")
     args = parser.parse_args(argv)
-    spec = json.loads(args.cluster)
+    spec = parse_cluster(args.cluster)
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf  # imported late: argument errors should not pay TF's import time
-
-    for lib in filter(None, os.environ.get(OPLIBS_ENV, "").split(":")):
-        try:
-            tf.load_op_library(lib)
-        except Exception as exc:  # any load failure ends the task with a message naming the library
-            print(f"failed to load op library {lib!r} ({OPLIBS_ENV}): {exc}", file=sys.stderr, flush=True)
-            return 3
     server = tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=args.job, task_index=args.index,
                                   protocol="grpc", start=True)
     print(f"{READY_MARKER} {args.job}:{args.index} {server.target} pid={os.getpid()}", flush=True)

@@ -18,10 +18,12 @@ class Params:
     Args:
         tf: the tensorflow module.
         devices: device strings the variables are spread over (greedy by bytes).
-        bias_op: "add" (conv bias as ``x + b``) or "bias_add" (``tf.nn.bias_add``). With
-            bias_add, oneDNN fuses the bias gradient into ``_MklNativeConv2DBackpropFilterWithBias``
-            whose registered shape function gives output 1 the conv's *input* channels; rdmadev's
-            pass trusts it, plans a wrong slot size and the step fails (BENCHMARKS_cnn.md).
+        bias_op: "add" (conv bias as ``x + b``, the default, so results compare with the runs
+            recorded in BENCHMARKS.md) or "bias_add" (``tf.nn.bias_add``). With bias_add, oneDNN
+            fuses the bias gradient into ``_MklNativeConv2DBackpropFilterWithBias``, whose
+            registered shape function gives output 1 the conv's *input* channels; the pass does
+            not trust ``_Mkl*`` shape functions past output 0 (commit 3601043, e2e regression
+            test ``test_conv_with_bias_gradient``), so both work.
     """
 
     def __init__(self, tf, devices, bias_op="add"):
@@ -80,7 +82,7 @@ def conv(p, x, filters, kh, kw=None, stride=1, bn=False, relu=True):
         y, _, _ = tf.compat.v1.nn.fused_batch_norm(y, scale, offset, is_training=True)
     elif p.bias_op == "bias_add":
         y = tf.nn.bias_add(y, p.get(name + "/b", [filters], zeros=True))
-    else:  # same math; its gradient is Sum + Reshape, which oneDNN does not fuse (see Params)
+    else:  # same math; its gradient is Sum + Reshape, which oneDNN does not fuse
         y = y + p.get(name + "/b", [filters], zeros=True)
     return tf.nn.relu(y) if relu else y
 

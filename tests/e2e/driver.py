@@ -13,8 +13,10 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import rdmadev  # noqa: E402
+from graph_pass.devices import task_name  # noqa: E402
+from rdmadev.cluster import parse_cluster, runtime  # noqa: E402
 
-PS, W0, W1 = "/job:ps/replica:0/task:0", "/job:worker/replica:0/task:0", "/job:worker/replica:0/task:1"
+PS, W0, W1 = task_name("ps", 0), task_name("worker", 0), task_name("worker", 1)
 
 
 def train_until_killed(mode):
@@ -122,11 +124,10 @@ def retrace(mode):
 def _set_task_pass_mode(cluster, auto):
     """Turns RDMADEV_AUTO on or off in every task (a control request), so one cluster serves
     both the gRPC baseline and the rdmadev run of a strategy whose workers partition."""
-    from rdmadev import runtime
     rt = runtime.start(cluster)
     for job, addrs in cluster.items():
         for i in range(len(addrs)):
-            rt.call(runtime.task_name(job, i), {"op": "pass_mode", "auto": auto})
+            rt.call(task_name(job, i), {"op": "pass_mode", "auto": auto})
 
 
 def pss(mode, cluster, workers=1, steps=20):
@@ -164,8 +165,7 @@ def pss(mode, cluster, workers=1, steps=20):
         coordinator.join()  # one step at a time: the same order in both modes
     out = {"losses": [float(l.fetch()) for l in losses], "w": w.numpy().tolist(),
            "b": b.numpy().tolist()}
-    from rdmadev import runtime
-    out["reports"] = runtime.current().call(runtime.task_name("worker", 0), {"op": "reports"})
+    out["reports"] = runtime.current().call(task_name("worker", 0), {"op": "reports"})
     _set_task_pass_mode(cluster, False)
     return out
 
@@ -185,9 +185,8 @@ def keras_fit(mode, cluster):
         model.optimizer.build(model.trainable_variables)
     with tf.device(W0):
         history = model.fit(x, y, epochs=3, batch_size=32, shuffle=False, verbose=0)
-    from rdmadev import runtime
     out = {"loss": history.history["loss"],
-           "reports": runtime.current().call(runtime.task_name("worker", 0), {"op": "reports"})}
+           "reports": runtime.current().call(task_name("worker", 0), {"op": "reports"})}
     _set_task_pass_mode(cluster, False)
     return out
 
@@ -241,8 +240,7 @@ def mixed(mode):
 def tf1_session(mode, cluster):
     """A TF1 between-graph session: each task partitions (and plans) only its own half."""
     _set_task_pass_mode(cluster, mode == "rdmadev")
-    from rdmadev import runtime
-    tasks = [runtime.task_name("ps", 0), runtime.task_name("worker", 0)]
+    tasks = [task_name("ps", 0), task_name("worker", 0)]
     earlier = {t: len(runtime.current().call(t, {"op": "reports"})) for t in tasks}
     graph = tf.Graph()
     with graph.as_default():
@@ -266,7 +264,7 @@ def tf1_session(mode, cluster):
 
 
 def main():
-    cluster, mode, scenario = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+    cluster, mode, scenario = parse_cluster(sys.argv[1]), sys.argv[2], sys.argv[3]
     if scenario.startswith("pss"):
         result = pss(mode, cluster, workers=int(scenario[3:] or 1))
     elif scenario == "keras":

@@ -4,26 +4,22 @@ The library is built by setup.py against the installed TensorFlow; loading check
 TensorFlow now installed is the one it was built against.
 
 Example:
-    >>> from rdmadev import ops
+    >>> from rdmadev.tf import ops
     >>> ops.send(tf.ones([4]), channel="w0->ps:x")            # on the sender's device
     >>> y = ops.recv(tf.float32, [4], channel="w0->ps:x")      # on the receiver's device
 """
 import functools
-import logging
 import os
 
-from .errors import ConfigError
+from ..config import Config
+from ..errors import ConfigError
 
 __all__ = ["load", "send", "recv", "library_path"]
 
-log = logging.getLogger(__name__)
-log.addHandler(logging.NullHandler())
-
-DEFAULT_TIMEOUT_S = 300.0
-
 
 def library_path():
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "_tf_ops.so")
+    """Where setup.py puts the op library: next to the rdmadev package's other extensions."""
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_tf_ops.so")
 
 
 @functools.lru_cache(maxsize=None)
@@ -36,7 +32,7 @@ def load():
     import tensorflow as tf
 
     try:
-        from ._build_info import TF_VERSION
+        from .._build_info import TF_VERSION
     except ImportError:
         TF_VERSION = None
     path = library_path()
@@ -52,16 +48,24 @@ def load():
     return tf.load_op_library(path)
 
 
-def send(x, channel, timeout_s=DEFAULT_TIMEOUT_S):
-    """Writes tensor `x` into the next slot of `channel` (bound in this process)."""
-    return load().rdmadev_send(x, channel=channel, timeout_s=timeout_s)
+def _deadline(timeout_s):
+    return Config.from_env().deadline_s if timeout_s is None else timeout_s
 
 
-def recv(dtype, shape, channel, timeout_s=DEFAULT_TIMEOUT_S, zero_copy=False):
+def send(x, channel, timeout_s=None):
+    """Writes tensor `x` into the next slot of `channel` (bound in this process).
+
+    `timeout_s` None: RDMADEV_DEADLINE_S (Config.deadline_s)."""
+    return load().rdmadev_send(x, channel=channel, timeout_s=_deadline(timeout_s))
+
+
+def recv(dtype, shape, channel, timeout_s=None, zero_copy=False):
     """Waits for the next tensor on `channel` (bound in this process) and returns it.
+
+    `timeout_s` None: RDMADEV_DEADLINE_S (Config.deadline_s).
 
     With zero_copy=True a tensor of 64 KiB or more aliases its slot, which returns to the
     sender only when the tensor is freed: keep such tensors short-lived, or the sender
     stalls (DeadlineExceeded on its credit) once the receiver holds every slot."""
-    return load().rdmadev_recv(dtype=dtype, shape=shape, channel=channel, timeout_s=timeout_s,
+    return load().rdmadev_recv(dtype=dtype, shape=shape, channel=channel, timeout_s=_deadline(timeout_s),
                                zero_copy=zero_copy)

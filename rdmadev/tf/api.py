@@ -8,14 +8,13 @@ Example:
 import contextlib
 import ctypes
 import functools
-import logging
 
-from . import ops, runtime
+from ..cluster import reports, runtime
+from ..cluster.spec import parse_cluster
+from ..config import Config
+from . import ops
 
 __all__ = ["optimize", "enable", "load_into_process"]
-
-log = logging.getLogger(__name__)
-log.addHandler(logging.NullHandler())
 
 MODE_OFF, MODE_ALL, MODE_ARMED = 0, 1, 2
 _native = None
@@ -30,7 +29,6 @@ def _lib():
 
 
 def enabled():
-    from .config import Config
     return Config.from_env().enabled
 
 
@@ -40,21 +38,29 @@ def load_into_process(auto=False):
     lib.rdmadev_set_pass_mode(MODE_ALL if auto and enabled() else MODE_ARMED if enabled() else MODE_OFF)
 
 
+def _pass_mode(request):
+    """The ``pass_mode`` control request: turns RDMADEV_AUTO on or off in this task."""
+    load_into_process(auto=bool(request["auto"]))
+    return {"auto": bool(request["auto"])}
+
+
+runtime.register_handler("pass_mode", _pass_mode)
+
+
 def _coordinator(cluster):
     if runtime.current() is None:
-        if cluster is None:
-            cluster = _connected_cluster()
-        runtime.start(cluster)
+        runtime.start(parse_cluster(cluster if cluster is not None else _connected_cluster()))
     return runtime.current()
 
 
 def _connected_cluster():
-    """The cluster this process connected to with tf.config.experimental_connect_to_cluster."""
+    """The cluster this process connected to with tf.config.experimental_connect_to_cluster,
+    as {job: {index: address}}; None (parse_cluster then reads TF_CONFIG) when not connected."""
     from tensorflow.python.eager import context
     server_def = getattr(context.context(), "_server_def", None)
     if server_def is not None and server_def.cluster.job:
-        return {job.name: [job.tasks[i] for i in sorted(job.tasks)] for job in server_def.cluster.job}
-    return None  # parse_cluster falls back to TF_CONFIG
+        return {job.name: dict(job.tasks) for job in server_def.cluster.job}
+    return None
 
 
 def enable(cluster=None):
@@ -80,8 +86,7 @@ class Optimized:
         import tensorflow as tf
         self.fn = fn if hasattr(fn, "get_concrete_function") else tf.function(fn)
         self.cluster = cluster
-        from . import tf_pass
-        self._first_report = len(tf_pass.reports())
+        self._first_report = len(reports.reports())
         self.calls = 0
         functools.update_wrapper(self, fn)
 
@@ -100,8 +105,7 @@ class Optimized:
     @property
     def reports(self):
         """Reports of this function's instantiations (and any other planned meanwhile)."""
-        from . import tf_pass
-        return tf_pass.reports()[self._first_report:]
+        return reports.reports()[self._first_report:]
 
     @property
     def report(self):

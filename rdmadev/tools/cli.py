@@ -27,7 +27,7 @@ def main(argv=None):
     if cmd == "doctor":
         from .doctor import main as run
     elif cmd == "serve":
-        from .server import main as run
+        from ..tf.server import main as run
     elif cmd == "demo":
         from .demo import main as run
     elif cmd == "plan":

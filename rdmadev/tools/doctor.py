@@ -11,10 +11,11 @@ import json
 import os
 import resource
 
-from . import _core
-from .config import Config
-from .device import fabric_report
-from .errors import ConfigError
+from .. import _core
+from ..config import Config
+from ..device import fabric_report
+from ..errors import ConfigError
+from ..tf import ops
 
 __all__ = ["collect", "main"]
 
@@ -42,7 +43,7 @@ def _dev_shm():
 
 
 def _verbs_devices():
-    """Loads libibverbs the way the verbs fabric will (at run time) and lists devices."""
+    """Loads libibverbs the way the verbs fabric does (dlopen at run time) and lists devices."""
     path = ctypes.util.find_library("ibverbs") or "libibverbs.so.1"
     try:
         lib = ctypes.CDLL(path)
@@ -125,7 +126,28 @@ def _tensorflow():
             return {"version": importlib.metadata.version(dist), "wheel": dist}
         except importlib.metadata.PackageNotFoundError:
             continue
-    return {"version": None, "note": "TensorFlow is not installed: pip install 'rdmadev[tf]'"}
+    return {"version": None, "note": "TensorFlow is not installed; rdmadev depends on the "
+                                     "TensorFlow its op library was built against: reinstall rdmadev"}
+
+
+def _op_library():
+    """Loads the op library as every task does (tf.load_op_library, after checking the
+    TensorFlow version it was built against) and says whether that worked."""
+    path = ops.library_path()
+    try:
+        from .._build_info import TF_VERSION as built_against
+    except ImportError:
+        built_against = None
+    try:
+        ops.load()
+    except ConfigError as e:
+        return {"loaded": False, "path": path, "built_against": built_against, "note": str(e)}
+    except Exception as e:  # TF's own load errors (undefined symbols, wrong ABI): report them
+        return {"loaded": False, "path": path, "built_against": built_against,
+                "note": f"tf.load_op_library failed: {type(e).__name__}: {e}",
+                "hint": "rebuild it: pip install --force-reinstall --no-deps -e ."}
+    return {"loaded": True, "path": path, "built_against": built_against,
+            "note": f"loads, built against TensorFlow {built_against} (the one installed)"}
 
 
 def collect(env=None):
@@ -142,21 +164,23 @@ def collect(env=None):
         "dev_shm": _dev_shm(),
         "verbs": dict(_verbs_devices(), ports=_rdma_ports()),
         "tensorflow": _tensorflow(),
-        "op_library": "not part of this version yet (built by the end-to-end TF integration)",
+        "op_library": _op_library(),
         "recent_events": _core.recent_events(),
     }
 
 
 def main(argv=None):
-    """Prints the report; exit status 0 if at least one fabric is viable and the
-    configuration is valid, else 1."""
+    """Prints the report; exit status 0 if at least one fabric is viable, the
+    configuration is valid and the op library loads, else 1."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="rdmadev doctor", description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print JSON instead of text")
     args = ap.parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before the op library check imports TF
     info = collect()
-    healthy = info["config"] == "ok" and any(f["viable"] for f in info["fabrics"])
+    healthy = (info["config"] == "ok" and any(f["viable"] for f in info["fabrics"])
+               and info["op_library"]["loaded"])
     if args.json:
         print(json.dumps(info, indent=2))
         return 0 if healthy else 1
@@ -177,6 +201,7 @@ def main(argv=None):
             print(f"    GID {g['index']:<3} {g['gid']}  ({g['kind']}{', ' + g['netdev'] if g['netdev'] else ''})")
     t = info["tensorflow"]
     print(f"  tensorflow    : {t.get('version') or t.get('note')}")
-    print(f"  op library    : {info['op_library']}")
+    o = info["op_library"]
+    print(f"  op library    : {'' if o['loaded'] else 'NOT LOADED: '}{o['note']} ({o['path']})")
     print("  healthy" if healthy else "  NOT healthy: see above")
     return 0 if healthy else 1

@@ -10,9 +10,9 @@ import time
 
 import numpy as np
 
-from . import pair
-from .config import Config
-from .device import open_domain, viable_fabrics
+from ..testing import pair
+from ..config import Config
+from ..device import open_domain, viable_fabrics
 
 __all__ = ["main"]
 

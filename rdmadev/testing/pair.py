@@ -7,19 +7,13 @@ Example:
     >>> proc, conn = spawn(child_main, "tcp")     # child_main(conn, fabric) runs in the child
     >>> rx = ring_receiver(domain, conn, slots=2, capacity=1 << 20)
 """
-import logging
 import multiprocessing
 
-from ._core import RingReceiver, RingSender, ring_bytes
-from .errors import DeadlineExceeded, PeerLostError
+from .._core import RingReceiver, RingSender, ring_bytes
+from ..cluster.channels import CREDIT_BYTES
+from ..errors import DeadlineExceeded, PeerLostError
 
 __all__ = ["spawn", "ring_receiver", "ring_sender", "recv", "stop"]
-
-log = logging.getLogger(__name__)
-log.addHandler(logging.NullHandler())
-
-# Credit region: one cache line holding the credit word (see channel.h).
-CREDIT_BYTES = 64
 
 
 def spawn(target, *args):

@@ -3,7 +3,7 @@ task, all started in parallel, always killed. By default every task runs `rdmade
 
 Example::
 
-    with rdmadev.launch.Cluster(num_ps=1, num_workers=2, env={"RDMADEV_SECRET": "s"}) as c:
+    with rdmadev.testing.launch.Cluster(num_ps=1, num_workers=2, env={"RDMADEV_SECRET": "s"}) as c:
         tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(c.spec))
         ...
 
@@ -23,6 +23,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from graph_pass.devices import task_name
+
+from ..cluster.control import control_address
+from ..cluster.spec import parse_cluster, split_address
 
 __all__ = ["Cluster", "ClusterError", "free_ports", "rdmadev_launcher"]
 
@@ -58,8 +63,6 @@ def free_ports(count):
     Returns:
         A list of ``count`` port numbers.
     """
-    from .control import control_address
-
     socks = []
     try:
         while len(socks) < count:
@@ -88,9 +91,9 @@ def rdmadev_launcher(job, index, spec_json):
             "--task", str(index)]
 
 
-def _port_open(port):
+def _port_open(host, port):
     try:
-        with socket.create_connection((HOST, port), timeout=0.5):
+        with socket.create_connection((host, port), timeout=0.5):
             return True
     except OSError:
         return False
@@ -110,16 +113,20 @@ class Cluster:
         ready_timeout: seconds all tasks together may take to listen.
         log_dir: where each task's stdout+stderr go (``<job>-<index>.log``); by default a temp dir,
             removed by ``stop()`` (a start failure quotes the log in its error first).
+        spec: the cluster spec to serve (default: free ports on 127.0.0.1); readiness is
+            judged at each task's own address.
 
     Attributes:
         spec: the cluster spec, ``{"ps": ["127.0.0.1:p", ...], "worker": [...]}``.
     """
 
     def __init__(self, num_ps=1, num_workers=2, env=None, launcher=None, ready_timeout=READY_TIMEOUT_S,
-                 log_dir=None):
-        ports = free_ports(num_ps + num_workers)
-        self.spec = {"ps": [f"{HOST}:{p}" for p in ports[:num_ps]],
-                     "worker": [f"{HOST}:{p}" for p in ports[num_ps:]]}
+                 log_dir=None, spec=None):
+        if spec is None:
+            ports = free_ports(num_ps + num_workers)
+            spec = {"ps": [f"{HOST}:{p}" for p in ports[:num_ps]],
+                    "worker": [f"{HOST}:{p}" for p in ports[num_ps:]]}
+        self.spec = parse_cluster(spec)
         self.env = dict(env or {})
         self.launcher = launcher or rdmadev_launcher
         self.ready_timeout = ready_timeout
@@ -133,7 +140,7 @@ class Cluster:
 
     def device(self, job, index, kind="CPU", number=0):
         """Return the full device name of a task, e.g. ``/job:ps/replica:0/task:0/device:CPU:0``."""
-        return f"/job:{job}/replica:0/task:{index}/device:{kind}:{number}"
+        return f"{task_name(job, index)}/device:{kind}:{number}"
 
     def log_path(self, job, index):
         """Return the path of a task's log file."""
@@ -168,14 +175,14 @@ class Cluster:
 
     def _wait_ready(self):
         deadline = time.monotonic() + self.ready_timeout
-        pending = {(job, i): int(addr.rsplit(":", 1)[1]) for job, i, addr in self.tasks()}
+        pending = {(job, i): split_address(addr, job) for job, i, addr in self.tasks()}
         while pending:
-            for key, port in list(pending.items()):
+            for key, (host, port) in list(pending.items()):
                 proc = self._procs[key][0]
                 if proc.poll() is not None:
                     raise ClusterError(f"TF task {key[0]}:{key[1]} exited with code {proc.returncode} before "
-                                       f"listening on port {port}; its log:\n{self._tail(*key)}")
-                if _port_open(port):
+                                       f"listening on {host}:{port}; its log:\n{self._tail(*key)}")
+                if _port_open(host, port):
                     del pending[key]
             if not pending:
                 break

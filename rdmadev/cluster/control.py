@@ -21,7 +21,9 @@ import socketserver
 import struct
 import threading
 
-from .errors import AuthError, PeerLostError, ProtocolError
+from ..config import Config
+from ..errors import AuthError, PeerLostError, ProtocolError
+from .spec import split_address
 
 __all__ = ["ControlServer", "ControlClient", "control_address"]
 
@@ -38,12 +40,10 @@ HANDSHAKE_TIMEOUT_S = 10.0
 def control_address(task_address, offset=None):
     """(host, port) of the control service of the task whose TF address is `task_address`."""
     if offset is None:
-        from .config import Config
         offset = Config.from_env().control_port_offset
-    host, _, port = task_address.rpartition(":")
-    port = int(port)
+    host, port = split_address(task_address)
     port = port + offset if port + offset <= 65535 else port - offset
-    return host.strip("[]"), port
+    return host, port
 
 
 def _mac(secret, role, a, b):

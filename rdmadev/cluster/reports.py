@@ -1,0 +1,52 @@
+"""Reports: what each planned instantiation moved where, kept per process.
+
+The TF bridge records one Report per instantiation it planned; the runtime serves them to
+other tasks (the ``reports`` control request) and ``rdmadev.optimize(fn).report`` prints them.
+
+Example:
+    >>> record(Report("1f.0", swapped=[], kept=[], registered={}))
+    >>> print(reports()[-1])
+    rdmadev instance 1f.0: no cross-task transfer (nothing to do)
+"""
+import dataclasses
+import threading
+
+__all__ = ["Report", "record", "reports"]
+
+_reports = []
+_lock = threading.Lock()
+
+
+@dataclasses.dataclass
+class Report:
+    """What one instantiation moved where."""
+
+    instance: str
+    swapped: list        # [(tensor_name, send_task -> recv_task, dtype, bytes, fabric[+zc])]
+    kept: list           # [(tensor_name, send_task -> recv_task, reason)]
+    registered: dict     # recv task -> bytes registered there
+
+    def __str__(self):
+        lines = [f"rdmadev instance {self.instance}: {len(self.swapped)} transfers swapped, "
+                 f"{len(self.kept)} stayed on gRPC"]
+        if not self.swapped and not self.kept:
+            lines[0] = f"rdmadev instance {self.instance}: no cross-task transfer (nothing to do)"
+        for name, route, dtype, nbytes, fabric in self.swapped:
+            lines.append(f"  {fabric:<8} {route}  {name} {dtype} {nbytes} B")
+        for name, route, reason in self.kept:
+            lines.append(f"  grpc     {route}  {name} ({reason})")
+        for task, nbytes in sorted(self.registered.items()):
+            lines.append(f"  registered on {task}: {nbytes} B")
+        return "\n".join(lines)
+
+
+def record(report):
+    """Appends `report` to this process's reports."""
+    with _lock:
+        _reports.append(report)
+
+
+def reports():
+    """Reports of every instantiation planned in this process, oldest first."""
+    with _lock:
+        return list(_reports)

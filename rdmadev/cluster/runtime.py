@@ -1,0 +1,121 @@
+"""This process's place in a TF cluster: its task, its Domain, its control service, and
+control clients to the other tasks. A task server (`rdmadev serve`) has all of them; the
+coordinator has only clients (its own traffic to the tasks stays on gRPC).
+
+The runtime knows nothing of TensorFlow: requests it does not serve itself (e.g. the TF
+layer's ``pass_mode``) are served by handlers registered with ``register_handler``.
+
+Example:
+    >>> rt = runtime.start({"ps": ["10.0.0.1:2222"], "worker": [...]}, "ps", 0)
+    >>> rt.call(task_name("ps", 0), {"op": "ping"})
+"""
+import threading
+
+from graph_pass.devices import split_task, task_name
+
+from ..config import Config
+from ..device import open_domain
+from ..errors import ConfigError, ProtocolError
+from . import reports
+from .channels import REQUESTS as CHANNEL_REQUESTS, ChannelTable
+from .control import ControlClient, ControlServer, control_address
+from .spec import parse_cluster, split_address
+
+__all__ = ["Runtime", "start", "current", "register_handler"]
+
+_current = None
+_lock = threading.Lock()
+# Control requests served by other layers: op -> handler(request) -> JSON-able result.
+_handlers = {"reports": lambda request: [str(r) for r in reports.reports()]}
+
+
+def register_handler(op, handler):
+    """Serves control request `op` with ``handler(request: dict)`` in every runtime of this
+    process (the TF layer registers ``pass_mode`` this way). Re-registering replaces."""
+    _handlers[op] = handler
+
+
+class Runtime:
+    """See the module docstring. `job`/`index` None: the coordinator."""
+
+    def __init__(self, cluster, job=None, index=None, config=None):
+        self.cluster = parse_cluster(cluster)
+        self.config = config or Config.from_env()
+        if not self.config.secret:
+            raise ConfigError("RDMADEV_SECRET is not set",
+                              hint="set the same RDMADEV_SECRET (or RDMADEV_SECRET_FILE) in every "
+                                   "task and in the coordinator")
+        self.task = None
+        self.domain = None
+        self.server = None
+        self.table = None
+        self.clients = {}
+        self.lock = threading.RLock()
+        if job is not None:
+            address = self._address(job, index)
+            self.task = task_name(job, index)
+            host, _ = split_address(address, job)
+            self.domain = open_domain(f"{job}:{index}", self.config, tcp_addr=f"{host}:0")
+            self.table = ChannelTable(self.domain, self.config)
+            self.server = ControlServer(control_address(address, self.config.control_port_offset),
+                                        self.config.secret, self.handle)
+
+    def _address(self, job, index):
+        if job not in self.cluster or not 0 <= index < len(self.cluster[job]):
+            raise ConfigError(f"task {job}:{index} is not in the cluster spec {self.cluster}",
+                              hint="pass a --job/--task that the cluster spec lists; the "
+                                   "coordinator and every task need the same spec")
+        return self.cluster[job][index]
+
+    def handle(self, request):
+        """Serves one control request (from another task, or from call() to this task)."""
+        op = request.get("op")
+        if op == "ping":
+            return {"task": self.task, "address": self.domain.address}
+        if op in CHANNEL_REQUESTS and self.table is not None:
+            return self.table.handle(request)
+        handler = _handlers.get(op)
+        if handler is None:
+            raise ProtocolError(f"unknown control request {op!r} at {self.task or 'the coordinator'}; "
+                                f"this runtime serves ping, {', '.join(CHANNEL_REQUESTS)}, "
+                                f"{', '.join(sorted(_handlers))}",
+                                hint="run the same rdmadev version in every task; the TF layer's "
+                                     "requests exist once rdmadev.tf is imported (rdmadev serve does)")
+        return handler(request)
+
+    def call(self, task, request):
+        """Runs `request` on `task` (here if it is this task) and returns the result."""
+        if task == self.task:
+            return self.handle(request)
+        with self.lock:
+            client = self.clients.get(task)
+            if client is None:
+                address = self._address(*split_task(task))
+                client = self.clients[task] = ControlClient(
+                    control_address(address, self.config.control_port_offset), self.config.secret,
+                    timeout=self.config.deadline_s)
+        return client.call(request)
+
+    def close(self):
+        if self.table:
+            self.table.close()
+        for c in self.clients.values():
+            c.close()
+        if self.server:
+            self.server.close()
+        if self.domain:
+            self.domain.close()
+
+
+def start(cluster, job=None, index=None, config=None):
+    """Creates this process's runtime (once) and returns it."""
+    global _current
+    with _lock:
+        if _current is None:
+            _current = Runtime(cluster, job, index, config)
+        return _current
+
+
+def current():
+    """This process's runtime, or None."""
+    return _current

@@ -1,0 +1,1 @@
+"""The `rdmadev` command line: doctor, demo, serve and plan (cli dispatches)."""

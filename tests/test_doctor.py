@@ -1,0 +1,31 @@
+"""`rdmadev doctor` checks the op library the way every task loads it."""
+import pytest
+
+from rdmadev.tf import ops
+from rdmadev.tools import doctor
+
+
+def test_doctor_loads_the_op_library():
+    info = doctor._op_library()
+    assert info["loaded"], info
+    assert info["path"] == ops.library_path() and "loads, built against TensorFlow" in info["note"]
+
+
+def test_doctor_reports_an_op_library_built_for_another_tensorflow(monkeypatch):
+    import rdmadev._build_info as build_info
+    monkeypatch.setattr(build_info, "TF_VERSION", "0.0.0")
+    ops.load.cache_clear()
+    try:
+        info = doctor._op_library()
+    finally:
+        ops.load.cache_clear()
+    assert not info["loaded"] and "built against TensorFlow 0.0.0" in info["note"]
+    assert "pip install" in info["note"]
+
+
+@pytest.mark.parametrize("argv", [["--help"], []])
+def test_cli_usage_lists_every_command(argv, capsys):
+    from rdmadev.tools.cli import main
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert all(cmd in out for cmd in ("doctor", "serve", "demo", "plan"))
