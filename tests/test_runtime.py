@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import time
+
 import pytest
 
 import rdmadev
@@ -47,6 +49,10 @@ def test_control_connection_with_wrong_secret_is_refused():
         assert ControlClient(addr, b"right").call({"op": "x"}) == {"echo": {"op": "x"}}
         with pytest.raises(rdmadev.AuthError, match="RDMADEV_SECRET"):
             ControlClient(addr, b"wrong")
+        # The server counts the refusal after the client has seen it: wait (bounded) for it.
+        deadline = time.monotonic() + 10
+        while server.rejected < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert server.rejected == 1
     finally:
         server.close()

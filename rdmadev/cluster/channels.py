@@ -16,12 +16,23 @@ from .. import _core
 
 __all__ = ["ChannelTable", "open_channel", "REQUESTS", "CREDIT_BYTES"]
 
-#: Bytes of a sender's credit region: one cache line holding the credit word (C++ kCreditBytes
-#: in channel.h; to be read from rdmadev._core once the core exports it).
-CREDIT_BYTES = 64
+#: Bytes of a sender's credit region (C++ kCreditBytes in channel.h: one cache line).
+CREDIT_BYTES = _core.CREDIT_BYTES
 
 #: The control requests ChannelTable serves (the runtime routes them here).
 REQUESTS = ("alloc_region", "send_channel", "recv_channel")
+
+
+def _layout(request):
+    """The ring layout a channel request carries: the plan's, field for field."""
+    return _core.RingLayout(request["slots"], request["slot_bytes"], request["payload_offset"],
+                            request["capacity"], request["offset"])
+
+
+def _layout_fields(t):
+    """The plan's layout of transfer `t`, as channel requests carry it."""
+    return {"slots": t.slots, "slot_bytes": t.slot_bytes, "payload_offset": t.payload_offset,
+            "capacity": t.capacity_bytes, "offset": t.offset}
 
 
 class ChannelTable:
@@ -59,8 +70,7 @@ class ChannelTable:
     def send_channel(self, r):
         ep = self._endpoint(r["receiver_address"])
         credit = self.domain.allocate(CREDIT_BYTES, label="credit")
-        tx = _core.RingSender(ep, ep.attach(bytes.fromhex(r["ring"])), r["slots"], r["capacity"],
-                              credit, 0, r["offset"])
+        tx = _core.RingSender(ep, ep.attach(bytes.fromhex(r["ring"])), _layout(r), credit, epoch=0)
         tx.bind(r["key"])
         with self.lock:
             self.channels[r["key"]] = tx
@@ -69,8 +79,8 @@ class ChannelTable:
 
     def recv_channel(self, r):
         ep = self._endpoint(r["sender_address"])
-        rx = _core.RingReceiver(self.regions[r["region"]], r["slots"], r["capacity"], ep,
-                                ep.attach(bytes.fromhex(r["credit"])), 0, r["offset"])
+        rx = _core.RingReceiver(self.regions[r["region"]], _layout(r), ep,
+                                ep.attach(bytes.fromhex(r["credit"])), epoch=0)
         rx.bind(r["key"])
         with self.lock:
             self.channels[r["key"]] = rx
@@ -104,11 +114,9 @@ def open_channel(call, instance, t, region_bytes, allocated):
             "op": "alloc_region", "region": label, "bytes": region_bytes, "sender": t.send_task})
     ring = allocated[t.region]
     sent = call(t.send_task, {
-        "op": "send_channel", "key": t.channel_key, "slots": t.slots,
-        "capacity": t.capacity_bytes, "offset": t.offset,
+        "op": "send_channel", "key": t.channel_key, **_layout_fields(t),
         "receiver_address": ring["address"], "ring": ring["descriptor"]})
     call(t.recv_task, {
-        "op": "recv_channel", "key": t.channel_key, "region": label,
-        "slots": t.slots, "capacity": t.capacity_bytes, "offset": t.offset,
+        "op": "recv_channel", "key": t.channel_key, "region": label, **_layout_fields(t),
         "sender_address": sent["address"], "credit": sent["credit"]})
     return sent["fabric"], fresh

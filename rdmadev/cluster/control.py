@@ -4,25 +4,24 @@ descriptor to the sender). Bytes of tensors never travel here.
 
 Every task serves on the host of its cluster-spec address at port
 ``tf_port + RDMADEV_CONTROL_PORT_OFFSET`` (or ``tf_port - offset`` when that exceeds 65535).
-Both ends prove knowledge of the cluster secret (HMAC-SHA256 over both nonces) before any
-request is read.
+Both ends prove knowledge of the cluster secret before any request is read, with rdmadev's one
+handshake (``_native/core/handshake.h``, the same code the tcp and verbs fabrics run) under its
+own tag, so a proof made for a fabric never passes here.
 
 Example:
     >>> client = ControlClient(("127.0.0.1", 12222), secret)
     >>> client.call({"op": "ping"})
 """
-import hashlib
-import hmac
 import json
 import logging
-import os
 import socket
 import socketserver
 import struct
 import threading
 
+from .. import _core
 from ..config import Config
-from ..errors import AuthError, PeerLostError, ProtocolError
+from ..errors import AuthError, PeerLostError, ProtocolError, RdmadevError
 from .spec import split_address
 
 __all__ = ["ControlServer", "ControlClient", "control_address"]
@@ -30,10 +29,12 @@ __all__ = ["ControlServer", "ControlClient", "control_address"]
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
 
-NONCE_BYTES = 32
+#: Handshake tag of the control service (see handshake.h: the tag binds a proof to its service).
+HANDSHAKE_TAG = "rdmadev-control-v1"
 # Largest request or reply: a few descriptors and addresses; anything bigger is hostile.
 MAX_MESSAGE_BYTES = 1 << 20
-# Seconds a peer may take to authenticate before its connection is dropped.
+# Seconds a peer may take for the whole handshake (an absolute deadline, not per read) before
+# its connection is dropped: the fabrics' kHandshakeSeconds.
 HANDSHAKE_TIMEOUT_S = 10.0
 
 
@@ -44,10 +45,6 @@ def control_address(task_address, offset=None):
     host, port = split_address(task_address)
     port = port + offset if port + offset <= 65535 else port - offset
     return host, port
-
-
-def _mac(secret, role, a, b):
-    return hmac.new(secret, b"rdmadev-control-v1 " + role + b"|" + a + b"|" + b, hashlib.sha256).digest()
 
 
 def _send(sock, obj):
@@ -77,19 +74,18 @@ class _Handler(socketserver.BaseRequestHandler):
     def handle(self):
         server = self.server
         sock = self.request
-        sock.settimeout(HANDSHAKE_TIMEOUT_S)
+        where = "%s:%d" % self.client_address[:2]
         try:
-            ns = os.urandom(NONCE_BYTES)
-            sock.sendall(ns)
-            nc = _recv_exact(sock, NONCE_BYTES)
-            if not hmac.compare_digest(_recv_exact(sock, 32), _mac(server.secret, b"client", ns, nc)):
-                server.rejected += 1  # counted before the peer can see the refusal
-                log.warning("control: peer %s failed authentication (wrong cluster secret)",
-                            self.client_address)
-                sock.sendall(b"\x01")
-                return
-            sock.sendall(b"\x00" + _mac(server.secret, b"server", nc, ns))
-            sock.settimeout(None)
+            _core.server_handshake(sock.fileno(), HANDSHAKE_TAG, server.secret, where,
+                                   HANDSHAKE_TIMEOUT_S)
+        except AuthError:
+            server.rejected += 1
+            log.warning("control: peer %s failed authentication (wrong cluster secret)", where)
+            return
+        except RdmadevError as e:
+            log.info("control: handshake with %s failed: %s", where, e)
+            return
+        try:
             while True:
                 try:
                     request = _recv(sock)
@@ -128,7 +124,7 @@ class ControlServer(socketserver.ThreadingTCPServer):
 class ControlClient:
     """A connection to one task's control service; call() is thread-safe."""
 
-    def __init__(self, address, secret, timeout=60.0):
+    def __init__(self, address, secret, timeout=60.0, name="coordinator"):
         self.address = address
         self.lock = threading.Lock()
         try:
@@ -139,17 +135,18 @@ class ControlClient:
                                 "start every task with `rdmadev serve` (python -m rdmadev.server), "
                                 "which opens it at the task's TF port + RDMADEV_CONTROL_PORT_OFFSET") from None
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        ns = _recv_exact(self.sock, NONCE_BYTES)
-        nc = os.urandom(NONCE_BYTES)
-        self.sock.sendall(nc + _mac(secret, b"client", ns, nc))
-        status = _recv_exact(self.sock, 1)
-        if status != b"\x00" or not hmac.compare_digest(_recv_exact(self.sock, 32),
-                                                       _mac(secret, b"server", nc, ns)):
+        where = f"the rdmadev control service at {address[0]}:{address[1]}"
+        try:
+            _core.client_handshake(self.sock.fileno(), HANDSHAKE_TAG, secret, name,
+                                   min(timeout, HANDSHAKE_TIMEOUT_S), where)
+        except AuthError as e:
             self.sock.close()
-            raise AuthError(f"the rdmadev control service at {address[0]}:{address[1]} rejected "
-                            "this task's credentials (or failed to prove its own)",
-                            hint="set the same RDMADEV_SECRET (or RDMADEV_SECRET_FILE) in every task "
-                                 "and the coordinator")
+            raise AuthError(f"{where} rejected this task's credentials (or failed to prove its own)",
+                            e.errno, "set the same RDMADEV_SECRET (or RDMADEV_SECRET_FILE) in every "
+                                     "task and the coordinator") from None
+        except BaseException:
+            self.sock.close()
+            raise
 
     def call(self, request):
         """Sends one request and returns its result, raising the peer's error."""

@@ -93,7 +93,7 @@ class Runtime:
                 address = self._address(*split_task(task))
                 client = self.clients[task] = ControlClient(
                     control_address(address, self.config.control_port_offset), self.config.secret,
-                    timeout=self.config.deadline_s)
+                    timeout=self.config.deadline_s, name=self.task or "coordinator")
         return client.call(request)
 
     def close(self):

@@ -9,11 +9,12 @@ Example:
 """
 import multiprocessing
 
-from .._core import RingReceiver, RingSender, ring_bytes
-from ..cluster.channels import CREDIT_BYTES
+from graph_pass.layout import slot_bytes
+
+from .._core import CREDIT_BYTES, RingLayout, RingReceiver, RingSender
 from ..errors import DeadlineExceeded, PeerLostError
 
-__all__ = ["spawn", "ring_receiver", "ring_sender", "recv", "stop"]
+__all__ = ["spawn", "ring_layout", "ring_receiver", "ring_sender", "recv", "stop"]
 
 
 def spawn(target, *args):
@@ -56,14 +57,21 @@ def stop(proc, conn=None, timeout=10.0):
         proc.join(timeout)
 
 
+def ring_layout(slots, capacity):
+    """The layout a plan would give a static channel of `capacity` bytes (graph_pass.layout)."""
+    stride, payload_offset = slot_bytes(capacity)
+    return RingLayout(slots, stride, payload_offset, capacity)
+
+
 def ring_receiver(domain, conn, slots, capacity, fabric="auto", epoch=0, timeout=60.0, proc=None):
     """Receiving side: allocates the ring, sends (address, ring descriptor), receives the
     sender's (address, credit descriptor) and connects back for credits."""
-    ring = domain.allocate(ring_bytes(slots, capacity), label="ring")
+    layout = ring_layout(slots, capacity)
+    ring = domain.allocate(layout.bytes, label="ring")
     conn.send((domain.address, ring.descriptor))
     address, credit_desc = recv(conn, timeout, proc)
     ep = domain.connect(address, fabric, timeout=timeout)
-    return RingReceiver(ring, slots, capacity, ep, ep.attach(credit_desc), epoch)
+    return RingReceiver(ring, layout, ep, ep.attach(credit_desc), epoch)
 
 
 def ring_sender(domain, conn, slots, capacity, fabric="auto", epoch=0, timeout=60.0, proc=None):
@@ -72,4 +80,4 @@ def ring_sender(domain, conn, slots, capacity, fabric="auto", epoch=0, timeout=6
     ep = domain.connect(address, fabric, timeout=timeout)
     credit = domain.allocate(CREDIT_BYTES, label="credit")
     conn.send((domain.address, credit.descriptor))
-    return RingSender(ep, ep.attach(ring_desc), slots, capacity, credit, epoch)
+    return RingSender(ep, ep.attach(ring_desc), ring_layout(slots, capacity), credit, epoch)

@@ -17,8 +17,9 @@ from graph_pass.plan import Config as PlanConfig
 from .. import _core
 from ..cluster import reports, runtime
 from ..cluster.channels import open_channel
+from ..errors import ProtocolError
 
-__all__ = ["rewrites"]
+__all__ = ["rewrites", "plan_config", "check_wire_layout", "OPS_CARRY"]
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
@@ -31,13 +32,30 @@ def _dtype_enum(name):
     return types_pb2.DataType.Value(name)
 
 
-def _not_carried(t):
-    """Why this version's ops cannot carry a transfer the planner swapped, or None."""
-    if t.rank_capacity is not None or t.halves != "both":
-        return "dynamic or half pair: not carried by this version's ops"
-    if _core.ring_bytes(t.slots, t.capacity_bytes) != t.slots * t.slot_bytes:
-        return "plan slot layout differs from the ring layout"
-    return None
+#: What RdmadevSend/RdmadevRecv carry, told to the planner so that its policy decides once:
+#: static shapes only (no shape block in the slot), and only pairs whose both halves are planned
+#: here (a TF1 half pair cannot agree on a size from the attrs alone).
+OPS_CARRY = {"dynamic_shapes": False, "half_pairs": False}
+
+
+def plan_config(config):
+    """The planner's settings for this process's rdmadev ``Config``."""
+    return PlanConfig(slots=config.slots, deadline_s=config.deadline_s, carries=dict(OPS_CARRY))
+
+
+def check_wire_layout(plan):
+    """Refuses a plan whose slot layout differs from the one the native protocol writes.
+
+    Raises:
+        ProtocolError: naming the field, the plan's value and the native one.
+    """
+    for key, native in _core.wire_layout().items():
+        planned = plan.layout.get(key)
+        if planned != native:
+            raise ProtocolError(
+                f"the plan's slot layout has {key}={planned!r} but the native library writes "
+                f"{key}={native!r}", hint="graph_pass and rdmadev's native library come from "
+                "different versions: reinstall rdmadev (pip install -e .)")
 
 
 def rewrites(partitions):
@@ -49,17 +67,16 @@ def rewrites(partitions):
                     "the function stays on gRPC")
         return []
     instance = f"{os.getpid():x}.{next(_instances)}"
-    plan = graph_pass.plan_partitions(partitions, PlanConfig(slots=rt.config.slots),
-                                      instance_id=instance)
+    plan = graph_pass.plan_partitions(partitions, plan_config(rt.config), instance_id=instance)
+    check_wire_layout(plan)
     regions = {r.region_id: r for r in plan.regions}
     out, swapped, kept, registered = [], [], [], {}
     allocated = {}
-    timeout = rt.config.deadline_s
+    timeout = plan.config.deadline_s
     for t in plan.transfers:
         route = f"{t.send_task} -> {t.recv_task}"
-        reason = t.reason if t.decision != "swap" else _not_carried(t)
-        if reason is not None:
-            kept.append((t.tensor_name, route, reason))
+        if t.decision != "swap":
+            kept.append((t.tensor_name, route, t.reason))
             continue
         region_bytes = regions[t.region].bytes
         fabric, fresh = open_channel(rt.call, instance, t, region_bytes, allocated)
