@@ -10,8 +10,8 @@ Example:
 """
 import logging
 
-from ._core import (ANY_PEER, Domain, Endpoint, Region, RemoteRegion, RingReceiver, RingSender,
-                    recent_events, ring_bytes)
+from ._core import (ANY_PEER, CREDIT_BYTES, Domain, Endpoint, Region, RemoteRegion, RingLayout,
+                    RingReceiver, RingSender, recent_events)
 from .config import Config
 from .device import fabric_report, open_domain, viable_fabrics
 from .api import enable, optimize

@@ -11,6 +11,7 @@ tf = pytest.importorskip("tensorflow")
 
 import rdmadev  # noqa: E402
 from rdmadev import _core, ops  # noqa: E402
+from remote_ops import ring_layout  # noqa: E402
 
 SLOTS = 2
 
@@ -24,10 +25,11 @@ def channel(fabric, secret, request):
     names = []
 
     def bind(name, capacity):
-        ring = b.allocate(rdmadev.ring_bytes(SLOTS, capacity))
-        credit = a.allocate(64)
-        tx = rdmadev.RingSender(ab, ab.attach(ring.descriptor), SLOTS, capacity, credit)
-        rx = rdmadev.RingReceiver(ring, SLOTS, capacity, ba, ba.attach(credit.descriptor))
+        layout = ring_layout(SLOTS, capacity)
+        ring = b.allocate(layout.bytes)
+        credit = a.allocate(rdmadev.CREDIT_BYTES)
+        tx = rdmadev.RingSender(ab, ab.attach(ring.descriptor), layout, credit)
+        rx = rdmadev.RingReceiver(ring, layout, ba, ba.attach(credit.descriptor))
         key = f"{request.node.name}:{name}"
         tx.bind(key)
         rx.bind(key)

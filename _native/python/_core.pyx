@@ -14,23 +14,36 @@ from libcpp.string cimport string
 from libcpp.vector cimport vector
 
 from rdmadev_core cimport (
-    AliveOf, AtomicU64, BenchMemcpy, BenchPingPong, BenchStreamRecv, BenchStreamSend,
+    AliveOf, AtomicU64, ErrorKindTable, BenchMemcpy, BenchPingPong, BenchStreamRecv, BenchStreamSend,
     BenchTcpPingPong, BenchTcpStream, Deadline, Domain as CDomain, DomainOptions,
     Endpoint as CEndpoint, FabricPriority, Liveness, PolicyFor, FabricUnviableReason, FeedFrames,
     PyProgressCallback, RecentEvents, Region as CRegion, RegionDesc, RemoteRegion as CRemote,
-    ChannelRegistry, Receiver, RingLayout, RingReceiver as CReceiver, RingSender as CSender, Sender, ServeResult, SetErrorFactory,
-    Signal, Slot as CSlot, WaitPolicy, WaitWord,
+    ChannelRegistry, Receiver, RingLayout as CLayout, RingReceiver as CReceiver, RingSender as CSender, Sender, ServeResult, SetErrorFactory,
+    Signal, Slot as CSlot, WaitPolicy, WaitWord, kCacheLine, kCreditBytes, kLengthOffset,
+    kSeqOffset, kSignalBytes, kSlotHeaderBytes,
 )
+
+from operator import index as _index
 
 from rdmadev import errors as _errors
 
+
+
+def error_kinds():
+    """{name: value} of every native error kind (C++'s RDMADEV_ERROR_KINDS table)."""
+    return {name.decode(): value for name, value in ErrorKindTable()}
+
+
+_errors._bind_native_kinds(error_kinds())
 SetErrorFactory(_errors._from_native)
 
 __all__ = ["Domain", "Region", "Endpoint", "RemoteRegion", "RingSender", "RingReceiver",
            "unbind_channel", "bound_channels",
-           "fabric_priority", "unviable_reason", "recent_events", "ring_bytes", "ANY_PEER"]
+           "fabric_priority", "unviable_reason", "recent_events", "error_kinds", "RingLayout", "wire_layout", "CREDIT_BYTES", "ANY_PEER"]
 
 ANY_PEER = "*"
+#: Bytes of a sender's credit region (one cache line, the u64 credit word at +0).
+CREDIT_BYTES = kCreditBytes
 
 
 cdef Deadline _deadline(timeout):
@@ -59,13 +72,103 @@ def recent_events():
     return [l for l in RecentEvents().decode(errors="replace").split("\n") if l]
 
 
-def ring_bytes(int slots, uint64_t capacity):
-    """Bytes of a ring region with `slots` slots of `capacity` payload bytes each."""
-    cdef RingLayout lay
-    lay.slots = slots
-    lay.capacity = capacity
-    lay.Validate()
-    return lay.bytes()
+def wire_layout():
+    """The byte positions the native protocol writes in a slot (from the C++ constants).
+
+    Returns:
+        {"seq_offset", "length_offset", "signal_bytes", "alignment", "slot_header_bytes"};
+        a plan's ``layout`` must agree (the TF bridge refuses one that does not).
+    """
+    return {"seq_offset": kSeqOffset, "length_offset": kLengthOffset,
+            "signal_bytes": kSignalBytes, "alignment": kCacheLine,
+            "slot_header_bytes": kSlotHeaderBytes}
+
+
+cdef class RingLayout:
+    """Where a ring's slots lie in its region, exactly as the plan laid them out.
+
+    The native ring never computes a stride: it takes this, validated (kConfig naming the
+    bad field). graph_pass.layout.slot_bytes(capacity) gives slot_bytes and payload_offset.
+
+    Example:
+        >>> lay = RingLayout.of(transfer)  # any object with the five attributes
+        >>> lay.header(1), lay.payload(1), lay.bytes
+    """
+    cdef CLayout c
+
+    def __cinit__(self, slots, slot_bytes, payload_offset, capacity_bytes, offset=0):
+        for field, v in (("slots", slots), ("slot_bytes", slot_bytes),
+                         ("payload_offset", payload_offset), ("capacity_bytes", capacity_bytes),
+                         ("offset", offset)):
+            try:
+                ok = 0 <= _index(v) <= (0xFFFFFFFF if field == "slots" else 0xFFFFFFFFFFFFFFFF)
+            except TypeError:
+                ok = False
+            if not ok:
+                raise _errors.ConfigError(
+                    f"Failed to lay out ring: {field} = {v!r} is not a non-negative integer in range",
+                    0, "build the layout from the plan (every swapped Transfer has all five fields)")
+        self.c.slots = slots
+        self.c.slot_bytes = slot_bytes
+        self.c.payload_offset = payload_offset
+        self.c.capacity = capacity_bytes
+        self.c.base = offset
+        self.c.Validate()
+
+    @staticmethod
+    def of(obj):
+        """The layout of `obj` (a graph_pass Transfer, or anything with slots, slot_bytes,
+        payload_offset, capacity_bytes and offset)."""
+        return RingLayout(obj.slots, obj.slot_bytes, obj.payload_offset, obj.capacity_bytes,
+                          obj.offset)
+
+    @property
+    def slots(self):
+        return self.c.slots
+
+    @property
+    def slot_bytes(self):
+        return self.c.slot_bytes
+
+    @property
+    def payload_offset(self):
+        return self.c.payload_offset
+
+    @property
+    def capacity_bytes(self):
+        return self.c.capacity
+
+    @property
+    def offset(self):
+        return self.c.base
+
+    @property
+    def bytes(self):
+        """Bytes the ring spans (slots * slot_bytes), from `offset`."""
+        return self.c.bytes()
+
+    def header(self, uint64_t i):
+        """Region offset of slot i's header (its sequence word)."""
+        return self.c.header(i)
+
+    def payload(self, uint64_t i):
+        """Region offset of slot i's payload."""
+        return self.c.payload(i)
+
+    def __eq__(self, other):
+        if not isinstance(other, RingLayout):
+            return NotImplemented
+        return self._key() == (<RingLayout>other)._key()
+
+    def __hash__(self):
+        return hash(self._key())
+
+    def _key(self):
+        return (self.slots, self.slot_bytes, self.payload_offset, self.capacity_bytes, self.offset)
+
+    def __repr__(self):
+        return ("RingLayout(slots={}, slot_bytes={}, payload_offset={}, capacity_bytes={}, "
+                "offset={})".format(*self._key()))
 
 
 cdef class Domain:
@@ -403,30 +506,22 @@ cdef class Endpoint:
         return f"<rdmadev Endpoint {self.peer}>" if self.p else "<rdmadev Endpoint (closed)>"
 
 
-cdef RingLayout _layout(int slots, uint64_t capacity, uint64_t offset=0) except *:
-    cdef RingLayout lay
-    lay.slots = slots
-    lay.capacity = capacity
-    lay.base = offset
-    lay.Validate()
-    return lay
-
-
 cdef class RingSender:
-    """Sending half of a channel: `slots` slots of `capacity` bytes at `offset` of the
-    receiver's `ring` (a RemoteRegion), credits arriving in the local `credit` region."""
+    """Sending half of a channel: writes into the receiver's `remote_ring` (a RemoteRegion)
+    laid out by `layout` (a RingLayout); credits arrive in the local `credit_region`
+    (CREDIT_BYTES bytes)."""
     cdef shared_ptr[CSender] sp
     cdef CSender* p
     cdef Endpoint endpoint
     cdef RemoteRegion ring
     cdef Region credit
 
-    def __cinit__(self, Endpoint endpoint, RemoteRegion ring, int slots, uint64_t capacity,
-                  Region credit, uint64_t epoch=0, uint64_t offset=0):
-        self.sp.reset(new CSender(endpoint.p, ring.p, _layout(slots, capacity, offset), credit.p, epoch,
+    def __cinit__(self, Endpoint endpoint, RemoteRegion remote_ring, RingLayout layout,
+                  Region credit_region, uint64_t epoch=0):
+        self.sp.reset(new CSender(endpoint.p, remote_ring.p, layout.c, credit_region.p, epoch,
                                   endpoint.domain.policy))
         self.p = self.sp.get()
-        self.endpoint, self.ring, self.credit = endpoint, ring, credit
+        self.endpoint, self.ring, self.credit = endpoint, remote_ring, credit_region
 
     def bind(self, key):
         """Publishes this sender under channel `key` for the TF write kernel."""
@@ -459,21 +554,20 @@ cdef class RingSender:
 
 
 cdef class RingReceiver:
-    """Receiving half of a channel over the local `ring` region; credits go back through
-    `endpoint` into the sender's `credit` RemoteRegion."""
+    """Receiving half of a channel over the local `ring_region` laid out by `layout`;
+    credits go back through `endpoint` into the sender's `remote_credit` RemoteRegion."""
     cdef shared_ptr[CReceiver] sp
     cdef CReceiver* p
     cdef Region _ring
     cdef Endpoint endpoint
     cdef RemoteRegion credit
 
-    def __cinit__(self, Region ring, int slots, uint64_t capacity, Endpoint endpoint,
-                  RemoteRegion credit, uint64_t epoch=0, uint64_t offset=0):
-        lay = _layout(slots, capacity, offset)
-        self.sp.reset(new CReceiver(ring.p, lay, endpoint.p, credit.p, epoch,
+    def __cinit__(self, Region ring_region, RingLayout layout, Endpoint endpoint,
+                  RemoteRegion remote_credit, uint64_t epoch=0):
+        self.sp.reset(new CReceiver(ring_region.p, layout.c, endpoint.p, remote_credit.p, epoch,
                                     endpoint.domain.policy))
         self.p = self.sp.get()
-        self._ring, self.endpoint, self.credit = ring, endpoint, credit
+        self._ring, self.endpoint, self.credit = ring_region, endpoint, remote_credit
 
     def bind(self, key):
         """Publishes this receiver under channel `key` for the TF wait kernel."""

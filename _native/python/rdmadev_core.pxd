@@ -3,6 +3,7 @@ from libc.stdint cimport uint32_t, uint64_t
 from libcpp cimport bool
 from libcpp.memory cimport shared_ptr
 from libcpp.string cimport string
+from libcpp.utility cimport pair
 from libcpp.vector cimport vector
 from cpython.object cimport PyObject
 
@@ -25,6 +26,8 @@ cdef extern from "common.h" namespace "rdmadev":
         @staticmethod
         Deadline Never()
     string RecentEvents()
+    uint64_t kCacheLine
+    vector[pair[string, int]] ErrorKindTable()
 
 
 cdef extern from "region.h" namespace "rdmadev":
@@ -78,6 +81,8 @@ cdef extern from "fabric.h" namespace "rdmadev":
         uint64_t seq
         uint64_t aux
 
+    uint64_t kSignalBytes
+
     cdef cppclass RemoteRegion:
         RegionDesc desc
 
@@ -130,11 +135,17 @@ cdef extern from "domain.h" namespace "rdmadev":
 
 
 cdef extern from "channel.h" namespace "rdmadev":
+    uint64_t kCreditBytes
+    uint64_t kSeqOffset
+    uint64_t kLengthOffset
+    uint64_t kSlotHeaderBytes
+
     cdef cppclass RingLayout:
         uint32_t slots
+        uint64_t slot_bytes
+        uint64_t payload_offset
         uint64_t capacity
         uint64_t base
-        uint64_t stride()
         uint64_t bytes()
         uint64_t header(uint64_t i)
         uint64_t payload(uint64_t i)
