@@ -41,8 +41,8 @@ struct Rewrite {
   std::string channel;
   int dtype = 0;
   std::vector<int64_t> shape;
-  bool zero_copy = false;
-  double timeout_s = 300;
+  bool zero_copy = false;  // decided by the planner (graph_pass.zero_copy)
+  double timeout_s = 0;    // the plan's deadline_s, always given by the bridge
 };
 
 std::string TaskOf(const std::string& device) {
