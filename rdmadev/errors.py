@@ -66,7 +66,8 @@ class ClosedError(RdmadevError):
 
 #: Exception class for each native error kind, by the kind's name in C++ (the
 #: RDMADEV_ERROR_KINDS table in _native/core/common.h). The numbers are never written here:
-#: rdmadev._core hands the native {name: value} table to _bind_native_kinds() at import.
+#: rdmadev._core hands the native {name: value} table to _bind_native_kinds() at import (and
+#: class_for_kind() reads it itself if a native module is used without rdmadev._core).
 CLASS_BY_KIND_NAME = {
     "config": ConfigError, "fabric": FabricError, "region": RegionError, "bounds": BoundsError,
     "timeout": DeadlineExceeded, "peer_lost": PeerLostError, "auth": AuthError,
@@ -93,6 +94,9 @@ def _bind_native_kinds(kinds):
 
 def class_for_kind(kind):
     """The exception class for native error kind `kind` (an int from the core)."""
+    if not _BY_KIND:
+        from ._native.domain import error_kinds  # run time: the native modules import this one
+        _bind_native_kinds(error_kinds())
     return _BY_KIND.get(kind, RdmadevError)
 
 
