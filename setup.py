@@ -31,7 +31,7 @@ CORE_SOURCES = [
 HEADERS = sorted(glob.glob(os.path.join("_native", "**", "*.h"), recursive=True))
 CXXFLAGS = ["-std=c++17", "-O2", "-fvisibility=default", "-Wall", "-Wno-unused-parameter"]
 BINDINGS = os.path.join("_native", "python", "rdmadev", "_native")
-BINDING_FAMILIES = ("domain", "region", "endpoint", "channel", "crypto", "bench")
+BINDING_FAMILIES = ("handle", "domain", "region", "endpoint", "channel", "crypto", "bench")
 CORE_LIB = "librdmadev_core.so"
 TF_OPS_LIB = "_tf_ops.so"
 BUILD_INFO = os.path.join("rdmadev", "_build_info.py")

@@ -13,6 +13,7 @@ import pytest
 
 import rdmadev
 from rdmadev import _core
+from tcp_client import recv_exact
 
 TAG = "rdmadev-control-v1"
 SECRET = b"rdmadev-test-secret"
@@ -42,6 +43,12 @@ CLIENT_PROOF = "eea03600fd74c617be9ae68442d89ee6dcc5702fc61968d442671d6b37c641b8
 SERVER_PROOF = "e14ec8bd816da8cdaf0762c2e350c0427dd5f4824265b90905ba25c1c9bf62b2"
 
 
+def _proof(role, first, second, name):
+    """The proof handshake.h defines, computed with Python's hmac."""
+    message = TAG.encode() + b" " + role + b"|" + first + b"|" + second + b"|" + name
+    return hmac.new(SECRET, message, hashlib.sha256).digest()
+
+
 @pytest.mark.parametrize("key, data, mac", RFC4231)
 def test_hmac_sha256_known_answers(key, data, mac):
     assert _core.hmac_sha256(key, data).hex() == mac
@@ -58,19 +65,8 @@ def test_handshake_known_answer():
     client = _core.handshake_proof(TAG, "client", SECRET, NS, NC, NAME)
     server = _core.handshake_proof(TAG, "server", SECRET, NC, NS, NAME)
     assert (client.hex(), server.hex()) == (CLIENT_PROOF, SERVER_PROOF)
-    tag = TAG.encode()
-    assert client == hmac.new(SECRET, tag + b" client|" + NS + b"|" + NC + b"|" + NAME.encode(),
-                              hashlib.sha256).digest()
-
-
-def _recv_exactly(sock, n):
-    out = b""
-    while len(out) < n:
-        chunk = sock.recv(n - len(out))
-        if not chunk:
-            raise ConnectionError("peer closed")
-        out += chunk
-    return out
+    assert client == _proof(b"client", NS, NC, NAME.encode())
+    assert server == _proof(b"server", NC, NS, NAME.encode())
 
 
 def test_native_client_speaks_the_documented_protocol():
@@ -81,16 +77,13 @@ def test_native_client_speaks_the_documented_protocol():
     with a, b, ThreadPoolExecutor(1) as pool:
         fut = pool.submit(_core.client_handshake, b.fileno(), TAG, SECRET, NAME, WAIT_S)
         a.sendall(struct.pack("<II", 0x48444D52, 1) + NS)
-        (nl,) = struct.unpack("<H", _recv_exactly(a, 2))
-        name = _recv_exactly(a, nl)
-        nc = _recv_exactly(a, 32)
-        proof = _recv_exactly(a, 32)
-        tag = TAG.encode()
+        (nl,) = struct.unpack("<H", recv_exact(a, 2))
+        name = recv_exact(a, nl)
+        nc = recv_exact(a, 32)
+        proof = recv_exact(a, 32)
         assert name == NAME.encode()
-        assert proof == hmac.new(SECRET, tag + b" client|" + NS + b"|" + nc + b"|" + name,
-                                 hashlib.sha256).digest()
-        a.sendall(b"\0" + hmac.new(SECRET, tag + b" server|" + nc + b"|" + NS + b"|" + name,
-                                   hashlib.sha256).digest())
+        assert proof == _proof(b"client", NS, nc, name)
+        a.sendall(b"\0" + _proof(b"server", nc, NS, name))
         assert fut.result(WAIT_S) is None
 
 

@@ -7,6 +7,7 @@ from operator import index as _index
 from libc.stdint cimport uint64_t
 from libcpp.memory cimport shared_ptr
 
+from rdmadev._native.handle cimport Handle
 from rdmadev._native.c_channel cimport (BenchStreamRecv, BenchStreamSend, ChannelRegistry,
                                         Receiver, RingLayout as CLayout,
                                         RingReceiver as CReceiver, RingSender as CSender, Sender,
@@ -125,7 +126,7 @@ cdef class RingLayout:
                 "offset={})".format(*self._key()))
 
 
-cdef class RingSender:
+cdef class RingSender(Handle):
     """Sending half of a channel: writes into the receiver's `remote_ring` (a RemoteRegion)
     laid out by `layout` (a RingLayout); credits arrive in the local `credit_region`
     (CREDIT_BYTES bytes).
@@ -137,7 +138,6 @@ cdef class RingSender:
     cdef Endpoint endpoint
     cdef RemoteRegion ring
     cdef Region credit
-    cdef object __weakref__
 
     def __cinit__(self, Endpoint endpoint, RemoteRegion remote_ring, RingLayout layout,
                   Region credit_region, uint64_t epoch=0):
@@ -193,14 +193,8 @@ cdef class RingSender:
     def close(self):
         self.sp.reset()
 
-    def __enter__(self):
-        return self
 
-    def __exit__(self, *exc):
-        self.close()
-
-
-cdef class RingReceiver:
+cdef class RingReceiver(Handle):
     """Receiving half of a channel over the local `ring_region` laid out by `layout`;
     credits go back through `endpoint` into the sender's `remote_credit` RemoteRegion.
 
@@ -211,7 +205,6 @@ cdef class RingReceiver:
     cdef Region _ring
     cdef Endpoint endpoint
     cdef RemoteRegion credit
-    cdef object __weakref__
 
     def __cinit__(self, Region ring_region, RingLayout layout, Endpoint endpoint,
                   RemoteRegion remote_credit, uint64_t epoch=0):
@@ -280,12 +273,6 @@ cdef class RingReceiver:
 
     def close(self):
         self.sp.reset()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def unbind_channel(key):

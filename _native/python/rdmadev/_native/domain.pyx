@@ -8,6 +8,7 @@ from libcpp.memory cimport shared_ptr
 from libcpp.string cimport string
 from libcpp.vector cimport vector
 
+from rdmadev._native.handle cimport Handle
 from rdmadev._native.c_common cimport AtomicU64, Deadline, ErrorKindTable, RecentEvents, WaitPolicy
 from rdmadev._native.c_common cimport as_bytes, deadline_of
 from rdmadev._native.c_fabric cimport (AliveOf, Domain as CDomain, DomainOptions,
@@ -48,7 +49,7 @@ def recent_events():
     return [l for l in RecentEvents().decode(errors="replace").split("\n") if l]
 
 
-cdef class Domain:
+cdef class Domain(Handle):
     """This process's remote-device domain: its regions, fabrics, identity and secret.
 
     A context manager. close() (idempotent) closes what the domain made, children first, in
@@ -70,7 +71,6 @@ cdef class Domain:
     cdef shared_ptr[CDomain] p
     cdef WaitPolicy policy
     cdef object _rings, _endpoints, _regions
-    cdef object __weakref__
 
     def __cinit__(self, name, fabrics, secret=b"", tcp_listen="127.0.0.1:0",
                   double spin_us=20, double yield_us=200, verbs_device="", int verbs_port=0,
@@ -196,12 +196,6 @@ cdef class Domain:
         if self.p:
             with nogil:
                 self.p.get().Close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def __dealloc__(self):
         # Children keep their Domain alive, so none is left to close here; never raises.

@@ -18,7 +18,7 @@ from rdmadev.errors import ClosedError
 __all__ = ["Endpoint", "RemoteRegion"]
 
 
-cdef class RemoteRegion:
+cdef class RemoteRegion(Handle):
     """A peer's region made addressable through an Endpoint (Endpoint.attach()).
 
     A context manager; close() (idempotent) drops it (shm: unmaps the peer's memory once no
@@ -45,19 +45,13 @@ cdef class RemoteRegion:
     def close(self):
         self.p.reset()
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
     def __repr__(self):
         if not self.p:
             return "<rdmadev RemoteRegion (closed)>"
         return f"<rdmadev RemoteRegion id={self.id} size={self.size} via {self.endpoint!r}>"
 
 
-cdef class Endpoint:
+cdef class Endpoint(Handle):
     """A connection to one peer task over one fabric; see Domain.connect().
 
     A context manager; close() (idempotent) closes the RemoteRegions attached through it,
@@ -153,12 +147,6 @@ cdef class Endpoint:
             with nogil:
                 self.p.get().Close()
             self.p.reset()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def __repr__(self):
         return f"<rdmadev Endpoint {self.peer}>" if self.p else "<rdmadev Endpoint (closed)>"

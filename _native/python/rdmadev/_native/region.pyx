@@ -12,7 +12,7 @@ from rdmadev.errors import ClosedError
 __all__ = ["Region"]
 
 
-cdef class Region:
+cdef class Region(Handle):
     """Memory a peer can write into and read from; see Domain.allocate().
 
     Supports the buffer protocol (numpy.frombuffer(region, ...)); the memory stays mapped
@@ -82,12 +82,6 @@ cdef class Region:
         """Revokes peer access (idempotent); memory is freed once no view remains."""
         if self.p and not self.p.get().closed() and self.dom:
             self.dom.get().Release(self.p.get().id())
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def __getbuffer__(self, Py_buffer* buf, int flags):
         cdef CRegion* r = self.p.get()
