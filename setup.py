@@ -24,13 +24,16 @@ CORE_SOURCES = [
               os.path.join("tcp", "frame.cc"), os.path.join("tcp", "tcp.cc"),
               os.path.join("tcp", "tcp_factory.cc"), os.path.join("verbs", "verbs_factory.cc"),
               os.path.join("verbs", "ibv_lib.cc"), os.path.join("verbs", "verbs_device.cc"),
-              os.path.join("verbs", "verbs_memory.cc"), os.path.join("verbs", "verbs_qp.cc"), os.path.join("verbs", "verbs_endpoint.cc"),
+              os.path.join("verbs", "verbs_memory.cc"), os.path.join("verbs", "verbs_qp.cc"),
+              os.path.join("verbs", "verbs_endpoint.cc"),
               os.path.join("verbs", "verbs.cc"))
 ]
 # Every extension depends on every core header: distutils rebuilds only when a listed file
 # is newer, and a stale object built against an old class layout crashes at run time.
 HEADERS = sorted(glob.glob(os.path.join("_native", "**", "*.h"), recursive=True))
 CXXFLAGS = ["-std=c++17", "-O2", "-fvisibility=default", "-Wall", "-Wno-unused-parameter"]
+BINDINGS = os.path.join("_native", "python", "rdmadev", "_native")
+BINDING_FAMILIES = ("handle", "domain", "region", "endpoint", "channel", "crypto", "bench")
 CORE_LIB = "librdmadev_core.so"
 TF_OPS_LIB = "_tf_ops.so"
 BUILD_INFO = os.path.join("rdmadev", "_build_info.py")
@@ -48,6 +51,13 @@ class BuildNative(build_ext):
             return os.path.join(*parts[:-1], TF_OPS_LIB)
         return super().get_ext_filename(fullname)
 
+    def run(self):
+        # rdmadev._core was an extension module before it became rdmadev/_core.py; a stale
+        # _core*.so left in place would shadow the .py (extensions are found first).
+        for stale in glob.glob(os.path.join(HERE, "rdmadev", "_core.*.so")):
+            os.remove(stale)
+        super().run()
+
     def build_extensions(self):
         # setuptools compiles with the C compiler's flags; -Wstrict-prototypes is C-only.
         if "-Wstrict-prototypes" in self.compiler.compiler_so:
@@ -59,8 +69,11 @@ class BuildNative(build_ext):
                 libdir = os.path.dirname(self.get_ext_fullpath(core[0].name))
                 ext.library_dirs = [libdir]
                 ext.runtime_library_dirs = []
+                # $ORIGIN-relative, so the tree can move: rdmadev/_native/*.so -> $ORIGIN/..
+                rel = os.path.relpath(libdir, os.path.dirname(self.get_ext_fullpath(ext.name)))
+                origin = "$ORIGIN" if rel == "." else "$ORIGIN/" + rel
                 ext.extra_link_args = ext.extra_link_args + [
-                    "-L" + libdir, "-l:" + CORE_LIB, "-Wl,-rpath,$ORIGIN"]
+                    "-L" + libdir, "-l:" + CORE_LIB, "-Wl,-rpath," + origin]
             self.build_extension(ext)
 
 
@@ -91,13 +104,16 @@ def extensions():
         "rdmadev.librdmadev_core", CORE_SOURCES, language="c++", depends=HEADERS,
         # -ldl only: libibverbs is dlopen()ed at run time (verbs/ibv_lib.h), never linked.
         extra_compile_args=CXXFLAGS, extra_link_args=["-pthread", "-ldl"])
+    # One extension module per object family (rdmadev._native.<family>), pyverbs style; the
+    # raw declarations are the c_*.pxd files beside them. rdmadev/_core.py re-exports them.
+    pydir = os.path.join("_native", "python")
+    decls = sorted(glob.glob(os.path.join(BINDINGS, "*.pxd")))
     bindings = cythonize(
-        [Extension("rdmadev._core", [os.path.join("_native", "python", "_core.pyx")],
-                   include_dirs=[CORE, os.path.join("_native", "python")], language="c++",
-                   depends=HEADERS,
-                   extra_compile_args=CXXFLAGS)],
-        include_path=[os.path.join("_native", "python")],
-        compiler_directives={"language_level": 3}, quiet=True)
+        [Extension(f"rdmadev._native.{family}", [os.path.join(BINDINGS, family + ".pyx")],
+                   include_dirs=[CORE, pydir], language="c++", depends=HEADERS + decls,
+                   extra_compile_args=CXXFLAGS)
+         for family in BINDING_FAMILIES],
+        include_path=[pydir], compiler_directives={"language_level": 3}, quiet=True)
     return [core] + bindings + [tf_ops_extension()]
 
 

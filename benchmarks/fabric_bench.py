@@ -28,7 +28,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 import rdmadev  # noqa: E402
-from rdmadev import _core, pair  # noqa: E402
+from rdmadev import _core  # noqa: E402
+from rdmadev.testing import pair  # noqa: E402
 
 LAT_SIZES = (8, 4096)
 BW_SIZES = (64 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20)

@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import time
 
-from rdmadev import doctor
+from rdmadev.tools import doctor
 
 __all__ = ["available", "device", "write_bw", "write_lat"]
 

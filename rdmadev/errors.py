@@ -64,17 +64,45 @@ class ClosedError(RdmadevError):
     """The object was closed."""
 
 
-# Must match rdmadev::ErrorKind in _native/core/common.h (the only C++ <-> Python table).
-_BY_KIND = {
-    1: ConfigError, 2: FabricError, 3: RegionError, 4: BoundsError, 5: DeadlineExceeded,
-    6: PeerLostError, 7: AuthError, 8: ProtocolError, 9: ClosedError,
+#: Exception class for each native error kind, by the kind's name in C++ (the
+#: RDMADEV_ERROR_KINDS table in _native/core/common.h). The numbers are never written here:
+#: rdmadev._core hands the native {name: value} table to _bind_native_kinds() at import (and
+#: class_for_kind() reads it itself if a native module is used without rdmadev._core).
+CLASS_BY_KIND_NAME = {
+    "config": ConfigError, "fabric": FabricError, "region": RegionError, "bounds": BoundsError,
+    "timeout": DeadlineExceeded, "peer_lost": PeerLostError, "auth": AuthError,
+    "protocol": ProtocolError, "closed": ClosedError,
 }
+
+# Native kind value -> class, filled by _bind_native_kinds() when rdmadev._core is imported.
+_BY_KIND = {}
+
+
+def _bind_native_kinds(kinds):
+    """Maps the native kinds ({name: value}, from rdmadev._core.error_kinds()) to classes.
+
+    Raises:
+        ImportError: a native kind has no class here (the core and this file disagree).
+    """
+    missing = sorted(set(kinds) - set(CLASS_BY_KIND_NAME))
+    if missing:
+        raise ImportError(f"rdmadev's native core has error kinds {missing} that "
+                          "rdmadev/errors.py does not map; rebuild rdmadev from one source tree")
+    _BY_KIND.clear()
+    _BY_KIND.update({value: CLASS_BY_KIND_NAME[name] for name, value in kinds.items()})
+
+
+def class_for_kind(kind):
+    """The exception class for native error kind `kind` (an int from the core)."""
+    if not _BY_KIND:
+        from ._native.domain import error_kinds  # run time: the native modules import this one
+        _bind_native_kinds(error_kinds())
+    return _BY_KIND.get(kind, RdmadevError)
 
 
 def _from_native(kind, err, message, hint):
     """Builds the exception for a core error (called from the native layer)."""
-    cls = _BY_KIND.get(kind, RdmadevError)
-    return cls(message, err, hint)
+    return class_for_kind(kind)(message, err, hint)
 
 
 def errno_name(err):

@@ -5,7 +5,7 @@ import multiprocessing
 import os
 import signal
 
-from rdmadev import pair
+from rdmadev.testing import pair
 
 # CLONE_NEWNET from <sched.h>: setns() into a network namespace.
 CLONE_NEWNET = 0x40000000

@@ -2,12 +2,19 @@
 peer's Domain and the regions, endpoints and remote regions it made, by key."""
 import numpy as np
 
-from rdmadev import ring_bytes
+from graph_pass.layout import slot_bytes
+from rdmadev import RingLayout
 
 
 def pattern(n, seed):
     """n deterministic bytes for `seed` (both processes compute the same)."""
     return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
+
+
+def ring_layout(slots, capacity, offset=0):
+    """The plan's layout of a ring of `slots` slots of `capacity` payload bytes."""
+    sb, payload_offset = slot_bytes(capacity)
+    return RingLayout(slots, sb, payload_offset, capacity, offset)
 
 
 def alloc(state, key, size, grant=("*",)):
@@ -58,7 +65,7 @@ def wait(state, key, offset, target, timeout, peer_key=None):
 
 def ring_rx_setup(state, key, slots, capacity):
     """Receiving half of a channel, step 1: allocate the ring; returns what the sender needs."""
-    ring = state["domain"].allocate(ring_bytes(slots, capacity), label=key)
+    ring = state["domain"].allocate(ring_layout(slots, capacity).bytes, label=key)
     state["regions"][key] = ring
     return state["domain"].address, ring.descriptor
 
@@ -68,8 +75,8 @@ def ring_rx_connect(state, key, slots, capacity, sender_address, credit_desc, fa
     from rdmadev import RingReceiver
     ep = state["domain"].connect(sender_address, fabric, timeout=30)
     state["endpoints"][key] = ep
-    state.setdefault("rings", {})[key] = RingReceiver(state["regions"][key], slots, capacity, ep,
-                                                      ep.attach(credit_desc))
+    state.setdefault("rings", {})[key] = RingReceiver(
+        state["regions"][key], ring_layout(slots, capacity), ep, ep.attach(credit_desc))
 
 
 def ring_rx_consume(state, key, count, seed, hold_every=0, hold_s=0.0, timeout=60.0):

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 import rdmadev
-from rdmadev.errors import _BY_KIND
+from rdmadev.errors import class_for_kind
 from remote import RemotePeer
 
 # Long enough that reaching it would mean liveness detection failed; the tests that use it
@@ -89,7 +89,7 @@ def test_progress_deadline_cancel_and_close(domain):
         got.done.wait(0.05)
     domain.close()
     assert got.done.wait(NEVER)
-    kinds = {k: _BY_KIND[v[2]] for k, v in got.results.items()}
+    kinds = {k: class_for_kind(v[2]) for k, v in got.results.items()}
     assert kinds == {"deadline": rdmadev.DeadlineExceeded, "cancel": rdmadev.ClosedError,
                      "close": rdmadev.ClosedError}
     assert not any(v[0] for v in got.results.values())
@@ -104,7 +104,7 @@ def test_progress_reports_dead_peer(domain, peer):
     peer.kill()
     assert got.done.wait(NEVER)
     ok, _, kind, message = got.results["w"]
-    assert not ok and _BY_KIND[kind] is rdmadev.PeerLostError and "Peer lost" in message
+    assert not ok and class_for_kind(kind) is rdmadev.PeerLostError and "Peer lost" in message
 
 
 def test_progress_callback_exception_is_reported_not_lost(domain, monkeypatch):

@@ -77,7 +77,7 @@ def test_wrong_device_is_a_clear_error(secret):
 
 
 def test_doctor_lists_ports_and_gids():
-    from rdmadev import doctor
+    from rdmadev.tools import doctor
 
     ports = doctor.collect()["verbs"]["ports"]
     assert any(p["state"] and "ACTIVE" in p["state"] and

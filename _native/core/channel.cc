@@ -1,22 +1,42 @@
 #include "channel.h"
 
 #include <algorithm>
+#include <string>
 
 namespace rdmadev {
 
+namespace {
+
+// Rings beyond 2^48 bytes are a corrupted plan, not a real tensor: no host maps that much.
+constexpr uint64_t kMaxRingBytes = uint64_t(1) << 48;
+
+[[noreturn]] void BadLayout(const std::string& field, uint64_t value, const std::string& why) {
+  throw Error(ErrorKind::kConfig,
+              "Failed to lay out ring: " + field + " = " + std::to_string(value) + " " + why, 0,
+              "build the layout from the plan (graph_pass.layout.slot_bytes(capacity) gives "
+              "slot_bytes and payload_offset; RDMADEV_SLOTS >= 2)");
+}
+
+}  // namespace
+
 void RingLayout::Validate() const {
-  if (slots < 2) {
-    throw Error(ErrorKind::kConfig, "Failed to lay out ring: " + std::to_string(slots) +
-                                        " slot(s); at least 2 are needed to overlap transfers",
-                0, "set RDMADEV_SLOTS >= 2");
+  if (slots < 2) BadLayout("slots", slots, "is below 2: two are needed to overlap transfers");
+  if (slot_bytes == 0 || slot_bytes % kCacheLine != 0) {
+    BadLayout("slot_bytes", slot_bytes, "is not a positive multiple of 64");
   }
-  if (base % kCacheLine != 0) {
-    throw Error(ErrorKind::kConfig, "Failed to lay out ring: offset " + std::to_string(base) +
-                                        " is not 64-byte aligned");
+  if (payload_offset % kCacheLine != 0 || payload_offset < kSlotHeaderBytes) {
+    BadLayout("payload_offset", payload_offset, "is not a multiple of 64 that is >= 64 (the header)");
   }
-  if (capacity > (uint64_t(1) << 48)) {
-    throw Error(ErrorKind::kConfig, "Failed to lay out ring: capacity " +
-                                        std::to_string(capacity) + " bytes is absurd");
+  if (capacity > kMaxRingBytes || payload_offset + capacity > slot_bytes) {
+    BadLayout("capacity_bytes", capacity,
+              "does not fit the slot (payload_offset " + std::to_string(payload_offset) +
+                  " + capacity_bytes > slot_bytes " + std::to_string(slot_bytes) + ")");
+  }
+  if (slot_bytes > kMaxRingBytes / slots) {
+    BadLayout("slot_bytes", slot_bytes, "times " + std::to_string(slots) + " slots is absurd");
+  }
+  if (base % kCacheLine != 0 || base > kMaxRingBytes) {
+    BadLayout("offset", base, "is not a 64-byte aligned offset in the region");
   }
 }
 
@@ -30,7 +50,7 @@ RingSender::RingSender(std::shared_ptr<Endpoint> to_receiver, std::shared_ptr<Re
     throw Error(ErrorKind::kConfig, "Failed to set up channel: the receiver's ring region has " +
                                         std::to_string(ring_->desc.size) + " bytes, the layout needs " +
                                         std::to_string(layout_.bytes()),
-                0, "both sides must use the same slot count and capacity");
+                0, "both sides must use the layout of the same plan");
   }
   credit_->CheckRange(0, kCreditBytes, "use credit region");
 }
@@ -99,7 +119,7 @@ uint64_t RingReceiver::Reserve() {
 }
 
 const std::atomic<uint64_t>* RingReceiver::WordFor(uint64_t n) const {
-  return ring_->Word(layout_.header((n - epoch_ - 1) % layout_.slots));
+  return ring_->Word(layout_.header((n - epoch_ - 1) % layout_.slots) + kSeqOffset);
 }
 
 Slot RingReceiver::Take(uint64_t n) {
@@ -109,7 +129,7 @@ Slot RingReceiver::Take(uint64_t n) {
 
 Slot RingReceiver::TakeLocked(uint64_t n, uint64_t seen) {
   uint64_t slot = (n - epoch_ - 1) % layout_.slots;
-  uint64_t len = ring_->Word(layout_.header(slot) + 8)->load(std::memory_order_relaxed);
+  uint64_t len = ring_->Word(layout_.header(slot) + kLengthOffset)->load(std::memory_order_relaxed);
   if (n != acquired_ + 1 || seen != n || len > layout_.capacity) {
     throw Error(ErrorKind::kProtocol, "Channel out of step: slot " + std::to_string(slot) +
                                           " holds sequence " + std::to_string(seen) + " (" +

@@ -2,9 +2,11 @@
 // slots in a region on the receiver, with credits returned to the sender so that a slot
 // the receiver still holds is never overwritten.
 //
-// Slot i (of stride S = 64 + capacity rounded up to 64) starts with a 64-byte header:
-// u64 sequence word at +0 and u64 byte length at +8, written by the sender's Signal after
-// the payload at +64. Transfer n (counted from epoch+1, an epoch both sides agree on at
+// The ring's layout is the plan's (graph_pass/layout.py is the one definition): slot i
+// starts at base + i * slot_bytes with a 64-byte header (u64 sequence word at +kSeqOffset
+// and u64 byte length at +kLengthOffset, both written by the sender's Signal after the
+// payload at +payload_offset). The ring never computes a stride of its own; it validates
+// what it is given. Transfer n (counted from epoch+1, an epoch both sides agree on at
 // setup, never read from memory) goes to slot (n - epoch - 1) % K. The sender's credit
 // region holds at +0 the highest n the receiver has released (in order).
 #pragma once
@@ -21,18 +23,29 @@
 
 namespace rdmadev {
 
-struct RingLayout {
-  uint32_t slots = 2;
-  uint64_t capacity = 0;  // payload bytes per slot
-  uint64_t base = 0;      // offset of slot 0 in the region (a plan packs several rings)
+// Byte positions the protocol writes in a slot header. A Signal (fabric.h) puts its seq at
+// +0 and its aux (here the payload length) at +8; the plan's layout dict must agree
+// (exported as rdmadev._core.wire_layout(), checked by the TF bridge).
+constexpr uint64_t kSeqOffset = 0;
+constexpr uint64_t kLengthOffset = 8;
+constexpr uint64_t kSlotHeaderBytes = kCacheLine;
+static_assert(kSeqOffset == 0 && kLengthOffset == 8 && kSignalBytes == 16,
+              "a Signal writes seq at its offset and aux 8 bytes after it (fabric.h)");
 
-  static constexpr uint64_t kHeader = kCacheLine;
-  uint64_t stride() const { return kHeader + RoundUp(capacity, kCacheLine); }
-  uint64_t bytes() const { return stride() * slots; }
-  uint64_t header(uint64_t i) const { return base + i * stride(); }
-  uint64_t payload(uint64_t i) const { return base + i * stride() + kHeader; }
-  void Validate() const;  // throws kConfig
+struct RingLayout {
+  uint32_t slots = 0;
+  uint64_t slot_bytes = 0;      // stride between slots, a multiple of 64
+  uint64_t payload_offset = 0;  // payload start within a slot, >= the 64-byte header
+  uint64_t capacity = 0;        // payload bytes per slot (payload_offset + capacity <= slot_bytes)
+  uint64_t base = 0;            // offset of slot 0 in the region (a plan packs several rings)
+
+  uint64_t bytes() const { return slot_bytes * slots; }
+  uint64_t header(uint64_t i) const { return base + i * slot_bytes; }
+  uint64_t payload(uint64_t i) const { return header(i) + payload_offset; }
+  // Throws kConfig naming the bad field and the fix.
+  void Validate() const;
 };
+// The credit region: one cache line holding the u64 credit word at +0.
 constexpr uint64_t kCreditBytes = kCacheLine;
 
 // Both halves are safe to call from several threads (TF kernels, the progress thread,

@@ -9,6 +9,14 @@
 
 namespace rdmadev {
 
+std::vector<std::pair<std::string, int>> ErrorKindTable() {
+  return {
+#define RDMADEV_KIND_ROW(id, value, name) {name, value},
+      RDMADEV_ERROR_KINDS(RDMADEV_KIND_ROW)
+#undef RDMADEV_KIND_ROW
+  };
+}
+
 void ThrowErrno(ErrorKind kind, const std::string& what, int err, const std::string& hint) {
   throw Error(kind, what + ": " + std::strerror(err) + " (errno " + std::to_string(err) + ")",
               err, hint);

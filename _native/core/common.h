@@ -6,21 +6,33 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace rdmadev {
 
-// What went wrong, coarse enough for Python to pick an exception class.
+// What went wrong, coarse enough for Python to pick an exception class. Each kind is listed
+// once, here: (enumerator, value, name). Python reads the table through
+// rdmadev._core.error_kinds() and maps the names to classes (rdmadev/errors.py).
+#define RDMADEV_ERROR_KINDS(X)                                             \
+  X(kConfig, 1, "config")       /* bad option or environment */            \
+  X(kFabric, 2, "fabric")       /* a fabric could not be opened or used */ \
+  X(kRegion, 3, "region")       /* allocating or mapping a region failed */ \
+  X(kBounds, 4, "bounds")       /* offset/length outside a region */       \
+  X(kTimeout, 5, "timeout")     /* a deadline passed */                    \
+  X(kPeerLost, 6, "peer_lost")  /* the peer died or closed its connection */ \
+  X(kAuth, 7, "auth")           /* the peer failed authentication */       \
+  X(kProtocol, 8, "protocol")   /* malformed descriptor or frame */        \
+  X(kClosed, 9, "closed")       /* the object was closed */
+
 enum class ErrorKind : int {
-  kConfig = 1,     // bad option or environment
-  kFabric = 2,     // a fabric could not be opened or used
-  kRegion = 3,     // allocating or mapping a region failed
-  kBounds = 4,     // offset/length outside a region
-  kTimeout = 5,    // a deadline passed
-  kPeerLost = 6,   // the peer died or closed its connection
-  kAuth = 7,       // the peer failed authentication
-  kProtocol = 8,   // malformed descriptor or frame
-  kClosed = 9,     // the object was closed
+#define RDMADEV_KIND_ENUMERATOR(id, value, name) id = value,
+  RDMADEV_ERROR_KINDS(RDMADEV_KIND_ENUMERATOR)
+#undef RDMADEV_KIND_ENUMERATOR
 };
+
+// Every kind as (name, value), in declaration order.
+std::vector<std::pair<std::string, int>> ErrorKindTable();
 
 // Every failure in the core is an Error: a kind, the errno (0 if none) and a fix-it hint.
 class Error : public std::runtime_error {

@@ -1,8 +1,10 @@
-// HMAC-SHA256 (RFC 2104 over FIPS 180-4), used only for the tcp fabric's handshake.
+// HMAC-SHA256 from OpenSSL's libcrypto, loaded at run time (dlopen, like verbs/ibv_lib.h
+// loads libibverbs): rdmadev has no build-time dependency on OpenSSL's headers, and
+// `import rdmadev` works without libcrypto; only authenticated fabrics then fail to open,
+// with an error naming the library and the package that provides it.
 #pragma once
 
 #include <array>
-#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -10,9 +12,12 @@ namespace rdmadev {
 
 using Digest = std::array<uint8_t, 32>;
 
-Digest Sha256(const void* data, size_t len);
+// HMAC-SHA256 (RFC 2104, FIPS 180-4) of `message` under `key`. Throws kConfig if libcrypto
+// cannot be loaded.
 Digest HmacSha256(const std::string& key, const std::string& message);
-// Compares in time independent of where the inputs differ.
+// Compares in time independent of where the inputs differ (CRYPTO_memcmp).
 bool DigestEqual(const Digest& a, const Digest& b);
+// Loads libcrypto now; throws kConfig naming the library and the fix if it cannot.
+void RequireCrypto();
 
 }  // namespace rdmadev

@@ -13,16 +13,20 @@
 
 namespace rdmadev_py {
 
-// rdmadev.errors._from_native(kind, errno, message, hint) -> exception instance.
-inline PyObject*& ErrorFactory() {
+// rdmadev.errors._from_native(kind, errno, message, hint) -> exception instance, looked up
+// on first use. Every extension module has its own copy of this static (each is its own
+// shared object), so no module has to register anything at import. Called with the GIL held.
+inline PyObject* ErrorFactory() {
   static PyObject* factory = nullptr;
+  if (!factory) {
+    PyObject* mod = PyImport_ImportModule("rdmadev.errors");
+    if (mod) {
+      factory = PyObject_GetAttrString(mod, "_from_native");
+      Py_DECREF(mod);
+    }
+    if (!factory) PyErr_Clear();
+  }
   return factory;
-}
-
-inline void SetErrorFactory(PyObject* f) {
-  Py_XINCREF(f);
-  Py_XDECREF(ErrorFactory());
-  ErrorFactory() = f;
 }
 
 // Cython's `except +raise_py_error` calls this inside the catch block.

@@ -28,7 +28,7 @@ REGISTER_OP("RdmadevSend")
     .Input("x: T")
     .Attr("T: type")
     .Attr("channel: string")
-    .Attr("timeout_s: float = 300")
+    .Attr("timeout_s: float")
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
     .Doc("Writes x into the next slot of rdmadev channel `channel` (one-sided).");
@@ -38,7 +38,7 @@ REGISTER_OP("RdmadevRecv")
     .Attr("dtype: type")
     .Attr("shape: shape")
     .Attr("channel: string")
-    .Attr("timeout_s: float = 300")
+    .Attr("timeout_s: float")
     .Attr("zero_copy: bool = false")
     .SetIsStateful()
     .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
@@ -130,7 +130,7 @@ class SendOp : public AsyncOpKernel {
 
  private:
   std::string channel_;
-  float timeout_s_ = 300;
+  float timeout_s_ = 0;  // always set from the attr (the plan's deadline)
 };
 
 // A received tensor that aliases its slot; the slot goes back to the sender (credit) when
@@ -160,10 +160,6 @@ class SlotBuffer : public tensorflow::TensorBuffer {
   uint64_t seq_;
   std::shared_ptr<rdmadev::RingReceiver> ring_;
 };
-
-// Receives below this size are copied out of the slot (and the slot released at once):
-// a copy of < 64 KiB costs < 5 us here, and it keeps the ring free for the sender.
-constexpr uint64_t kAliasMinBytes = 64 << 10;
 
 class RecvOp : public AsyncOpKernel {
  public:
@@ -217,12 +213,12 @@ class RecvOp : public AsyncOpKernel {
           done();
           return;
         }
-        // Aliasing is opt-in (zero_copy): credits return in order, so a received tensor that
-        // stays alive (returned, stored, forwarded into a variable) stops the sender K
-        // transfers later. Only the planner can tell that every consumer of the tensor is
-        // done with it within the step. Even then, alias only while a slot stays free.
-        bool alias = zero_copy_ && want >= kAliasMinBytes &&
-                     r.ring->held() < r.ring->layout().slots;
+        // Aliasing is the planner's decision (zero_copy, which already applies the plan's
+        // zero_copy_min_bytes): credits return in order, so a received tensor that stays
+        // alive (returned, stored, forwarded into a variable) stops the sender K transfers
+        // later, and only the planner can tell that every consumer is done with it within
+        // the step. The one run-time guard: alias only while a slot stays free.
+        bool alias = zero_copy_ && r.ring->held() < r.ring->layout().slots;
         if (alias) {
           auto* buf = new SlotBuffer(slot, r.ring);
           Tensor out(dtype_, shape_, buf);
@@ -257,7 +253,7 @@ class RecvOp : public AsyncOpKernel {
   std::string channel_;
   DataType dtype_;
   TensorShape shape_;
-  float timeout_s_ = 300;
+  float timeout_s_ = 0;  // always set from the attr (the plan's deadline)
   bool zero_copy_ = false;
 };
 

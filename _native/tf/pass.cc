@@ -1,5 +1,5 @@
 // The POST_PARTITIONING pass: finds every cross-task _Send/_Recv pair TensorFlow made for a
-// function, asks the planner (graph_pass, through rdmadev.tf_pass in this process's Python)
+// function, asks the planner (graph_pass, through rdmadev.tf.bridge in this process's Python)
 // which pairs to swap and for what channels, and replaces each planned _Send by RdmadevSend
 // and each planned _Recv by RdmadevRecv. Everything else is left as TF made it.
 #include <Python.h>
@@ -41,8 +41,8 @@ struct Rewrite {
   std::string channel;
   int dtype = 0;
   std::vector<int64_t> shape;
-  bool zero_copy = false;
-  double timeout_s = 300;
+  bool zero_copy = false;  // decided by the planner (graph_pass.zero_copy)
+  double timeout_s = 0;    // the plan's deadline_s, always given by the bridge
 };
 
 std::string TaskOf(const std::string& device) {
@@ -150,7 +150,7 @@ std::string PyErrorText() {
   return text;
 }
 
-// Calls rdmadev.tf_pass.rewrites({device: GraphDef bytes}) with the GIL held.
+// Calls rdmadev.tf.bridge.rewrites({device: GraphDef bytes}) with the GIL held.
 bool CallPlanner(const std::map<std::string, std::string>& parts, std::vector<Rewrite>* out,
                  std::string* error) {
   if (!Py_IsInitialized()) {
@@ -159,7 +159,7 @@ bool CallPlanner(const std::map<std::string, std::string>& parts, std::vector<Re
   }
   PyGILState_STATE gil = PyGILState_Ensure();
   bool ok = false;
-  PyObject* mod = PyImport_ImportModule("rdmadev.tf_pass");
+  PyObject* mod = PyImport_ImportModule("rdmadev.tf.bridge");
   PyObject* arg = PyDict_New();
   PyObject* res = nullptr;
   if (mod && arg) {
@@ -192,7 +192,7 @@ bool CallPlanner(const std::map<std::string, std::string>& parts, std::vector<Re
       out->push_back(std::move(r));
     }
   }
-  if (!ok) *error = PyErr_Occurred() ? PyErrorText() : "rdmadev.tf_pass.rewrites returned no list";
+  if (!ok) *error = PyErr_Occurred() ? PyErrorText() : "rdmadev.tf.bridge.rewrites returned no list";
   Py_XDECREF(res);
   Py_XDECREF(arg);
   Py_XDECREF(mod);

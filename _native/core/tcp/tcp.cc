@@ -245,6 +245,7 @@ std::unique_ptr<Fabric> MakeTcpFabric(const FabricContext& ctx, const TcpOptions
     throw Error(ErrorKind::kConfig, "Failed to open the tcp fabric: no cluster secret", 0,
                 "set RDMADEV_SECRET (the same value in every task)");
   }
+  RequireCrypto();  // peers authenticate with HMAC-SHA256: fail at open, not at the first peer
   return std::unique_ptr<Fabric>(new TcpFabric(ctx.domain, ctx.listen, ctx.name, ctx.secret));
 }
 

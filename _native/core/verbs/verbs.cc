@@ -154,6 +154,7 @@ std::unique_ptr<Fabric> MakeVerbsFabric(const FabricContext& ctx, const VerbsOpt
     throw Error(ErrorKind::kConfig, "Failed to open the verbs fabric: no cluster secret", 0,
                 "set RDMADEV_SECRET (the same value in every task)");
   }
+  RequireCrypto();  // peers authenticate with HMAC-SHA256: fail at open, not at the first peer
   std::string why;
   const IbvLib* lib = LoadIbv(&why);
   if (!lib) throw Error(ErrorKind::kFabric, "Failed to open the verbs fabric: " + why);

@@ -1,0 +1,80 @@
+# Raw declarations of _native/core/channel.h, registry.h and bench.h.
+from libc.stdint cimport uint32_t, uint64_t
+from libcpp cimport bool
+from libcpp.memory cimport shared_ptr
+from libcpp.string cimport string
+from libcpp.vector cimport vector
+
+from rdmadev._native.c_common cimport Deadline, WaitPolicy, raise_py_error
+from rdmadev._native.c_fabric cimport Domain, Endpoint, RemoteRegion
+from rdmadev._native.c_region cimport Region
+
+
+cdef extern from "channel.h" namespace "rdmadev":
+    uint64_t kCreditBytes
+    uint64_t kSeqOffset
+    uint64_t kLengthOffset
+    uint64_t kSlotHeaderBytes
+
+    cdef cppclass RingLayout:
+        uint32_t slots
+        uint64_t slot_bytes
+        uint64_t payload_offset
+        uint64_t capacity
+        uint64_t base
+        uint64_t bytes()
+        uint64_t header(uint64_t i)
+        uint64_t payload(uint64_t i)
+        void Validate() except +raise_py_error
+
+    cdef cppclass Slot:
+        uint64_t seq
+        const unsigned char* data
+        uint64_t length
+
+    cdef cppclass RingSender:
+        RingSender(shared_ptr[Endpoint] ep, shared_ptr[RemoteRegion] ring, RingLayout layout,
+                   shared_ptr[Region] credit, uint64_t epoch, WaitPolicy policy) except +raise_py_error
+        uint64_t Send(const void* src, uint64_t n, const Deadline& d) except +raise_py_error nogil
+        uint64_t sent()
+
+    cdef cppclass RingReceiver:
+        RingReceiver(shared_ptr[Region] ring, RingLayout layout, shared_ptr[Endpoint] ep,
+                     shared_ptr[RemoteRegion] credit, uint64_t epoch,
+                     WaitPolicy policy) except +raise_py_error
+        Slot Acquire(const Deadline& d) except +raise_py_error nogil
+        void Release(uint64_t seq, const Deadline& d) except +raise_py_error nogil
+        uint64_t acquired()
+        uint64_t credit()
+        uint64_t held()
+
+
+cdef extern from "registry.h" namespace "rdmadev":
+    cdef cppclass Sender "rdmadev::ChannelRegistry::Sender":
+        shared_ptr[RingSender] ring
+        shared_ptr[Domain] domain
+
+    cdef cppclass Receiver "rdmadev::ChannelRegistry::Receiver":
+        shared_ptr[RingReceiver] ring
+        shared_ptr[Domain] domain
+
+    cdef cppclass ChannelRegistry:
+        @staticmethod
+        ChannelRegistry& Global()
+        void Bind(const string& key, Sender s)
+        void Bind(const string& key, Receiver r)
+        void Unbind(const string& key)
+        vector[string] Keys()
+
+
+cdef extern from "bench.h" namespace "rdmadev":
+    double BenchMemcpy(uint64_t size, uint64_t iters) nogil
+    double BenchPingPong(Endpoint& ep, const RemoteRegion& peer, const Region& mine, uint64_t size,
+                         uint64_t iters, bool initiator, const WaitPolicy& policy,
+                         double timeout_s) except +raise_py_error nogil
+    double BenchStreamSend(RingSender& tx, const Region& src, uint64_t size, uint64_t count,
+                           const Region& credit, const WaitPolicy& policy,
+                           double timeout_s) except +raise_py_error nogil
+    double BenchStreamRecv(RingReceiver& rx, uint64_t count, double timeout_s) except +raise_py_error nogil
+    double BenchTcpPingPong(int fd, uint64_t size, uint64_t iters, bool initiator) except +raise_py_error nogil
+    double BenchTcpStream(int fd, uint64_t size, uint64_t count, bool sender) except +raise_py_error nogil

@@ -1,0 +1,285 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Channels: RingLayout (where a ring's slots lie, as the plan laid them out) and the two
+halves of a K-slot ring with credits, RingSender and RingReceiver; the process-wide table
+the TF kernels find them in."""
+from operator import index as _index
+
+from libc.stdint cimport uint64_t
+from libcpp.memory cimport shared_ptr
+
+from rdmadev._native.handle cimport Handle
+from rdmadev._native.c_channel cimport (BenchStreamRecv, BenchStreamSend, ChannelRegistry,
+                                        Receiver, RingLayout as CLayout,
+                                        RingReceiver as CReceiver, RingSender as CSender, Sender,
+                                        Slot as CSlot, kCreditBytes, kLengthOffset, kSeqOffset,
+                                        kSlotHeaderBytes)
+from rdmadev._native.c_common cimport Deadline, as_bytes, deadline_of, kCacheLine
+from rdmadev._native.c_fabric cimport kSignalBytes
+from rdmadev._native.endpoint cimport Endpoint, RemoteRegion
+from rdmadev._native.region cimport Region
+
+from rdmadev import errors as _errors
+
+__all__ = ["RingLayout", "RingSender", "RingReceiver", "CREDIT_BYTES", "wire_layout",
+           "unbind_channel", "bound_channels"]
+
+#: Bytes of a sender's credit region (one cache line, the u64 credit word at +0).
+CREDIT_BYTES = kCreditBytes
+
+
+def wire_layout():
+    """The byte positions the native protocol writes in a slot (from the C++ constants).
+
+    Returns:
+        {"seq_offset", "length_offset", "signal_bytes", "alignment", "slot_header_bytes"};
+        a plan's ``layout`` must agree (the TF bridge refuses one that does not).
+    """
+    return {"seq_offset": kSeqOffset, "length_offset": kLengthOffset,
+            "signal_bytes": kSignalBytes, "alignment": kCacheLine,
+            "slot_header_bytes": kSlotHeaderBytes}
+
+
+cdef class RingLayout:
+    """Where a ring's slots lie in its region, exactly as the plan laid them out.
+
+    The native ring never computes a stride: it takes this, validated (kConfig naming the
+    bad field). graph_pass.layout.slot_bytes(capacity) gives slot_bytes and payload_offset.
+
+    Example:
+        >>> lay = RingLayout.of(transfer)  # any object with the five attributes
+        >>> lay.header(1), lay.payload(1), lay.bytes
+    """
+    cdef CLayout c
+
+    def __cinit__(self, slots, slot_bytes, payload_offset, capacity_bytes, offset=0):
+        for field, v in (("slots", slots), ("slot_bytes", slot_bytes),
+                         ("payload_offset", payload_offset), ("capacity_bytes", capacity_bytes),
+                         ("offset", offset)):
+            try:
+                ok = 0 <= _index(v) <= (0xFFFFFFFF if field == "slots" else 0xFFFFFFFFFFFFFFFF)
+            except TypeError:
+                ok = False
+            if not ok:
+                raise _errors.ConfigError(
+                    f"Failed to lay out ring: {field} = {v!r} is not a non-negative integer in range",
+                    0, "build the layout from the plan (every swapped Transfer has all five fields)")
+        self.c.slots = slots
+        self.c.slot_bytes = slot_bytes
+        self.c.payload_offset = payload_offset
+        self.c.capacity = capacity_bytes
+        self.c.base = offset
+        self.c.Validate()
+
+    @staticmethod
+    def of(obj):
+        """The layout of `obj` (a graph_pass Transfer, or anything with slots, slot_bytes,
+        payload_offset, capacity_bytes and offset)."""
+        return RingLayout(obj.slots, obj.slot_bytes, obj.payload_offset, obj.capacity_bytes,
+                          obj.offset)
+
+    @property
+    def slots(self):
+        return self.c.slots
+
+    @property
+    def slot_bytes(self):
+        return self.c.slot_bytes
+
+    @property
+    def payload_offset(self):
+        return self.c.payload_offset
+
+    @property
+    def capacity_bytes(self):
+        return self.c.capacity
+
+    @property
+    def offset(self):
+        return self.c.base
+
+    @property
+    def bytes(self):
+        """Bytes the ring spans (slots * slot_bytes), from `offset`."""
+        return self.c.bytes()
+
+    def header(self, uint64_t i):
+        """Region offset of slot i's header (its sequence word)."""
+        return self.c.header(i)
+
+    def payload(self, uint64_t i):
+        """Region offset of slot i's payload."""
+        return self.c.payload(i)
+
+    def __eq__(self, other):
+        if not isinstance(other, RingLayout):
+            return NotImplemented
+        return self._key() == (<RingLayout>other)._key()
+
+    def __hash__(self):
+        return hash(self._key())
+
+    def _key(self):
+        return (self.slots, self.slot_bytes, self.payload_offset, self.capacity_bytes, self.offset)
+
+    def __repr__(self):
+        return ("RingLayout(slots={}, slot_bytes={}, payload_offset={}, capacity_bytes={}, "
+                "offset={})".format(*self._key()))
+
+
+cdef class RingSender(Handle):
+    """Sending half of a channel: writes into the receiver's `remote_ring` (a RemoteRegion)
+    laid out by `layout` (a RingLayout); credits arrive in the local `credit_region`
+    (CREDIT_BYTES bytes).
+
+    A context manager; close() (idempotent) drops this handle (a binding made with bind()
+    stays until unbind_channel(key)). Closed by its Domain's close().
+    """
+    cdef shared_ptr[CSender] sp
+    cdef Endpoint endpoint
+    cdef RemoteRegion ring
+    cdef Region credit
+
+    def __cinit__(self, Endpoint endpoint, RemoteRegion remote_ring, RingLayout layout,
+                  Region credit_region, uint64_t epoch=0):
+        endpoint._get()
+        remote_ring._get()
+        credit_region._get()
+        self.sp.reset(new CSender(endpoint.p, remote_ring.p, layout.c, credit_region.p, epoch,
+                                  endpoint.policy))
+        self.endpoint, self.ring, self.credit = endpoint, remote_ring, credit_region
+        endpoint.domain._adopt_ring(self)
+
+    cdef CSender* _get(self) except NULL:
+        if not self.sp:
+            raise _errors.ClosedError("Failed to use RingSender: it is closed")
+        return self.sp.get()
+
+    def bind(self, key):
+        """Publishes this sender under channel `key` for the TF write kernel."""
+        cdef Sender entry
+        entry.ring = self.sp
+        self._get()
+        entry.domain = self.endpoint.dom
+        ChannelRegistry.Global().Bind(as_bytes(key), entry)
+
+    @property
+    def sent(self):
+        return self._get().sent()
+
+    @property
+    def closed(self):
+        return not self.sp
+
+    def send(self, Region src, uint64_t offset, uint64_t length, timeout=30.0):
+        """Waits for a free slot, writes `length` bytes of `src` and signals; returns seq."""
+        src._get().CheckRange(offset, length, "send from region")
+        cdef CSender* p = self._get()
+        cdef const unsigned char* ptr = src.p.get().base() + offset
+        cdef Deadline dl = deadline_of(timeout)
+        cdef uint64_t n
+        with nogil:
+            n = p.Send(ptr, length, dl)
+        return n
+
+    def bench_stream(self, Region src, uint64_t size, uint64_t count, double timeout=120.0):
+        """Benchmark loop in C++: `count` sends, then waits for the last release. Seconds."""
+        cdef CSender* p = self._get()
+        cdef double t
+        with nogil:
+            t = BenchStreamSend(p[0], src.p.get()[0], size, count, self.credit.p.get()[0],
+                                self.endpoint.policy, timeout)
+        return t
+
+    def close(self):
+        self.sp.reset()
+
+
+cdef class RingReceiver(Handle):
+    """Receiving half of a channel over the local `ring_region` laid out by `layout`;
+    credits go back through `endpoint` into the sender's `remote_credit` RemoteRegion.
+
+    A context manager; close() (idempotent) drops this handle (a binding made with bind()
+    stays until unbind_channel(key)). Closed by its Domain's close().
+    """
+    cdef shared_ptr[CReceiver] sp
+    cdef Region _ring
+    cdef Endpoint endpoint
+    cdef RemoteRegion credit
+
+    def __cinit__(self, Region ring_region, RingLayout layout, Endpoint endpoint,
+                  RemoteRegion remote_credit, uint64_t epoch=0):
+        ring_region._get()
+        endpoint._get()
+        remote_credit._get()
+        self.sp.reset(new CReceiver(ring_region.p, layout.c, endpoint.p, remote_credit.p, epoch,
+                                    endpoint.policy))
+        self._ring, self.endpoint, self.credit = ring_region, endpoint, remote_credit
+        endpoint.domain._adopt_ring(self)
+
+    cdef CReceiver* _get(self) except NULL:
+        if not self.sp:
+            raise _errors.ClosedError("Failed to use RingReceiver: it is closed")
+        return self.sp.get()
+
+    def bind(self, key):
+        """Publishes this receiver under channel `key` for the TF wait kernel."""
+        cdef Receiver entry
+        self._get()
+        entry.ring = self.sp
+        entry.domain = self.endpoint.dom
+        ChannelRegistry.Global().Bind(as_bytes(key), entry)
+
+    @property
+    def held(self):
+        """Slots acquired and not yet released (e.g. aliased by live TF tensors)."""
+        return self._get().held()
+
+    @property
+    def closed(self):
+        return not self.sp
+
+    def acquire(self, timeout=30.0):
+        """Waits for the next transfer; returns (seq, offset in ring, length). The bytes
+        stay valid (the sender cannot overwrite them) until release(seq)."""
+        cdef CReceiver* p = self._get()
+        cdef Deadline dl = deadline_of(timeout)
+        cdef CSlot s
+        with nogil:
+            s = p.Acquire(dl)
+        return s.seq, <uint64_t>(s.data - self._ring.p.get().base()), s.length
+
+    def release(self, uint64_t seq, timeout=30.0):
+        cdef CReceiver* p = self._get()
+        cdef Deadline dl = deadline_of(timeout)
+        with nogil:
+            p.Release(seq, dl)
+
+    @property
+    def ring(self):
+        """The local ring Region (slot payloads are read from it)."""
+        return self._ring
+
+    @property
+    def credit_seq(self):
+        return self._get().credit()
+
+    def bench_stream(self, uint64_t count, double timeout=120.0):
+        """Benchmark loop in C++: acquire + release `count` transfers. Seconds."""
+        cdef CReceiver* p = self._get()
+        cdef double t
+        with nogil:
+            t = BenchStreamRecv(p[0], count, timeout)
+        return t
+
+    def close(self):
+        self.sp.reset()
+
+
+def unbind_channel(key):
+    """Removes channel `key` from the process-wide table."""
+    ChannelRegistry.Global().Unbind(as_bytes(key))
+
+
+def bound_channels():
+    """['send:<key>' | 'recv:<key>', ...] bound in this process."""
+    return [k.decode() for k in ChannelRegistry.Global().Keys()]

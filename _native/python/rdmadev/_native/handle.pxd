@@ -1,0 +1,2 @@
+cdef class Handle:
+    cdef object __weakref__

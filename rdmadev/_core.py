@@ -1,0 +1,29 @@
+"""Python face of rdmadev's remote-device core (C++, _native/core): the names the rest of
+rdmadev uses, re-exported from the per-family extension modules in rdmadev._native.
+
+One class per native object. Every object is a context manager with an idempotent close();
+a parent closes its children in a fixed order (Domain: channel halves -> endpoints, each
+with its remote regions -> regions -> itself) and holds only weak references to them; nothing
+is raised from a destructor. Data never passes through Python: calls that move bytes or
+wait release the GIL.
+"""
+from . import errors as _errors
+from ._native.bench import bench_memcpy, bench_pingpong, bench_tcp_pingpong, bench_tcp_stream
+from ._native.channel import (CREDIT_BYTES, RingLayout, RingReceiver, RingSender,
+                              bound_channels, unbind_channel, wire_layout)
+from ._native.crypto import client_handshake, handshake_proof, hmac_sha256, server_handshake
+from ._native.domain import (ANY_PEER, Domain, error_kinds, fabric_priority, recent_events,
+                             unviable_reason)
+from ._native.endpoint import Endpoint, RemoteRegion
+from ._native.region import Region
+
+__all__ = [
+    "Domain", "Region", "Endpoint", "RemoteRegion", "RingLayout", "RingSender", "RingReceiver",
+    "CREDIT_BYTES", "ANY_PEER", "wire_layout", "error_kinds", "unbind_channel",
+    "bound_channels", "fabric_priority", "unviable_reason", "recent_events", "hmac_sha256",
+    "handshake_proof", "client_handshake", "server_handshake", "bench_memcpy",
+    "bench_pingpong", "bench_tcp_pingpong", "bench_tcp_stream",
+]
+
+# Fails the import if the core has an error kind rdmadev/errors.py does not map.
+_errors._bind_native_kinds(error_kinds())
