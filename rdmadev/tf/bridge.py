@@ -49,12 +49,15 @@ def check_wire_layout(plan):
     Raises:
         ProtocolError: naming the field, the plan's value and the native one.
     """
-    for key, native in _core.wire_layout().items():
-        planned = plan.layout.get(key)
-        if planned != native:
+    native = dict(_core.wire_layout())
+    planned = dict(plan.layout)
+    # The native signal is the two header words written together: the plan states their widths.
+    planned["signal_bytes"] = (plan.layout.get("seq_bytes") or 0) + (plan.layout.get("length_bytes") or 0)
+    for key, value in native.items():
+        if planned.get(key) != value:
             raise ProtocolError(
-                f"the plan's slot layout has {key}={planned!r} but the native library writes "
-                f"{key}={native!r}", hint="graph_pass and rdmadev's native library come from "
+                f"the plan's slot layout has {key}={planned.get(key)!r} but the native library "
+                f"writes {key}={value!r}", hint="graph_pass and rdmadev's native library come from "
                 "different versions: reinstall rdmadev (pip install -e .)")
 
 

@@ -1,0 +1,29 @@
+"""The TF bridge's side of the Plan contract: what it tells the planner, what it refuses."""
+import pytest
+
+import rdmadev
+from graph_pass.plan import Plan
+from rdmadev.tf import bridge
+
+
+def test_planner_is_told_what_the_ops_carry_and_the_deadline():
+    cfg = rdmadev.Config(slots=3, deadline_s=42.0)
+    planned = bridge.plan_config(cfg)
+    assert planned.slots == 3 and planned.deadline_s == 42.0
+    assert planned.carries == bridge.OPS_CARRY == {"dynamic_shapes": False, "half_pairs": False}
+
+
+def test_a_plan_with_the_native_wire_layout_is_accepted():
+    bridge.check_wire_layout(Plan())  # graph_pass.layout's constants
+
+
+@pytest.mark.parametrize("field, value, named", [
+    ("seq_offset", 8, "seq_offset"), ("length_offset", 16, "length_offset"),
+    ("slot_header_bytes", 128, "slot_header_bytes"), ("alignment", 128, "alignment"),
+    ("length_bytes", 4, "signal_bytes"),
+])
+def test_a_plan_whose_slot_layout_differs_from_the_native_one_is_refused(field, value, named):
+    plan = Plan()
+    plan.layout[field] = value
+    with pytest.raises(rdmadev.ProtocolError, match=f"{named}=.*native library writes {named}="):
+        bridge.check_wire_layout(plan)
