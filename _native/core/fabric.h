@@ -29,8 +29,8 @@ class Domain;
 
 // Completion signal that travels with a write: after the payload is in place, the remote
 // region gets `aux` at sig_off+8 and then, with release ordering, `seq` at sig_off. A
-// reader that acquires `seq` sees the payload and `aux`. (verbs will carry it as a
-// second RDMA WRITE on the same RC QP, ordered after the payload.)
+// reader that acquires `seq` sees the payload and `aux`. (verbs carries it as two more RDMA
+// WRITEs on the same RC QP, aux then seq, ordered after the payload.)
 struct Signal {
   uint64_t off = 0;
   uint64_t seq = 0;
