@@ -105,3 +105,14 @@ def test_runtime_serves_registered_handlers_and_refuses_unknown_requests():
     finally:
         coordinator.close()
         task.close()
+
+
+@pytest.mark.parametrize("task, match", [
+    ({"type": "ps", "index": "x"}, "task index 'x' is not an integer"),
+    (["ps", 0], "not an object"),
+])
+def test_malformed_tf_config_task_names_the_problem(task, match):
+    from rdmadev.cluster.spec import tf_config_task
+    with pytest.raises(rdmadev.ConfigError, match=match):
+        tf_config_task({"TF_CONFIG": json.dumps({"cluster": {"ps": ["127.0.0.1:1"]}, "task": task})})
+    assert tf_config_task({"TF_CONFIG": json.dumps({"task": {"type": "ps", "index": "1"}})}) == ("ps", 1)

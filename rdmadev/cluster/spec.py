@@ -48,8 +48,17 @@ def tf_config_task(env=None):
         ConfigError: TF_CONFIG is set but malformed.
     """
     task = (_tf_config(env) or {}).get("task") or {}
+    if not isinstance(task, dict):
+        raise ConfigError(f"TF_CONFIG's task is {task!r}, not an object",
+                          hint=TF_CONFIG_HINT)
     index = task.get("index")
-    return task.get("type"), None if index is None else int(index)
+    if index is None:
+        return task.get("type"), None
+    try:
+        return task.get("type"), int(index)
+    except (TypeError, ValueError):
+        raise ConfigError(f"TF_CONFIG's task index {index!r} is not an integer",
+                          hint=TF_CONFIG_HINT) from None
 
 
 def split_address(address, job=None):
