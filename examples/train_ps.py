@@ -69,6 +69,44 @@ def run(tf, fn, steps, label):
     return losses, times
 
 
+def train(tf, rdmadev, spec, steps):
+    """Trains `steps` steps with rdmadev, then on gRPC from the same weights; 0 if identical."""
+    print(f"cluster: {spec}")
+    tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(spec))
+    params, step = build(tf)
+    initial = [p.numpy() for p in params]
+
+    print(f"training {steps} steps with rdmadev:")
+    optimized = rdmadev.optimize(tf.function(step))
+    rd_losses, rd_times = run(tf, optimized, steps, "rdmadev")
+    rd_final = [p.numpy() for p in params]
+    print(optimized.report)
+
+    print(f"the same {steps} steps on TF's gRPC path, from the same initial weights:")
+    for p, v in zip(params, initial):
+        p.assign(v)
+    grpc_losses, grpc_times = run(tf, tf.function(step), steps, "grpc")
+    same = rd_losses == grpc_losses and all(
+        (a == b).all() for a, b in zip(rd_final, [p.numpy() for p in params]))
+    warm = slice(min(5, steps - 1), None)  # the first steps trace and set up
+    print(f"median step: rdmadev {statistics.median(rd_times[warm]) * 1e3:.2f} ms, "
+          f"gRPC {statistics.median(grpc_times[warm]) * 1e3:.2f} ms")
+    print("losses and final weights identical to TF's gRPC path: " + ("yes" if same else "NO"))
+    return 0 if same else 1
+
+
+def release_remote_functions(tf, spec):
+    """Lets TF unregister this script's functions on the tasks while they still run: TF does it
+    asynchronously when a function is freed, and a freed-at-exit function after the cluster
+    stopped makes TF log "Failed to remove function remotely" for each task."""
+    import gc
+    gc.collect()  # the functions of train() are garbage now; TF queues their removal per task
+    for job, addresses in spec.items():  # one synchronous op per task drains its queue
+        for index in range(len(addresses)):
+            with tf.device(task_name(job, index)):
+                tf.identity(0).numpy()
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=50)
@@ -90,30 +128,10 @@ def main(argv=None):
     else:
         spec = parse_cluster(args.cluster)
     try:
-        print(f"cluster: {spec}")
-        tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(spec))
-        params, step = build(tf)
-        initial = [p.numpy() for p in params]
-
-        print(f"training {args.steps} steps with rdmadev:")
-        optimized = rdmadev.optimize(tf.function(step))
-        rd_losses, rd_times = run(tf, optimized, args.steps, "rdmadev")
-        rd_final = [p.numpy() for p in params]
-        print(optimized.report)
-
-        print(f"the same {args.steps} steps on TF's gRPC path, from the same initial weights:")
-        for p, v in zip(params, initial):
-            p.assign(v)
-        grpc_losses, grpc_times = run(tf, tf.function(step), args.steps, "grpc")
-        same = rd_losses == grpc_losses and all(
-            (a == b).all() for a, b in zip(rd_final, [p.numpy() for p in params]))
-        warm = slice(min(5, args.steps - 1), None)  # the first steps trace and set up
-        print(f"median step: rdmadev {statistics.median(rd_times[warm]) * 1e3:.2f} ms, "
-              f"gRPC {statistics.median(grpc_times[warm]) * 1e3:.2f} ms")
-        print("losses and final weights identical to TF's gRPC path: " + ("yes" if same else "NO"))
-        return 0 if same else 1
+        return train(tf, rdmadev, spec, args.steps)
     finally:
         if cluster is not None:
+            release_remote_functions(tf, spec)
             cluster.stop()
             print("cluster stopped")
 
