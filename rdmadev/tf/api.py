@@ -32,10 +32,11 @@ def enabled():
     return Config.from_env().enabled
 
 
-def load_into_process(auto=False):
-    """Loads the op library; with `auto` the pass rewrites every function instantiated here."""
-    lib = _lib()
-    lib.rdmadev_set_pass_mode(MODE_ALL if auto and enabled() else MODE_ARMED if enabled() else MODE_OFF)
+def load_into_process(auto=False, on=None):
+    """Loads the op library; with `auto` the pass rewrites every function instantiated here.
+    `on` is RDMADEV_ENABLED when the caller has read it already (None: read it now)."""
+    on = enabled() if on is None else on
+    _lib().rdmadev_set_pass_mode(MODE_ALL if auto and on else MODE_ARMED if on else MODE_OFF)
 
 
 def _pass_mode(request):
@@ -91,10 +92,10 @@ class Optimized:
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args, **kwargs):
-        if not enabled():
+        if not enabled():  # read once per call: it parses the environment (and secret file)
             return self.fn(*args, **kwargs)
         _coordinator(self.cluster)
-        load_into_process(auto=False)
+        load_into_process(auto=False, on=True)
         self.calls += 1
         with _armed():
             return self.fn(*args, **kwargs)

@@ -64,8 +64,9 @@ def recv(dtype, shape, channel, timeout_s=None, zero_copy=False):
 
     `timeout_s` None: RDMADEV_DEADLINE_S (Config.deadline_s).
 
-    With zero_copy=True a tensor of 64 KiB or more aliases its slot, which returns to the
-    sender only when the tensor is freed: keep such tensors short-lived, or the sender
-    stalls (DeadlineExceeded on its credit) once the receiver holds every slot."""
+    With zero_copy=True the tensor aliases its slot, whatever its size (the planner sets it
+    for tensors of at least its config's zero_copy_min_bytes); the slot returns to the sender
+    only when the tensor is freed: keep such tensors short-lived, or the sender stalls
+    (DeadlineExceeded on its credit) once the receiver holds every slot."""
     return load().rdmadev_recv(dtype=dtype, shape=shape, channel=channel, timeout_s=_deadline(timeout_s),
                                zero_copy=zero_copy)

@@ -157,8 +157,8 @@ cdef class RingSender(Handle):
     def bind(self, key):
         """Publishes this sender under channel `key` for the TF write kernel."""
         cdef Sender entry
-        entry.ring = self.sp
         self._get()
+        entry.ring = self.sp
         entry.domain = self.endpoint.dom
         ChannelRegistry.Global().Bind(as_bytes(key), entry)
 

@@ -9,7 +9,8 @@ cdef class Handle:
     and `closed`; they are weakly referenceable, so that parents can track them weakly."""
 
     def close(self):
-        raise NotImplementedError
+        # Abstract: every subclass (Domain, Region, Endpoint, ...) defines its own close().
+        raise NotImplementedError(f"{type(self).__name__} does not define close()")
 
     def __enter__(self):
         return self
