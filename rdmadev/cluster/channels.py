@@ -14,7 +14,7 @@ from graph_pass.devices import split_task
 
 from .. import _core
 
-__all__ = ["ChannelTable", "open_channel", "REQUESTS", "CREDIT_BYTES"]
+__all__ = ["ChannelTable", "open_channel", "open_channels", "REQUESTS", "CREDIT_BYTES"]
 
 #: Bytes of a sender's credit region (C++ kCreditBytes in channel.h: one cache line).
 CREDIT_BYTES = _core.CREDIT_BYTES
@@ -120,3 +120,23 @@ def open_channel(call, instance, t, region_bytes, allocated):
         "op": "recv_channel", "key": t.channel_key, "region": label, **_layout_fields(t),
         "sender_address": sent["address"], "credit": sent["credit"]})
     return sent["fabric"], fresh
+
+
+def open_channels(call, instance, transfers, region_bytes):
+    """Sets up the channels of an instantiation's swapped transfers.
+
+    Args:
+        call: ``call(task, request) -> result`` (``Runtime.call``).
+        instance: the instantiation id (prefix of region labels).
+        transfers: the graph_pass Transfers decided "swap".
+        region_bytes: ``{region id: bytes}`` of the plan's regions.
+    Returns:
+        ``({channel key: fabric}, {recv task: bytes registered there})``.
+    """
+    fabrics, registered, allocated = {}, {}, {}
+    for t in transfers:
+        fabric, fresh = open_channel(call, instance, t, region_bytes[t.region], allocated)
+        fabrics[t.channel_key] = fabric
+        if fresh:
+            registered[t.recv_task] = registered.get(t.recv_task, 0) + region_bytes[t.region]
+    return fabrics, registered

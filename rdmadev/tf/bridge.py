@@ -16,7 +16,7 @@ from graph_pass.plan import Config as PlanConfig
 
 from .. import _core
 from ..cluster import reports, runtime
-from ..cluster.channels import open_channel
+from ..cluster.channels import open_channels
 from ..errors import ProtocolError
 
 __all__ = ["rewrites", "plan_config", "check_wire_layout", "OPS_CARRY"]
@@ -72,24 +72,22 @@ def rewrites(partitions):
     instance = f"{os.getpid():x}.{next(_instances)}"
     plan = graph_pass.plan_partitions(partitions, plan_config(rt.config), instance_id=instance)
     check_wire_layout(plan)
-    regions = {r.region_id: r for r in plan.regions}
-    out, swapped, kept, registered = [], [], [], {}
-    allocated = {}
+    swap = [t for t in plan.transfers if t.decision == "swap"]
+    fabrics, registered = open_channels(rt.call, instance, swap,
+                                        {r.region_id: r.bytes for r in plan.regions})
+    out, swapped, kept = [], [], []
     timeout = plan.config.deadline_s
     for t in plan.transfers:
         route = f"{t.send_task} -> {t.recv_task}"
         if t.decision != "swap":
             kept.append((t.tensor_name, route, t.reason))
             continue
-        region_bytes = regions[t.region].bytes
-        fabric, fresh = open_channel(rt.call, instance, t, region_bytes, allocated)
-        if fresh:
-            registered[t.recv_task] = registered.get(t.recv_task, 0) + region_bytes
         dtype = _dtype_enum(t.dtype)
         out.append(("send", t.send_device, t.send_node, t.channel_key, dtype, [], False, timeout))
         out.append(("recv", t.recv_device, t.recv_node, t.channel_key, dtype, list(t.shape),
                     bool(t.zero_copy), timeout))
-        swapped.append((t.tensor_name, route, t.dtype, t.bytes, fabric + ("+zc" if t.zero_copy else "")))
+        fabric = fabrics[t.channel_key] + ("+zc" if t.zero_copy else "")
+        swapped.append((t.tensor_name, route, t.dtype, t.bytes, fabric))
     report = reports.Report(instance, swapped, kept, registered)
     reports.record(report)
     log.info("%s", report)
