@@ -6,6 +6,8 @@
 
 #include <atomic>
 #include <map>
+#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -22,12 +24,19 @@
 
 namespace rdmadev_tf {
 
-// 0: never rewrite; 1: rewrite every function; 2: only while armed (rdmadev.optimize).
+// rdmadev.optimize names the functions it wraps `<name>__rdmadev_<token>`. TF keeps that name
+// in every FunctionDef it traces from them and sends it to the task that instantiates the
+// function (under ParameterServerStrategy the worker running the step), and a caller's library
+// lists it when the function is called from another one. So the opt-in travels with the
+// function itself; tf.function refuses FunctionDef attributes outside its allowlist.
+constexpr char kOptInMarker[] = "__rdmadev_";
+extern "C" const char* rdmadev_opt_in_marker() { return kOptInMarker; }
+
+// 0: never rewrite; 1: rewrite every function (RDMADEV_AUTO); 2: rewrite a function that is,
+// or calls, one marked by rdmadev.optimize.
 std::atomic<int> g_mode{0};
-std::atomic<int> g_armed{0};
 
 extern "C" void rdmadev_set_pass_mode(int mode) { g_mode.store(mode); }
-extern "C" void rdmadev_arm_pass(int delta) { g_armed.fetch_add(delta); }
 
 namespace {
 
@@ -150,8 +159,10 @@ std::string PyErrorText() {
   return text;
 }
 
-// Calls rdmadev.tf.bridge.rewrites({device: GraphDef bytes}) with the GIL held.
-bool CallPlanner(const std::map<std::string, std::string>& parts, std::vector<Rewrite>* out,
+// Calls rdmadev.tf.bridge.rewrites({device: GraphDef bytes}, function, [marked names]) with
+// the GIL held.
+bool CallPlanner(const std::map<std::string, std::string>& parts, const std::string& function,
+                 const std::vector<std::string>& marked, std::vector<Rewrite>* out,
                  std::string* error) {
   if (!Py_IsInitialized()) {
     *error = "no Python interpreter in this process";
@@ -161,14 +172,20 @@ bool CallPlanner(const std::map<std::string, std::string>& parts, std::vector<Re
   bool ok = false;
   PyObject* mod = PyImport_ImportModule("rdmadev.tf.bridge");
   PyObject* arg = PyDict_New();
+  PyObject* names = PyList_New(0);
   PyObject* res = nullptr;
-  if (mod && arg) {
+  if (mod && arg && names) {
+    for (const auto& name : marked) {
+      PyObject* v = PyUnicode_FromString(name.c_str());
+      PyList_Append(names, v);
+      Py_XDECREF(v);
+    }
     for (const auto& kv : parts) {
       PyObject* v = PyBytes_FromStringAndSize(kv.second.data(), kv.second.size());
       PyDict_SetItemString(arg, kv.first.c_str(), v);
       Py_XDECREF(v);
     }
-    res = PyObject_CallMethod(mod, "rewrites", "O", arg);
+    res = PyObject_CallMethod(mod, "rewrites", "OsO", arg, function.c_str(), names);
   }
   if (res && PyList_Check(res)) {
     ok = true;
@@ -194,6 +211,7 @@ bool CallPlanner(const std::map<std::string, std::string>& parts, std::vector<Re
   }
   if (!ok) *error = PyErr_Occurred() ? PyErrorText() : "rdmadev.tf.bridge.rewrites returned no list";
   Py_XDECREF(res);
+  Py_XDECREF(names);
   Py_XDECREF(arg);
   Py_XDECREF(mod);
   PyGILState_Release(gil);
@@ -237,12 +255,78 @@ absl::Status Apply(Graph* g, Node* old, const Rewrite& r) {
   return absl::OkStatus();
 }
 
+// Function names a node calls: its op when that is a function, and every function attr
+// (PartitionedCall's `f`, a While's `body`, ...).
+void CalledFunctions(const std::string& op, const tensorflow::AttrSlice& attrs,
+                     const tensorflow::FunctionLibraryDefinition& lib, std::vector<std::string>* out) {
+  if (lib.Find(op)) out->push_back(op);
+  for (const auto& kv : attrs) {
+    const tensorflow::AttrValue& v = kv.second;
+    if (v.has_func()) out->push_back(v.func().name());
+    for (const auto& f : v.list().func()) out->push_back(f.name());
+  }
+}
+
+// The functions rdmadev.optimize marked among `self` and every function its graph calls,
+// directly or through other functions.
+std::vector<std::string> MarkedFunctions(const std::string& self, const Graph& graph,
+                                         const tensorflow::FunctionLibraryDefinition& lib) {
+  std::vector<std::string> todo, marked;
+  std::set<std::string> seen{self};
+  if (self.find(kOptInMarker) != std::string::npos) marked.push_back(self);
+  for (const Node* n : graph.op_nodes()) CalledFunctions(n->type_string(), n->attrs(), lib, &todo);
+  while (!todo.empty()) {
+    std::string name = todo.back();
+    todo.pop_back();
+    if (!seen.insert(name).second) continue;
+    if (name.find(kOptInMarker) != std::string::npos) marked.push_back(name);
+    const tensorflow::FunctionDef* fdef = lib.Find(name);
+    if (!fdef) continue;
+    for (const auto& nd : fdef->node_def()) CalledFunctions(nd.op(), tensorflow::AttrSlice(nd), lib, &todo);
+  }
+  return marked;
+}
+
+// Instantiations found opted in before placement (when calls are not inlined yet), by function
+// name, each with its marked functions and how many instantiations of it are under way.
+std::mutex g_opted_mu;
+std::map<std::string, std::pair<std::vector<std::string>, int>> g_opted;
+
+// PRE_PLACEMENT, phase 0 (before TF lowers and inlines calls at phase 10): records a function
+// that is, or calls, a marked function; the partition pass then rewrites it.
+class FindOptInPass : public tensorflow::GraphOptimizationPass {
+ public:
+  absl::Status Run(const tensorflow::GraphOptimizationPassOptions& options) override {
+    if (g_mode.load(std::memory_order_relaxed) != 2 || !options.function_def || !options.graph ||
+        !options.flib_def)
+      return absl::OkStatus();
+    const std::string& name = options.function_def->signature().name();
+    std::vector<std::string> marked = MarkedFunctions(name, **options.graph, *options.flib_def);
+    if (marked.empty()) return absl::OkStatus();
+    std::lock_guard<std::mutex> lock(g_opted_mu);
+    auto& entry = g_opted[name];
+    entry.first = std::move(marked);
+    entry.second += 1;
+    return absl::OkStatus();
+  }
+};
+
+// The marked functions FindOptInPass recorded for an instantiation of `function` (none: not
+// opted in); consumes the record.
+std::vector<std::string> TakeOptIn(const std::string& function) {
+  std::lock_guard<std::mutex> lock(g_opted_mu);
+  auto it = g_opted.find(function);
+  if (it == g_opted.end()) return {};
+  std::vector<std::string> marked = it->second.first;
+  if (--it->second.second == 0) g_opted.erase(it);
+  return marked;
+}
+
 class RdmadevPass : public tensorflow::GraphOptimizationPass {
  public:
   absl::Status Run(const tensorflow::GraphOptimizationPassOptions& options) override {
     int mode = g_mode.load(std::memory_order_relaxed);
-    if (mode == 0 || (mode == 2 && g_armed.load() <= 0) || !options.partition_graphs)
-      return absl::OkStatus();
+    if (mode == 0 || !options.partition_graphs) return absl::OkStatus();
     auto* parts = options.partition_graphs;
     bool any = false;
     for (auto& kv : *parts) {
@@ -252,6 +336,9 @@ class RdmadevPass : public tensorflow::GraphOptimizationPass {
       if (any) break;
     }
     if (!any) return absl::OkStatus();  // the common case: one task, nothing to do
+    // TF's partitioner names the function being instantiated as the debug prefix.
+    std::vector<std::string> marked = TakeOptIn(options.debug_filename_prefix);
+    if (mode == 2 && marked.empty()) return absl::OkStatus();  // not opted in
     AnnotateRecvShapes(parts);
     std::map<std::string, std::string> serialized;
     for (auto& kv : *parts) {
@@ -261,7 +348,7 @@ class RdmadevPass : public tensorflow::GraphOptimizationPass {
     }
     std::vector<Rewrite> rewrites;
     std::string error;
-    if (!CallPlanner(serialized, &rewrites, &error)) {
+    if (!CallPlanner(serialized, options.debug_filename_prefix, marked, &rewrites, &error)) {
       // rdmadev was asked for: falling back to gRPC silently would hide the problem (a
       // wrong secret, a task started without rdmadev). Fail the instantiation with the cause.
       rdmadev::LogEvent("pass: planning failed: " + error);
@@ -282,6 +369,7 @@ class RdmadevPass : public tensorflow::GraphOptimizationPass {
 
 }  // namespace
 
+REGISTER_OPTIMIZATION(tensorflow::OptimizationPassRegistry::PRE_PLACEMENT, 0, FindOptInPass);
 // Phase 77: after the oneDNN layout passes (POST_PARTITIONING phases 1 and 2).
 REGISTER_OPTIMIZATION(tensorflow::OptimizationPassRegistry::POST_PARTITIONING, 77, RdmadevPass);
 

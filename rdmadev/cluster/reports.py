@@ -25,12 +25,33 @@ class Report:
     swapped: list        # [(tensor_name, send_task -> recv_task, dtype, bytes, fabric[+zc])]
     kept: list           # [(tensor_name, send_task -> recv_task, reason)]
     registered: dict     # recv task -> bytes registered there
+    function: str = ""   # the instantiated function's name
+    task: str = ""       # where it was planned ("coordinator" outside any task)
+    marked: list = dataclasses.field(default_factory=list)  # rdmadev.optimize'd names it holds
+    error: str = ""      # set when the report could not be read (see unreachable)
+
+    @classmethod
+    def from_dict(cls, d):
+        """The Report a task sent (``dataclasses.asdict`` of one)."""
+        return cls(**d)
+
+    @classmethod
+    def unreachable(cls, task, error):
+        """Stands for the reports of a task that did not answer."""
+        return cls("-", [], [], {}, task=task, error=str(error))
+
+    def concerns(self, name_part):
+        """Whether this instantiation is, or calls, a function whose name holds `name_part`."""
+        return name_part in self.function or any(name_part in m for m in self.marked)
 
     def __str__(self):
-        lines = [f"rdmadev instance {self.instance}: {len(self.swapped)} transfers swapped, "
-                 f"{len(self.kept)} stayed on gRPC"]
+        if self.error:
+            return f"rdmadev: no reports from {self.task}: {self.error}"
+        where = f" ({self.function} on {self.task})" if self.function or self.task else ""
+        head = f"rdmadev instance {self.instance}{where}"
+        lines = [f"{head}: {len(self.swapped)} transfers swapped, {len(self.kept)} stayed on gRPC"]
         if not self.swapped and not self.kept:
-            lines[0] = f"rdmadev instance {self.instance}: no cross-task transfer (nothing to do)"
+            lines[0] = f"{head}: no cross-task transfer (nothing to do)"
         for name, route, dtype, nbytes, fabric in self.swapped:
             lines.append(f"  {fabric:<8} {route}  {name} {dtype} {nbytes} B")
         for name, route, reason in self.kept:

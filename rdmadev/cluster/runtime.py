@@ -9,6 +9,7 @@ Example:
     >>> rt = runtime.start({"ps": ["10.0.0.1:2222"], "worker": [...]}, "ps", 0)
     >>> rt.call(task_name("ps", 0), {"op": "ping"})
 """
+import dataclasses
 import threading
 
 from graph_pass.devices import split_task, task_name
@@ -26,7 +27,7 @@ __all__ = ["Runtime", "start", "current", "register_handler"]
 _current = None
 _lock = threading.Lock()
 # Control requests served by other layers: op -> handler(request) -> JSON-able result.
-_handlers = {"reports": lambda request: [str(r) for r in reports.reports()]}
+_handlers = {"reports": lambda request: [dataclasses.asdict(r) for r in reports.reports()]}
 
 
 def register_handler(op, handler):

@@ -1,23 +1,35 @@
 """Opting in: rdmadev.optimize(fn), rdmadev.enable(), RDMADEV_AUTO / RDMADEV_ENABLED.
 
+``rdmadev.optimize(fn)`` returns a tf.function (the same class TF's ``tf.function`` makes)
+whose name carries rdmadev's mark. TF sends that name wherever the function is instantiated,
+so the partition pass of that process (the coordinator, or under ParameterServerStrategy the
+worker running a scheduled step) rewrites exactly the marked functions and those calling
+them; RDMADEV_AUTO=1 in a task rewrites every function instead.
+
 Example:
     >>> step = rdmadev.optimize(step)          # a tf.function, or a Python function to wrap
-    >>> step(x)                                # cross-task tensors move through rdmadev
-    >>> print(step.report)                     # what moved where
+    >>> coordinator.schedule(step, args=(it,))  # or step(x), strategy.run(step, ...), Keras
+    >>> print(step.report)                     # what moved where, on every task
 """
-import contextlib
 import ctypes
 import functools
+import secrets
 
 from ..cluster import reports, runtime
 from ..cluster.spec import parse_cluster
 from ..config import Config
+from ..errors import RdmadevError
 from . import ops
 
-__all__ = ["optimize", "enable", "load_into_process"]
+__all__ = ["optimize", "enable", "load_into_process", "opt_in_marker", "counters"]
 
-MODE_OFF, MODE_ALL, MODE_ARMED = 0, 1, 2
+#: The pass's modes (pass.cc): off; every function (RDMADEV_AUTO); marked functions only.
+MODE_OFF, MODE_ALL, MODE_MARKED = 0, 1, 2
+#: Hex digits of the token that tells one optimized function's instantiations from another's
+#: (also across coordinator processes, whose TF function counters restart).
+TOKEN_HEX = 8
 _native = None
+_optimized_class = None
 
 
 def _lib():
@@ -25,18 +37,21 @@ def _lib():
     if _native is None:
         ops.load()  # registers the ops and the pass with TensorFlow
         _native = ctypes.CDLL(ops.library_path())
+        _native.rdmadev_opt_in_marker.restype = ctypes.c_char_p
     return _native
 
 
-def enabled():
-    return Config.from_env().enabled
+def opt_in_marker():
+    """The part of a function's name that opts it in (defined by the pass, pass.cc)."""
+    return _lib().rdmadev_opt_in_marker().decode()
 
 
 def load_into_process(auto=False, on=None):
-    """Loads the op library; with `auto` the pass rewrites every function instantiated here.
-    `on` is RDMADEV_ENABLED when the caller has read it already (None: read it now)."""
-    on = enabled() if on is None else on
-    _lib().rdmadev_set_pass_mode(MODE_ALL if auto and on else MODE_ARMED if on else MODE_OFF)
+    """Loads the op library; the pass then rewrites marked functions, or with `auto` every
+    function instantiated here. `on` is RDMADEV_ENABLED when the caller has read it already
+    (None: read it now); off, the pass rewrites nothing."""
+    on = Config.from_env().enabled if on is None else on
+    _lib().rdmadev_set_pass_mode(MODE_OFF if not on else MODE_ALL if auto else MODE_MARKED)
 
 
 def _pass_mode(request):
@@ -48,20 +63,55 @@ def _pass_mode(request):
 runtime.register_handler("pass_mode", _pass_mode)
 
 
+def _connected_server_def():
+    from tensorflow.python.eager import context
+    server_def = getattr(context.context(), "_server_def", None)
+    return server_def if server_def is not None and server_def.cluster.job else None
+
+
+def _connected_cluster():
+    """The cluster this process connected to (tf.config.experimental_connect_to_cluster, or a
+    ParameterServerStrategy) as {job: {index: address}}; None (parse_cluster then reads
+    TF_CONFIG) when not connected."""
+    server_def = _connected_server_def()
+    if server_def is None:
+        return None
+    return {job.name: dict(job.tasks) for job in server_def.cluster.job}
+
+
 def _coordinator(cluster):
     if runtime.current() is None:
         runtime.start(parse_cluster(cluster if cluster is not None else _connected_cluster()))
     return runtime.current()
 
 
-def _connected_cluster():
-    """The cluster this process connected to with tf.config.experimental_connect_to_cluster,
-    as {job: {index: address}}; None (parse_cluster then reads TF_CONFIG) when not connected."""
-    from tensorflow.python.eager import context
-    server_def = getattr(context.context(), "_server_def", None)
-    if server_def is not None and server_def.cluster.job:
-        return {job.name: dict(job.tasks) for job in server_def.cluster.job}
-    return None
+def _serving_tasks(rt):
+    """The tasks that serve rdmadev: every task of the cluster except this process's own job
+    (the coordinator: `localhost` when connected, `chief` under ParameterServerStrategy)."""
+    server_def = _connected_server_def()
+    own = server_def.job_name if server_def is not None else None
+    return [f"/job:{job}/replica:0/task:{i}" for job, addresses in sorted(rt.cluster.items())
+            if job != own for i in range(len(addresses))]
+
+
+def _gather(op, cluster=None):
+    """``{task: result or RdmadevError}`` of control request `op` on every serving task."""
+    rt = _coordinator(cluster)
+    out = {}
+    for task in _serving_tasks(rt):
+        try:
+            out[task] = rt.call(task, {"op": op})
+        except (RdmadevError, OSError) as e:
+            out[task] = e if isinstance(e, RdmadevError) else RdmadevError(
+                f"{task} did not answer {op!r}: {e}", hint="is the task running `rdmadev serve`?")
+    return out
+
+
+def counters(cluster=None):
+    """Per-task counters: ``{task: {"channels", "regions", "registered_bytes", "transfers",
+    "waits", ...}}`` read from every task's control service now."""
+    return {task: (str(v) if isinstance(v, Exception) else v)
+            for task, v in _gather("counters", cluster).items()}
 
 
 def enable(cluster=None):
@@ -70,63 +120,99 @@ def enable(cluster=None):
     load_into_process(auto=True)
 
 
-@contextlib.contextmanager
-def _armed():
-    lib = _lib()
-    lib.rdmadev_arm_pass(1)
-    try:
-        yield
-    finally:
-        lib.rdmadev_arm_pass(-1)
+def _make_optimized_class():
+    """The tf.function class with reports: defined on first use, so `import rdmadev` does not
+    import TensorFlow."""
+    from tensorflow.python.eager.polymorphic_function import polymorphic_function
 
+    class Optimized(polymorphic_function.Function):
+        """A tf.function marked for rdmadev (see the module docstring). It is TF's own class,
+        so TF takes it wherever it takes a tf.function; rdmadev adds `report` and `reports`."""
 
-class Optimized:
-    """A tf.function whose instantiations (from this process) are rewritten by rdmadev."""
+        _rdmadev_ready = False
 
-    def __init__(self, fn, cluster=None):
-        import tensorflow as tf
-        self.fn = fn if hasattr(fn, "get_concrete_function") else tf.function(fn)
-        self.cluster = cluster
-        self._first_report = len(reports.reports())
-        self.calls = 0
-        functools.update_wrapper(self, fn)
+        def __call__(self, *args, **kwargs):
+            if not self._rdmadev_ready:
+                self._rdmadev_prepare()
+            return super().__call__(*args, **kwargs)
 
-    def __call__(self, *args, **kwargs):
-        if not enabled():  # read once per call: it parses the environment (and secret file)
-            return self.fn(*args, **kwargs)
-        _coordinator(self.cluster)
-        load_into_process(auto=False, on=True)
-        self.calls += 1
-        with _armed():
-            return self.fn(*args, **kwargs)
+        def _rdmadev_prepare(self):
+            # In the coordinator: the pass must run here too (a call from the coordinator is
+            # instantiated here), with a runtime to set up channels through.
+            config = Config.from_env()
+            if config.enabled:
+                _coordinator(getattr(self, "_rdmadev_cluster", None))
+            load_into_process(auto=config.auto, on=config.enabled)
+            self._rdmadev_ready = True
 
-    def get_concrete_function(self, *args, **kwargs):
-        return self.fn.get_concrete_function(*args, **kwargs)
+        @property
+        def rdmadev_token(self):
+            return self._name.rsplit(opt_in_marker(), 1)[-1]
 
-    @property
-    def reports(self):
-        """Reports of this function's instantiations (and any other planned meanwhile)."""
-        return reports.reports()[self._first_report:]
+        @property
+        def reports(self):
+            """Reports of every instantiation of this function (or of one calling it), from
+            every task that instantiated one, oldest first per task. Tasks that did not answer
+            appear as a report saying so."""
+            token = opt_in_marker() + self.rdmadev_token
+            out = [r for r in reports.reports() if r.concerns(token)]
+            for task, result in _gather("reports", getattr(self, "_rdmadev_cluster", None)).items():
+                if isinstance(result, Exception):
+                    out.append(reports.Report.unreachable(task, result))
+                    continue
+                out += [r for r in map(reports.Report.from_dict, result) if r.concerns(token)]
+            return out
 
-    @property
-    def report(self):
-        r = self.reports
-        if r:
-            return "\n".join(map(str, r))
-        if self.calls:
-            return "rdmadev: no cross-task transfer in this function (nothing to rewrite)"
-        return "rdmadev: not called yet"
+        @property
+        def report(self):
+            r = self.reports
+            if r:
+                return "\n".join(map(str, r))
+            if self.experimental_get_tracing_count():
+                return "rdmadev: no cross-task transfer in this function (nothing to rewrite)"
+            return "rdmadev: not called yet"
+
+    return Optimized
 
 
 def optimize(fn=None, cluster=None):
     """Marks `fn` (a tf.function, or a Python function it wraps) for rdmadev.
 
     Args:
-        fn: the training step.
-        cluster: cluster spec (default: the one connected to, else TF_CONFIG).
+        fn: the training step: a tf.function (its options are kept) or a Python function.
+        cluster: cluster spec for the coordinator's control connections (default: the one
+            connected to, else TF_CONFIG).
     Returns:
-        An Optimized callable usable wherever the tf.function was.
+        A tf.function (TF's class, with `report` and `reports` added): the same signature,
+        tracing and retracing as `fn`; TF instantiates it where it always would, and that
+        process's pass rewrites its cross-task transfers.
     """
     if fn is None:
         return functools.partial(optimize, cluster=cluster)
-    return Optimized(fn, cluster)
+    import tensorflow as tf
+    from tensorflow.python.eager.polymorphic_function import polymorphic_function
+    from tensorflow.python.util import tf_decorator
+
+    global _optimized_class
+    if _optimized_class is None:
+        _optimized_class = _make_optimized_class()
+    if isinstance(fn, _optimized_class):
+        return fn
+    if not isinstance(fn, polymorphic_function.Function):
+        if not callable(fn) or isinstance(fn, tf.types.experimental.ConcreteFunction):
+            raise TypeError(f"rdmadev.optimize takes a tf.function or a Python function, not "
+                            f"{type(fn).__name__}: a concrete function is traced already and "
+                            f"cannot be renamed; pass the tf.function it came from")
+        fn = tf.function(fn)
+    # pylint: disable=protected-access  (TF's own way to copy a tf.function, see Function._clone)
+    marked = _optimized_class(
+        python_function=fn._python_function,
+        name=f"{fn._name}{opt_in_marker()}{secrets.token_hex(TOKEN_HEX // 2)}",
+        input_signature=fn.input_signature,
+        autograph=fn._autograph,
+        jit_compile=fn._jit_compile,
+        reduce_retracing=fn._reduce_retracing,
+        experimental_attributes=fn._attributes or None,
+        experimental_autograph_options=fn._experimental_autograph_options)
+    marked._rdmadev_cluster = cluster
+    return tf_decorator.make_decorator(fn._python_function, marked, decorator_name="rdmadev.optimize")

@@ -61,8 +61,9 @@ def check_wire_layout(plan):
                 "different versions: reinstall rdmadev (pip install -e .)")
 
 
-def rewrites(partitions):
-    """Plans `partitions` ({device: GraphDef bytes}) and sets up the swapped channels."""
+def rewrites(partitions, function="", marked=()):
+    """Plans `partitions` ({device: GraphDef bytes}) of an instantiation of `function`, which
+    is or calls the rdmadev.optimize'd functions `marked`, and sets up the swapped channels."""
     rt = runtime.current()
     if rt is None:
         log.warning("rdmadev pass: this process has no rdmadev runtime (start tasks with "
@@ -88,7 +89,8 @@ def rewrites(partitions):
                     bool(t.zero_copy), timeout))
         fabric = fabrics[t.channel_key] + ("+zc" if t.zero_copy else "")
         swapped.append((t.tensor_name, route, t.dtype, t.bytes, fabric))
-    report = reports.Report(instance, swapped, kept, registered)
+    report = reports.Report(instance, swapped, kept, registered, function=function,
+                            task=rt.task or "coordinator", marked=list(marked))
     reports.record(report)
     log.info("%s", report)
     return out

@@ -15,6 +15,7 @@ import tensorflow as tf  # noqa: E402
 import rdmadev  # noqa: E402
 from graph_pass.devices import task_name  # noqa: E402
 from rdmadev.cluster import parse_cluster, runtime  # noqa: E402
+from rdmadev.cluster.reports import Report  # noqa: E402
 
 PS, W0, W1 = task_name("ps", 0), task_name("worker", 0), task_name("worker", 1)
 
@@ -121,6 +122,11 @@ def retrace(mode):
     return {"values": out, "reports": [ff.report, gg.report] if mode == "rdmadev" else []}
 
 
+def _task_reports(task):
+    """Every report `task` holds, as text."""
+    return [str(Report.from_dict(d)) for d in runtime.current().call(task, {"op": "reports"})]
+
+
 def _set_task_pass_mode(cluster, auto):
     """Turns RDMADEV_AUTO on or off in every task (a control request), so one cluster serves
     both the gRPC baseline and the rdmadev run of a strategy whose workers partition."""
@@ -130,10 +136,7 @@ def _set_task_pass_mode(cluster, auto):
             rt.call(task_name(job, i), {"op": "pass_mode", "auto": auto})
 
 
-def pss(mode, cluster, workers=1, steps=20):
-    """ParameterServerStrategy + ClusterCoordinator: each scheduled step is partitioned by
-    the worker that runs it (rdmadev: RDMADEV_AUTO in the tasks)."""
-    _set_task_pass_mode(cluster, mode == "rdmadev")
+def _pss_strategy(cluster, workers):
     import socket
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -143,7 +146,14 @@ def pss(mode, cluster, workers=1, steps=20):
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(spec), task_type="chief", task_id=0, rpc_layer="grpc")
     strategy = tf.distribute.ParameterServerStrategy(resolver)
-    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    return strategy, tf.distribute.coordinator.ClusterCoordinator(strategy)
+
+
+def pss(mode, cluster, workers=1, steps=20):
+    """ParameterServerStrategy + ClusterCoordinator: each scheduled step is partitioned by the
+    worker that runs it; rdmadev: the step is wrapped by rdmadev.optimize (the tasks run with
+    RDMADEV_AUTO off), and a second, unwrapped function must be left alone."""
+    strategy, coordinator = _pss_strategy(cluster, workers)
     with strategy.scope():
         w = tf.Variable(tf.random.stateless_normal([32, 16], [5, 6]) * 0.1, name="w")
         b = tf.Variable(tf.zeros([16]), name="b")
@@ -159,14 +169,70 @@ def pss(mode, cluster, workers=1, steps=20):
         b.assign_sub(0.1 * gb)
         return loss
 
+    @tf.function
+    def unwrapped():
+        return tf.reduce_sum(w) + tf.reduce_sum(b)
+
+    if mode == "rdmadev":
+        step = rdmadev.optimize(step)
     losses = []
     for i in range(steps):
         losses.append(coordinator.schedule(step, args=(tf.constant(i, tf.int64),)))
         coordinator.join()  # one step at a time: the same order in both modes
+    total = coordinator.schedule(unwrapped)
+    coordinator.join()
     out = {"losses": [float(l.fetch()) for l in losses], "w": w.numpy().tolist(),
-           "b": b.numpy().tolist()}
-    out["reports"] = runtime.current().call(task_name("worker", 0), {"op": "reports"})
-    _set_task_pass_mode(cluster, False)
+           "b": b.numpy().tolist(), "total": float(total.fetch())}
+    if mode == "rdmadev":
+        out["reports"] = [str(r) for r in step.reports]
+        out["all_reports"] = [r for t in (task_name("worker", k) for k in range(workers))
+                              for r in _task_reports(t)]
+    return out
+
+
+def as_tf_function(mode, cluster):
+    """rdmadev.optimize returns a genuine tf.function: TF's class, signature, tracing count,
+    concrete functions, a call inside strategy.run under ParameterServerStrategy, export."""
+    import tempfile
+    strategy, coordinator = _pss_strategy(cluster, 1)
+    with strategy.scope():
+        w = tf.Variable(tf.random.stateless_normal([16, 8], [1, 1]), name="w")
+
+    def replica_step(x):
+        w.assign_add(tf.matmul(x, w) * 1e-3)
+        return tf.reduce_sum(w)
+
+    replica = tf.function(replica_step)
+    if mode == "rdmadev":
+        replica = rdmadev.optimize(replica)
+
+    @tf.function
+    def step(x):  # the optimized function called inside strategy.run in a plain tf.function
+        return strategy.run(replica, args=(x,))
+
+    values = []
+    for _ in range(3):
+        values.append(coordinator.schedule(step, args=(tf.ones([16, 16]),)))
+        coordinator.join()
+    out = {"values": [float(v.fetch()) for v in values]}
+    if mode == "rdmadev":
+        out["reports"] = [str(r) for r in replica.reports]
+        out["is_tf_function"] = isinstance(replica, tf.types.experimental.PolymorphicFunction)
+        out["name"] = replica.__name__
+        sig = replica.get_concrete_function(tf.TensorSpec([None, 16], tf.float32))
+        out["concrete_inputs"] = [str(t.shape) for t in sig.inputs]
+    local = rdmadev.optimize(lambda x: x * 2.0)
+    traced = [local.experimental_get_tracing_count()]
+    for shape in ([2], [3], [2]):
+        local(tf.ones(shape))
+        traced.append(local.experimental_get_tracing_count())
+    out["tracing_counts"] = traced
+    module = tf.Module()
+    module.double = rdmadev.optimize(tf.function(lambda x: x * 2.0,
+                                                 input_signature=[tf.TensorSpec([None], tf.float32)]))
+    with tempfile.TemporaryDirectory() as d:
+        tf.saved_model.save(module, d)
+        out["exported"] = [float(v) for v in tf.saved_model.load(d).double(tf.ones([2]))]
     return out
 
 
@@ -185,8 +251,7 @@ def keras_fit(mode, cluster):
         model.optimizer.build(model.trainable_variables)
     with tf.device(W0):
         history = model.fit(x, y, epochs=3, batch_size=32, shuffle=False, verbose=0)
-    out = {"loss": history.history["loss"],
-           "reports": runtime.current().call(task_name("worker", 0), {"op": "reports"})}
+    out = {"loss": history.history["loss"], "reports": _task_reports(task_name("worker", 0))}
     _set_task_pass_mode(cluster, False)
     return out
 
@@ -241,7 +306,7 @@ def tf1_session(mode, cluster):
     """A TF1 between-graph session: each task partitions (and plans) only its own half."""
     _set_task_pass_mode(cluster, mode == "rdmadev")
     tasks = [task_name("ps", 0), task_name("worker", 0)]
-    earlier = {t: len(runtime.current().call(t, {"op": "reports"})) for t in tasks}
+    earlier = {t: len(_task_reports(t)) for t in tasks}
     graph = tf.Graph()
     with graph.as_default():
         with tf.device(PS):
@@ -258,7 +323,7 @@ def tf1_session(mode, cluster):
             sess.run(inc)
     reports = []
     for t in tasks:  # only this scenario's reports (the tasks keep every report)
-        reports += runtime.current().call(t, {"op": "reports"})[earlier[t]:]
+        reports += _task_reports(t)[earlier[t]:]
     _set_task_pass_mode(cluster, False)
     return {"values": values, "reports": reports}
 
@@ -267,6 +332,8 @@ def main():
     cluster, mode, scenario = parse_cluster(sys.argv[1]), sys.argv[2], sys.argv[3]
     if scenario.startswith("pss"):
         result = pss(mode, cluster, workers=int(scenario[3:] or 1))
+    elif scenario == "tf_function":
+        result = as_tf_function(mode, cluster)
     elif scenario == "keras":
         result = keras_fit(mode, cluster)
     elif scenario == "tf1":

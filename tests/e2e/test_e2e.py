@@ -75,15 +75,36 @@ def test_tasks_started_without_rdmadev_give_a_clear_error():
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_parameter_server_strategy(cluster, workers):
-    """The worker running each scheduled step partitions it and rewrites it (RDMADEV_AUTO in
-    the tasks). Steps are joined one by one, so even two workers apply them in the same
+    """rdmadev.optimize(step) is scheduled by ClusterCoordinator; the worker running each step
+    partitions it and rewrites it because the step's name carries the opt-in (RDMADEV_AUTO is
+    off in the tasks). Steps are joined one by one, so even two workers apply them in the same
     order as gRPC and the results stay bitwise identical."""
     grpc = run_driver(cluster, "grpc", f"pss{workers}")
     rdma = run_driver(cluster, "rdmadev", f"pss{workers}")
     assert rdma["losses"] == grpc["losses"] and rdma["w"] == grpc["w"] and rdma["b"] == grpc["b"]
+    assert rdma["total"] == grpc["total"]
     report = "\n".join(rdma["reports"])
     assert "5 transfers swapped, 0 stayed on gRPC" in report
     assert "DT_FLOAT 0 B" in report  # the cross-task control edge went through rdmadev too
+    assert re.search(r"step__rdmadev_[0-9a-f]{8}_\d+ on /job:worker/replica:0/task:\d", report)
+    # the step's reports come from every worker that ran it; the unwrapped function was not planned
+    ran_on = set(re.findall(r"on (/job:worker/replica:0/task:\d)", report))
+    assert ran_on and ran_on <= {f"/job:worker/replica:0/task:{k}" for k in range(workers)}
+    assert not any("unwrapped" in r for r in rdma["all_reports"])
+
+
+def test_optimize_returns_a_genuine_tf_function(cluster):
+    """Called inside strategy.run from a plain scheduled tf.function, the optimized function
+    still opts its caller's instantiation in; it keeps TF's tracing and exports."""
+    grpc = run_driver(cluster, "grpc", "tf_function")
+    rdma = run_driver(cluster, "rdmadev", "tf_function")
+    assert rdma["values"] == grpc["values"]
+    assert rdma["is_tf_function"] and rdma["name"] == "replica_step"
+    assert rdma["concrete_inputs"][0] == "(None, 16)"  # then the captured variable
+    assert rdma["tracing_counts"] == grpc["tracing_counts"] == [0, 1, 2, 2]
+    assert rdma["exported"] == grpc["exported"] == [2.0, 2.0]
+    report = "\n".join(rdma["reports"])
+    assert re.search(r"transfers swapped", report) and "__inference_step_" in report
 
 
 def test_keras_fit_unchanged(cluster):
