@@ -1,7 +1,7 @@
-"""Train a small model on a parameter-server cluster with rdmadev.
+"""Train a small model on a parameter-server cluster with rdmadev, in-graph from the coordinator.
 
-    python examples/train_ps.py                 # starts 1 ps + 2 workers on 127.0.0.1 itself
-    python examples/train_ps.py --steps 100 --cluster '{"ps": [...], "worker": [...]}'
+    python examples/train_in_graph.py                 # starts 1 ps + 2 workers on 127.0.0.1 itself
+    python examples/train_in_graph.py --steps 100 --cluster '{"ps": [...], "worker": [...]}'
 
 Variables live on the ps; every step both workers compute gradients on their half of the
 batch and the ps applies their mean. The step is a plain tf.function wrapped by
