@@ -2,6 +2,6 @@
 (ops), the bridge the C++ partition pass calls (bridge), and the task server (server).
 Importing it does not import TensorFlow; loading the op library does.
 """
-from .api import enable, optimize
+from .api import counters, enable, optimize
 
-__all__ = ["enable", "optimize"]
+__all__ = ["counters", "enable", "optimize"]

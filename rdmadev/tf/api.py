@@ -175,7 +175,10 @@ def _make_optimized_class():
     return Optimized
 
 
-def optimize(fn=None, cluster=None):
+_AS_DECORATOR = object()  # optimize(cluster=...) with no function: a decorator
+
+
+def optimize(fn=_AS_DECORATOR, cluster=None):
     """Marks `fn` (a tf.function, or a Python function it wraps) for rdmadev.
 
     Args:
@@ -187,7 +190,7 @@ def optimize(fn=None, cluster=None):
         tracing and retracing as `fn`; TF instantiates it where it always would, and that
         process's pass rewrites its cross-task transfers.
     """
-    if fn is None:
+    if fn is _AS_DECORATOR:
         return functools.partial(optimize, cluster=cluster)
     import tensorflow as tf
     from tensorflow.python.eager.polymorphic_function import polymorphic_function
@@ -199,10 +202,13 @@ def optimize(fn=None, cluster=None):
     if isinstance(fn, _optimized_class):
         return fn
     if not isinstance(fn, polymorphic_function.Function):
-        if not callable(fn) or isinstance(fn, tf.types.experimental.ConcreteFunction):
+        if isinstance(fn, tf.types.experimental.ConcreteFunction):
+            raise TypeError("rdmadev.optimize takes a tf.function or a Python function, not a "
+                            "concrete function: it is traced already and cannot be renamed; pass "
+                            "the tf.function it came from")
+        if not callable(fn):
             raise TypeError(f"rdmadev.optimize takes a tf.function or a Python function, not "
-                            f"{type(fn).__name__}: a concrete function is traced already and "
-                            f"cannot be renamed; pass the tf.function it came from")
+                            f"{type(fn).__name__}")
         fn = tf.function(fn)
     # pylint: disable=protected-access  (TF's own way to copy a tf.function, see Function._clone)
     marked = _optimized_class(

@@ -236,10 +236,11 @@ def as_tf_function(mode, cluster):
     return out
 
 
-def keras_fit(mode, cluster):
-    """An unchanged Keras 3 `fit` with its variables on ps, run under a worker device scope:
-    the worker partitions the train function (rdmadev: RDMADEV_AUTO in the tasks)."""
-    _set_task_pass_mode(cluster, mode == "rdmadev")
+def keras_fit(mode, cluster, optimize=False):
+    """Keras 3 `fit` with its variables on ps, run under a worker device scope: the worker
+    partitions the train function. rdmadev: RDMADEV_AUTO in the tasks (`fit` unchanged), or with
+    `optimize` the model's train_step wrapped by rdmadev.optimize (tasks not in AUTO)."""
+    _set_task_pass_mode(cluster, mode == "rdmadev" and not optimize)
     tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster))
     tf.keras.utils.set_random_seed(7)
     x = np.random.default_rng(0).standard_normal((256, 20)).astype("float32")
@@ -249,9 +250,16 @@ def keras_fit(mode, cluster):
                                      tf.keras.layers.Dense(1)])
         model.compile(optimizer=tf.keras.optimizers.SGD(0.01), loss="mse")
         model.optimizer.build(model.trainable_variables)
+    if mode == "rdmadev" and optimize:
+        # Keras 3's train function is Python around tf.functions that call train_step through
+        # strategy.run: an optimized train_step opts their instantiation in.
+        model.train_step = rdmadev.optimize(model.train_step)
     with tf.device(W0):
         history = model.fit(x, y, epochs=3, batch_size=32, shuffle=False, verbose=0)
-    out = {"loss": history.history["loss"], "reports": _task_reports(task_name("worker", 0))}
+    out = {"loss": history.history["loss"]}
+    if mode == "rdmadev":
+        out["reports"] = ([str(r) for r in model.train_step.reports] if optimize
+                          else _task_reports(task_name("worker", 0)))
     _set_task_pass_mode(cluster, False)
     return out
 
@@ -334,8 +342,8 @@ def main():
         result = pss(mode, cluster, workers=int(scenario[3:] or 1))
     elif scenario == "tf_function":
         result = as_tf_function(mode, cluster)
-    elif scenario == "keras":
-        result = keras_fit(mode, cluster)
+    elif scenario.startswith("keras"):
+        result = keras_fit(mode, cluster, optimize=scenario == "keras_optimize")
     elif scenario == "tf1":
         result = tf1_session(mode, cluster)
     else:

@@ -107,9 +107,12 @@ def test_optimize_returns_a_genuine_tf_function(cluster):
     assert re.search(r"transfers swapped", report) and "__inference_step_" in report
 
 
-def test_keras_fit_unchanged(cluster):
-    grpc = run_driver(cluster, "grpc", "keras")
-    rdma = run_driver(cluster, "rdmadev", "keras")
+@pytest.mark.parametrize("scenario", ["keras", "keras_optimize"])
+def test_keras_fit(cluster, scenario):
+    """`fit` unchanged with RDMADEV_AUTO in the tasks, or the model's train_step wrapped by
+    rdmadev.optimize; the same losses as gRPC either way."""
+    grpc = run_driver(cluster, "grpc", scenario)
+    rdma = run_driver(cluster, "rdmadev", scenario)
     assert len(rdma["loss"]) == 3 and rdma["loss"] == grpc["loss"]
     report = "\n".join(rdma["reports"])
     assert "DT_INT64" in report and "sgd/Mul" in report

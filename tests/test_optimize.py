@@ -1,0 +1,64 @@
+"""rdmadev.optimize without a cluster: what it returns and what it refuses (the cluster behaviour
+is in tests/e2e: ParameterServerStrategy, strategy.run, Keras, export)."""
+import re
+
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+import rdmadev  # noqa: E402
+from rdmadev.tf import api  # noqa: E402
+
+
+def test_the_mark_is_the_one_the_pass_defines():
+    assert api.opt_in_marker() == "__rdmadev_"
+
+
+def test_a_tf_function_keeps_its_class_options_and_signature():
+    spec = [tf.TensorSpec([None, 3], tf.float32)]
+    f = tf.function(lambda x: x * 2.0, input_signature=spec, reduce_retracing=True)
+    g = rdmadev.optimize(f)
+    assert isinstance(g, type(f)) and isinstance(g, tf.types.experimental.PolymorphicFunction)
+    assert g.input_signature == f.input_signature
+    assert g._reduce_retracing and g._jit_compile is None  # pylint: disable=protected-access
+    assert re.fullmatch(r"<lambda>__rdmadev_[0-9a-f]{8}", g._name)  # pylint: disable=protected-access
+    assert rdmadev.optimize(g) is g
+    assert rdmadev.optimize(f).rdmadev_token != g.rdmadev_token  # one token per optimize call
+
+
+def test_a_python_function_and_the_decorator_forms():
+    @rdmadev.optimize
+    def double(x):
+        """Doubles."""
+        return x * 2
+
+    @rdmadev.optimize(cluster={"worker": ["127.0.0.1:1"]})
+    def triple(x):
+        return x * 3
+
+    assert double.__name__ == "double" and double.__doc__ == "Doubles."
+    assert re.match(r"double__rdmadev_", double.get_concrete_function(tf.TensorSpec([], tf.int32)).name.decode()
+                    .removeprefix("__inference_"))
+    assert triple._rdmadev_cluster == {"worker": ["127.0.0.1:1"]}  # pylint: disable=protected-access
+
+
+def test_a_method_stays_marked_when_bound():
+    class Model(tf.Module):
+        @rdmadev.optimize
+        def step(self, x):
+            return x + 1
+
+    bound = Model().step
+    assert api.opt_in_marker() in bound._name  # pylint: disable=protected-access
+    assert type(bound) is type(Model.__dict__["step"])  # with report and reports
+
+
+@pytest.mark.parametrize("bad, named", [(None, "NoneType"), (3, "int")])
+def test_what_is_not_a_function_is_refused(bad, named):
+    with pytest.raises(TypeError, match=f"tf.function or a Python function, not {named}"):
+        rdmadev.optimize(bad)
+
+
+def test_a_concrete_function_is_refused_with_the_fix():
+    cf = tf.function(lambda x: x).get_concrete_function(tf.TensorSpec([], tf.float32))
+    with pytest.raises(TypeError, match="pass the tf.function it came from"):
+        rdmadev.optimize(cf)
