@@ -156,16 +156,8 @@ class Cluster:
             ClusterError: a task exited early or did not listen within ``ready_timeout``; all
                 tasks are stopped first and the message quotes the task's log.
         """
-        env = dict(os.environ)
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        env.update(self.env)
-        spec_json = json.dumps(self.spec)
         for job, index, _ in self.tasks():
-            logf = open(self.log_path(job, index), "wb")
-            proc = subprocess.Popen(self.launcher(job, index, spec_json), stdout=logf, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-            self._procs[(job, index)] = (proc, logf)
-            log.info("started %s:%d pid=%d", job, index, proc.pid)
+            self._spawn(job, index)
         try:
             self._wait_ready()
         except BaseException:
@@ -173,9 +165,44 @@ class Cluster:
             raise
         return self
 
-    def _wait_ready(self):
+    def _spawn(self, job, index):
+        env = dict(os.environ)
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        env.update(self.env)
+        logf = open(self.log_path(job, index), "ab")  # a restarted task appends to its log
+        proc = subprocess.Popen(self.launcher(job, index, json.dumps(self.spec)), stdout=logf,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True)
+        self._procs[(job, index)] = (proc, logf)
+        log.info("started %s:%d pid=%d", job, index, proc.pid)
+
+    def pid(self, job, index):
+        """The process id of a task."""
+        return self._procs[(job, index)][0].pid
+
+    def kill(self, job, index):
+        """SIGKILLs one task (its process group) and waits for it: a crash, as tests need it."""
+        proc, logf = self._procs[(job, index)]
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=STOP_TIMEOUT_S)
+        logf.close()
+
+    def restart(self, job, index):
+        """Starts a killed or exited task again at the same address; waits until it listens."""
+        proc, logf = self._procs[(job, index)]
+        if proc.poll() is None:
+            raise ClusterError(f"TF task {job}:{index} is still running (pid {proc.pid}); kill it first")
+        logf.close()
+        self._spawn(job, index)
+        self._wait_ready([(job, index)])
+
+    def _wait_ready(self, keys=None):
         deadline = time.monotonic() + self.ready_timeout
-        pending = {(job, i): split_address(addr, job) for job, i, addr in self.tasks()}
+        pending = {(job, i): split_address(addr, job) for job, i, addr in self.tasks()
+                   if keys is None or (job, i) in keys}
         while pending:
             for key, (host, port) in list(pending.items()):
                 proc = self._procs[key][0]

@@ -1,0 +1,113 @@
+"""ParameterServerStrategy with rdmadev when tasks die: one coordinator process that owns its
+own loopback cluster (it kills and restarts tasks), prints one JSON line.
+
+    python pss_faults.py restart_worker | kill_ps
+"""
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import tensorflow as tf  # noqa: E402
+
+import rdmadev  # noqa: E402
+from e2e_util import ENV  # noqa: E402
+from rdmadev.testing import launch  # noqa: E402
+
+#: Steps per phase: enough for every worker to run the step several times.
+STEPS = 40
+
+
+def _strategy(cluster):
+    spec = {**cluster.spec, "chief": [f"127.0.0.1:{launch.free_ports(1)[0]}"]}
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(spec), task_type="chief", task_id=0, rpc_layer="grpc")
+    strategy = tf.distribute.ParameterServerStrategy(resolver)
+    return strategy, tf.distribute.coordinator.ClusterCoordinator(strategy)
+
+
+def _model(strategy):
+    with strategy.scope():
+        w = tf.Variable(tf.zeros([256, 256]), name="w")
+
+    @rdmadev.optimize
+    @tf.function
+    def step():  # adds exactly 1 to every weight: w counts the steps TF applied
+        w.assign_add(tf.ones([256, 256]) + tf.reduce_sum(w) * 0.0)
+        return tf.reduce_sum(w)
+
+    return w, step
+
+
+def _run(coordinator, step, steps):
+    for _ in range(steps):
+        coordinator.schedule(step)
+    coordinator.join()
+
+
+def restart_worker(cluster):
+    """kill -9 a worker mid-training, go on with the other, start it again at the same address:
+    the coordinator gives it steps again and it runs them through rdmadev (new channels)."""
+    strategy, coordinator = _strategy(cluster)
+    w, step = _model(strategy)
+    _run(coordinator, step, STEPS)
+    old_pid = cluster.pid("worker", 1)
+    for _ in range(STEPS):  # in flight while the worker dies
+        coordinator.schedule(step)
+    cluster.kill("worker", 1)
+    coordinator.join()
+    cluster.restart("worker", 1)
+    deadline = time.monotonic() + 120
+    new_pid = cluster.pid("worker", 1)
+    reports = []
+    applied = 2 * STEPS
+    # the coordinator reconnects to the restarted worker on its own schedule: go on training
+    # until that worker has instantiated the step (bounded)
+    while time.monotonic() < deadline:
+        _run(coordinator, step, STEPS)
+        applied += STEPS
+        reports = [str(r) for r in step.reports]
+        if any(f"instance {new_pid:x}." in r for r in reports):
+            break
+    return {"applied": applied, "in_flight": STEPS, "w": float(w[0, 0].numpy()), "old_pid": old_pid,
+            "new_pid": new_pid, "reports": reports}
+
+
+def kill_ps(cluster):
+    """kill -9 the ps mid-training: the coordinator gets TF's error, promptly."""
+    strategy, coordinator = _strategy(cluster)
+    w, step = _model(strategy)
+    _run(coordinator, step, STEPS)
+    for _ in range(STEPS):
+        coordinator.schedule(step)
+    cluster.kill("ps", 0)
+    t0 = time.monotonic()
+    error = ""
+    try:
+        coordinator.join()
+        _run(coordinator, step, STEPS)
+    except Exception as e:  # TF's error type for a lost ps varies (Unavailable, Aborted, ...)
+        error = f"{type(e).__name__}: {e}"
+    return {"error": error[:500], "seconds": time.monotonic() - t0}
+
+
+def main():
+    scenario = sys.argv[1]
+    os.environ.update(ENV)
+    cluster = launch.Cluster(num_ps=1, num_workers=2, env=ENV).start()
+    code = 1
+    try:
+        result = {"restart_worker": restart_worker, "kill_ps": kill_ps}[scenario](cluster)
+        print("RESULT " + json.dumps(result), flush=True)
+        code = 0
+    except BaseException:
+        import traceback
+        traceback.print_exc()
+    finally:
+        cluster.stop()
+    os._exit(code)  # the coordinator's threads still retry the dead tasks: do not wait for them
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""ParameterServerStrategy through rdmadev when a worker or the ps dies (each scenario in its
+own coordinator process with its own cluster: it kills tasks)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from e2e_util import ENV, HERE
+
+pytestmark = pytest.mark.tf
+
+#: Three servers start (~40 s loaded), a worker restarts (~10-40 s), ~200 steps.
+TIMEOUT_S = 420
+
+
+def _run(scenario):
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "pss_faults.py"), scenario],
+                          capture_output=True, text=True, timeout=TIMEOUT_S, cwd=HERE,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **ENV})
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, (proc.stdout + proc.stderr)[-4000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def test_a_killed_worker_restarted_at_its_address_trains_through_rdmadev_again():
+    r = _run("restart_worker")
+    # none lost; a step the dead worker had applied on the ps but not returned is run again
+    # (ClusterCoordinator's at-least-once retry, on gRPC too)
+    assert r["applied"] <= r["w"] <= r["applied"] + r["in_flight"]
+    assert r["new_pid"] != r["old_pid"]
+    restarted = [line for line in r["reports"] if f"instance {r['new_pid']:x}." in line]
+    assert restarted and "on /job:worker/replica:0/task:1): 3 transfers swapped" in restarted[0]
+
+
+def test_a_killed_ps_fails_the_coordinator_promptly():
+    r = _run("kill_ps")
+    assert r["error"], "training went on without its ps"
+    # from the ps's death being noticed, not from rdmadev's deadline running out
+    assert r["seconds"] < float(ENV["RDMADEV_DEADLINE_S"]), r
