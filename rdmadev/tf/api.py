@@ -18,7 +18,7 @@ import secrets
 from ..cluster import reports, runtime
 from ..cluster.spec import parse_cluster
 from ..config import Config
-from ..errors import RdmadevError
+from ..errors import ConfigError, RdmadevError
 from . import ops
 
 __all__ = ["optimize", "enable", "load_into_process", "opt_in_marker", "counters"]
@@ -107,6 +107,20 @@ def _gather(op, cluster=None):
     return out
 
 
+def _check_tasks_serve(rt):
+    """Pings every serving task once: a task started without rdmadev would run an optimized
+    function it instantiates (a ParameterServerStrategy step) on gRPC without a word.
+
+    Raises:
+        ConfigError: naming the task that does not answer and how to start it.
+    """
+    for task, result in _gather("ping").items():
+        if isinstance(result, Exception):
+            cause = Exception.__str__(result)  # without its own "Fix:"
+            raise ConfigError(f"rdmadev.optimize cannot use task {task}: {cause}",
+                              hint=result.hint or "start every task with `rdmadev serve`")
+
+
 def counters(cluster=None):
     """Per-task counters: ``{task: {"channels", "regions", "registered_bytes", "transfers",
     "waits", ...}}`` read from every task's control service now."""
@@ -136,12 +150,19 @@ def _make_optimized_class():
                 self._rdmadev_prepare()
             return super().__call__(*args, **kwargs)
 
+        def get_concrete_function(self, *args, **kwargs):
+            # ClusterCoordinator.schedule traces here and sends the concrete function to a
+            # worker: it never calls the function itself.
+            if not self._rdmadev_ready:
+                self._rdmadev_prepare()
+            return super().get_concrete_function(*args, **kwargs)
+
         def _rdmadev_prepare(self):
             # In the coordinator: the pass must run here too (a call from the coordinator is
             # instantiated here), with a runtime to set up channels through.
             config = Config.from_env()
             if config.enabled:
-                _coordinator(getattr(self, "_rdmadev_cluster", None))
+                _check_tasks_serve(_coordinator(getattr(self, "_rdmadev_cluster", None)))
             load_into_process(auto=config.auto, on=config.enabled)
             self._rdmadev_ready = True
 

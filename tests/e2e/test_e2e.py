@@ -59,18 +59,19 @@ def test_wrong_secret_is_a_clear_error_not_a_silent_fallback(cluster):
     proc = run_driver(cluster, "rdmadev", "train", env={"RDMADEV_SECRET": "not-the-secret"},
                       expect_ok=False)
     assert proc.returncode != 0
-    assert "rdmadev could not plan this function" in proc.stderr
-    assert "RDMADEV_SECRET" in proc.stderr
+    assert "rdmadev.optimize cannot use task" in proc.stderr and "RDMADEV_SECRET" in proc.stderr
 
 
 def test_tasks_started_without_rdmadev_give_a_clear_error():
-    """Plain TF servers (no `rdmadev serve`): the optimized call fails and says how to fix it."""
+    """Plain TF servers (no `rdmadev serve`): the optimized call fails and says how to fix it,
+    in-graph and under ParameterServerStrategy (where the worker would otherwise run the step
+    on gRPC without a word)."""
     from e2e_util import tf_cluster
     with tf_cluster.Cluster() as plain:
-        proc = run_driver(plain, "rdmadev", "train", expect_ok=False)
-    assert proc.returncode != 0
-    assert "rdmadev could not plan this function" in proc.stderr
-    assert "rdmadev serve" in proc.stderr
+        procs = [run_driver(plain, "rdmadev", scenario, expect_ok=False) for scenario in ("train", "pss1")]
+    for proc in procs:
+        assert proc.returncode != 0
+        assert "rdmadev.optimize cannot use task" in proc.stderr and "rdmadev serve" in proc.stderr
 
 
 @pytest.mark.parametrize("workers", [1, 2])
