@@ -52,6 +52,15 @@ def test_a_method_stays_marked_when_bound():
     assert type(bound) is type(Model.__dict__["step"])  # with report and reports
 
 
+def test_without_a_cluster_it_runs_and_exports_like_the_tf_function(tmp_path):
+    module = tf.Module()
+    module.double = rdmadev.optimize(tf.function(lambda x: x * 2.0,
+                                                 input_signature=[tf.TensorSpec([None], tf.float32)]))
+    assert module.double(tf.ones([2])).numpy().tolist() == [2.0, 2.0]
+    tf.saved_model.save(module, str(tmp_path))
+    assert tf.saved_model.load(str(tmp_path)).double(tf.ones([3])).numpy().tolist() == [2.0] * 3
+
+
 @pytest.mark.parametrize("bad, named", [(None, "NoneType"), (3, "int")])
 def test_what_is_not_a_function_is_refused(bad, named):
     with pytest.raises(TypeError, match=f"tf.function or a Python function, not {named}"):

@@ -13,7 +13,10 @@ Example:
 """
 import ctypes
 import functools
+import os
 import secrets
+
+from graph_pass.devices import task_name
 
 from ..cluster import reports, runtime
 from ..cluster.spec import parse_cluster
@@ -90,13 +93,12 @@ def _serving_tasks(rt):
     (the coordinator: `localhost` when connected, `chief` under ParameterServerStrategy)."""
     server_def = _connected_server_def()
     own = server_def.job_name if server_def is not None else None
-    return [f"/job:{job}/replica:0/task:{i}" for job, addresses in sorted(rt.cluster.items())
+    return [task_name(job, i) for job, addresses in sorted(rt.cluster.items())
             if job != own for i in range(len(addresses))]
 
 
-def _gather(op, cluster=None):
+def _gather(rt, op):
     """``{task: result or RdmadevError}`` of control request `op` on every serving task."""
-    rt = _coordinator(cluster)
     out = {}
     for task in _serving_tasks(rt):
         try:
@@ -114,7 +116,7 @@ def _check_tasks_serve(rt):
     Raises:
         ConfigError: naming the task that does not answer and how to start it.
     """
-    for task, result in _gather("ping").items():
+    for task, result in _gather(rt, "ping").items():
         if isinstance(result, Exception):
             cause = Exception.__str__(result)  # without its own "Fix:"
             raise ConfigError(f"rdmadev.optimize cannot use task {task}: {cause}",
@@ -125,7 +127,7 @@ def counters(cluster=None):
     """Per-task counters: ``{task: {"channels", "regions", "registered_bytes", "transfers",
     "waits", ...}}`` read from every task's control service now."""
     return {task: (str(v) if isinstance(v, Exception) else v)
-            for task, v in _gather("counters", cluster).items()}
+            for task, v in _gather(_coordinator(cluster), "counters").items()}
 
 
 def enable(cluster=None):
@@ -161,9 +163,12 @@ def _make_optimized_class():
             # In the coordinator: the pass must run here too (a call from the coordinator is
             # instantiated here), with a runtime to set up channels through.
             config = Config.from_env()
-            if config.enabled:
-                _check_tasks_serve(_coordinator(getattr(self, "_rdmadev_cluster", None)))
             load_into_process(auto=config.auto, on=config.enabled)
+            cluster = getattr(self, "_rdmadev_cluster", None) or _connected_cluster()
+            if cluster is None and "TF_CONFIG" not in os.environ:
+                return  # one process, no cluster (yet): nothing crosses tasks; check next time
+            if config.enabled:
+                _check_tasks_serve(_coordinator(cluster))
             self._rdmadev_ready = True
 
         @property
@@ -177,7 +182,8 @@ def _make_optimized_class():
             appear as a report saying so."""
             token = opt_in_marker() + self.rdmadev_token
             out = [r for r in reports.reports() if r.concerns(token)]
-            for task, result in _gather("reports", getattr(self, "_rdmadev_cluster", None)).items():
+            rt = _coordinator(getattr(self, "_rdmadev_cluster", None))
+            for task, result in _gather(rt, "reports").items():
                 if isinstance(result, Exception):
                     out.append(reports.Report.unreachable(task, result))
                     continue
