@@ -72,7 +72,7 @@ double BenchStreamSend(RingSender& tx, const Region& src, uint64_t size, uint64_
   uint64_t first = tx.sent() + 1;
   auto t0 = Clock::now();
   for (uint64_t i = 0; i < count; ++i) tx.Send(src.base(), size, deadline);
-  WaitWord(credit.Word(0), first + count - 1, deadline, policy, nullptr, "the last release");
+  WaitWord(tx.CreditNeeded().first, first + count - 1, deadline, policy, nullptr, "the last release");
   return Seconds(t0, Clock::now());
 }
 

@@ -7,6 +7,8 @@ namespace rdmadev {
 
 namespace {
 
+std::atomic<uint64_t> g_sent{0}, g_received{0};
+
 // Rings beyond 2^48 bytes are a corrupted plan, not a real tensor: no host maps that much.
 constexpr uint64_t kMaxRingBytes = uint64_t(1) << 48;
 
@@ -40,11 +42,30 @@ void RingLayout::Validate() const {
   }
 }
 
+TransferCounts CountedTransfers() {
+  TransferCounts c;
+  c.sent = g_sent.load(std::memory_order_relaxed);
+  c.received = g_received.load(std::memory_order_relaxed);
+  return c;
+}
+
+void CheckCreditLine(uint64_t offset, uint64_t size) {
+  if (offset % kCreditBytes != 0 || !RangeInside(offset, kCreditBytes, size)) {
+    throw Error(ErrorKind::kConfig,
+                "Failed to set up channel: credit offset " + std::to_string(offset) +
+                    " is not a whole " + std::to_string(kCreditBytes) +
+                    "-byte line inside the credit region of " + std::to_string(size) + " bytes",
+                0, "give channel i of a task pair the credit line at i * CREDIT_BYTES of a region "
+                   "of (channels * CREDIT_BYTES) bytes");
+  }
+}
+
 RingSender::RingSender(std::shared_ptr<Endpoint> to_receiver, std::shared_ptr<RemoteRegion> ring,
-                       RingLayout layout, std::shared_ptr<Region> credit, uint64_t epoch,
-                       WaitPolicy policy)
+                       RingLayout layout, std::shared_ptr<Region> credit, uint64_t credit_offset,
+                       uint64_t epoch, WaitPolicy policy)
     : ep_(std::move(to_receiver)), ring_(std::move(ring)), layout_(layout),
-      credit_(std::move(credit)), epoch_(epoch), sent_(epoch), policy_(PolicyFor(policy, ep_.get())) {
+      credit_(std::move(credit)), credit_off_(credit_offset), epoch_(epoch), sent_(epoch),
+      policy_(PolicyFor(policy, ep_.get())) {
   layout_.Validate();
   if (!RangeInside(layout_.base, layout_.bytes(), ring_->desc.size)) {
     throw Error(ErrorKind::kConfig, "Failed to set up channel: the receiver's ring region has " +
@@ -52,14 +73,14 @@ RingSender::RingSender(std::shared_ptr<Endpoint> to_receiver, std::shared_ptr<Re
                                         std::to_string(layout_.bytes()),
                 0, "both sides must use the layout of the same plan");
   }
-  credit_->CheckRange(0, kCreditBytes, "use credit region");
+  CheckCreditLine(credit_off_, credit_->size());
 }
 
 std::pair<const std::atomic<uint64_t>*, uint64_t> RingSender::CreditNeeded() const {
   std::lock_guard<std::mutex> lock(mu_);
   uint64_t n = sent_ + 1;
-  if (n - epoch_ <= layout_.slots) return {credit_->Word(0), 0};
-  return {credit_->Word(0), n - layout_.slots};
+  if (n - epoch_ <= layout_.slots) return {credit_->Word(credit_off_), 0};
+  return {credit_->Word(credit_off_), n - layout_.slots};
 }
 
 uint64_t RingSender::Send(const void* src, uint64_t len, const Deadline& deadline) {
@@ -74,26 +95,27 @@ uint64_t RingSender::Send(const void* src, uint64_t len, const Deadline& deadlin
   uint64_t k = layout_.slots;
   if (n - epoch_ > k) {
     auto ep = ep_;
-    WaitWord(credit_->Word(0), n - k, deadline, policy_,
+    WaitWord(credit_->Word(credit_off_), n - k, deadline, policy_,
              [ep](std::string* why) { return ep->Alive(why); }, "a free slot (credit)");
   }
   uint64_t slot = (n - epoch_ - 1) % k;
   Signal sig{layout_.header(slot), n, len};
   ep_->Write(src, *ring_, layout_.payload(slot), len, &sig, deadline);
   sent_ = n;
+  g_sent.fetch_add(1, std::memory_order_relaxed);
   return n;
 }
 
 RingReceiver::RingReceiver(std::shared_ptr<Region> ring, RingLayout layout,
                            std::shared_ptr<Endpoint> to_sender, std::shared_ptr<RemoteRegion> credit,
-                           uint64_t epoch, WaitPolicy policy)
+                           uint64_t credit_offset, uint64_t epoch, WaitPolicy policy)
     : ring_(std::move(ring)), layout_(layout), ep_(std::move(to_sender)),
-      credit_(std::move(credit)), epoch_(epoch), acquired_(epoch), credit_seq_(epoch),
+      credit_(std::move(credit)), credit_off_(credit_offset), epoch_(epoch), acquired_(epoch), credit_seq_(epoch),
       reported_(epoch), released_(layout.slots, false), policy_(PolicyFor(policy, ep_.get())),
       reserved_(epoch) {
   layout_.Validate();
   ring_->CheckRange(layout_.base, layout_.bytes(), "lay out ring");
-  CheckRemoteRange(credit_->desc, 0, kSignalBytes, nullptr);
+  CheckCreditLine(credit_off_, credit_->desc.size);
 }
 
 Slot RingReceiver::Acquire(const Deadline& deadline) {
@@ -138,6 +160,7 @@ Slot RingReceiver::TakeLocked(uint64_t n, uint64_t seen) {
                 0, "both sides must agree on the epoch and slot count");
   }
   acquired_ = n;
+  g_received.fetch_add(1, std::memory_order_relaxed);
   return Slot{n, ring_->base() + layout_.payload(slot), len};
 }
 
@@ -176,7 +199,7 @@ void RingReceiver::Release(uint64_t seq, const Deadline& deadline) {
   // batch (<= K), so a sender blocked on credit is always eventually unblocked.
   const uint64_t batch = std::max<uint64_t>(1, layout_.slots / 4);
   if (credit_seq_ != before && credit_seq_ - reported_ >= batch) {
-    Signal sig{0, credit_seq_, 0};
+    Signal sig{credit_off_, credit_seq_, 0};
     ep_->Write(nullptr, *credit_, 0, 0, &sig, deadline);
     reported_ = credit_seq_;
   }

@@ -8,7 +8,8 @@
 // payload at +payload_offset). The ring never computes a stride of its own; it validates
 // what it is given. Transfer n (counted from epoch+1, an epoch both sides agree on at
 // setup, never read from memory) goes to slot (n - epoch - 1) % K. The sender's credit
-// region holds at +0 the highest n the receiver has released (in order).
+// region holds, at the channel's credit offset, the highest n the receiver has released (in
+// order); the channels of one task pair share one credit region, a cache line each.
 #pragma once
 
 #include <cstdint>
@@ -45,15 +46,27 @@ struct RingLayout {
   // Throws kConfig naming the bad field and the fix.
   void Validate() const;
 };
-// The credit region: one cache line holding the u64 credit word at +0.
+// A channel's credit line: one cache line (so that two channels' credits never share one)
+// holding the u64 credit word at +0. A credit region holds one line per channel.
 constexpr uint64_t kCreditBytes = kCacheLine;
+// Throws kConfig unless `offset` is a whole credit line inside a credit region of `size`.
+void CheckCreditLine(uint64_t offset, uint64_t size);
+
+// Transfers completed by every channel of this process since it started.
+struct TransferCounts {
+  uint64_t sent = 0;
+  uint64_t received = 0;
+};
+TransferCounts CountedTransfers();
 
 // Both halves are safe to call from several threads (TF kernels, the progress thread,
 // tensor buffers released anywhere).
 class RingSender {
  public:
+  // `credit_offset`: this channel's line in the (local) credit region.
   RingSender(std::shared_ptr<Endpoint> to_receiver, std::shared_ptr<RemoteRegion> ring,
-             RingLayout layout, std::shared_ptr<Region> credit, uint64_t epoch, WaitPolicy policy);
+             RingLayout layout, std::shared_ptr<Region> credit, uint64_t credit_offset,
+             uint64_t epoch, WaitPolicy policy);
   // Waits for a free slot (credit), writes len bytes from src and signals; returns n.
   uint64_t Send(const void* src, uint64_t len, const Deadline& deadline);
   uint64_t sent() const { return sent_; }
@@ -69,6 +82,7 @@ class RingSender {
   std::shared_ptr<RemoteRegion> ring_;
   RingLayout layout_;
   std::shared_ptr<Region> credit_;
+  uint64_t credit_off_;
   uint64_t epoch_, sent_;
   WaitPolicy policy_;
 };
@@ -81,9 +95,10 @@ struct Slot {
 
 class RingReceiver {
  public:
+  // `credit_offset`: this channel's line in the sender's credit region.
   RingReceiver(std::shared_ptr<Region> ring, RingLayout layout,
                std::shared_ptr<Endpoint> to_sender, std::shared_ptr<RemoteRegion> credit,
-               uint64_t epoch, WaitPolicy policy);
+               uint64_t credit_offset, uint64_t epoch, WaitPolicy policy);
   // Waits for the next transfer in order. At most K may be held (acquired, not released).
   Slot Acquire(const Deadline& deadline);
   // Gives slot `seq` back; the sender's credit advances over every released prefix.
@@ -107,6 +122,7 @@ class RingReceiver {
   RingLayout layout_;
   std::shared_ptr<Endpoint> ep_;
   std::shared_ptr<RemoteRegion> credit_;
+  uint64_t credit_off_;
   uint64_t epoch_, acquired_, credit_seq_;
   uint64_t reported_;  // highest credit written to the sender
   std::vector<bool> released_;  // by slot, for transfers in (credit_seq_, acquired_]

@@ -115,6 +115,13 @@ void Domain::Release(uint64_t id) {
   r->Close();
 }
 
+std::pair<uint64_t, uint64_t> Domain::RegionStats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t bytes = 0;
+  for (const auto& kv : regions_) bytes += kv.second->size();
+  return {regions_.size(), bytes};
+}
+
 std::string Domain::Choose(const std::string& peer_address, const std::string& fabric) const {
   auto peer = ParseAddress(peer_address);
   std::lock_guard<std::mutex> lock(mu_);

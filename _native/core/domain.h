@@ -40,6 +40,8 @@ class Domain : public std::enable_shared_from_this<Domain> {
   // The live region with this id, or null (the tcp fabric serves frames through this).
   std::shared_ptr<Region> Find(uint64_t id) const;
   void Release(uint64_t id);
+  // Regions live in this domain and their bytes (what it has registered with its fabrics).
+  std::pair<uint64_t, uint64_t> RegionStats() const;
 
   // An endpoint to the peer at `peer_address` over `fabric` ("auto": the best fabric both
   // ends can reach, in FabricPriority order).

@@ -1,129 +1,301 @@
-"""Channel setup between tasks, both halves.
+"""Channel setup between tasks: one control round trip per (receiver, sender) task pair.
 
-The receiving task allocates the ring region exactly as planned and hands its descriptor to
-the sender; the sender attaches it, allocates its credit word and hands that back; both bind
-the channel under the plan's key, where the TF ops find it. ``open_channel`` drives the three
-control requests from the process that planned; ``ChannelTable`` serves them in each task.
+The planning process (the coordinator, or the worker running a ParameterServerStrategy step)
+groups an instantiation's swapped transfers by receiving task and sends each receiver one
+``open_pairs`` request, receivers in parallel. For each sending peer (in parallel) the
+receiver allocates the pair's region exactly as planned and makes one ``attach_senders``
+call to the sender, which attaches the region once, allocates one credit region for the
+pair (a cache line per channel), binds its senders and answers with the credit region's
+descriptor; the receiver then binds its receivers and answers. The TF kernels find both
+halves by channel key in the process-wide native table.
+
+    planner --open_pairs--> receiver --attach_senders--> sender
+            <--------------          <----------------
 
 Example:
-    >>> fabric = open_channel(rt.call, instance, transfer, region_bytes, allocated)
+    >>> fabrics, registered = open_channels(rt.call, instance, swapped, region_bytes)
 """
+import logging
+import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 from graph_pass.devices import split_task
 
 from .. import _core
+from ..errors import ConfigError, ProtocolError, RdmadevError
+from . import instances
 
-__all__ = ["ChannelTable", "open_channel", "open_channels", "REQUESTS", "CREDIT_BYTES"]
+__all__ = ["ChannelTable", "open_channels", "REQUESTS", "CREDIT_BYTES"]
 
-#: Bytes of a sender's credit region (C++ kCreditBytes in channel.h: one cache line).
+#: Bytes of one channel's credit line (C++ kCreditBytes in channel.h: one cache line); a
+#: pair's credit region holds one line per channel.
 CREDIT_BYTES = _core.CREDIT_BYTES
 
 #: The control requests ChannelTable serves (the runtime routes them here).
-REQUESTS = ("alloc_region", "send_channel", "recv_channel")
+REQUESTS = ("open_pairs", "attach_senders", "release", "counters")
+
+#: Seconds the release watcher waits for released halves before checking for shutdown: the
+#: longest a closing table waits for it, and nothing else (releases wake it at once).
+WATCH_INTERVAL_S = 0.5
+
+log = logging.getLogger(__name__)
+log.addHandler(logging.NullHandler())
+
+#: The fields of a channel in setup requests: its key and the plan's ring layout.
+LAYOUT_FIELDS = ("slots", "slot_bytes", "payload_offset", "capacity_bytes", "offset")
 
 
-def _layout(request):
-    """The ring layout a channel request carries: the plan's, field for field."""
-    return _core.RingLayout(request["slots"], request["slot_bytes"], request["payload_offset"],
-                            request["capacity"], request["offset"])
+def _layout(channel):
+    """The ring layout a channel entry carries: the plan's, field for field."""
+    return _core.RingLayout(*(channel[f] for f in LAYOUT_FIELDS))
 
 
-def _layout_fields(t):
-    """The plan's layout of transfer `t`, as channel requests carry it."""
-    return {"slots": t.slots, "slot_bytes": t.slot_bytes, "payload_offset": t.payload_offset,
-            "capacity": t.capacity_bytes, "offset": t.offset}
+def _channel_entry(t):
+    """Transfer `t` as setup requests carry it."""
+    return {"key": t.channel_key, **{f: getattr(t, f) for f in LAYOUT_FIELDS}}
+
+
+def _identity(task):
+    """The Domain identity ("job:index") of task name `task` (what fabrics authenticate)."""
+    job, index = split_task(task)
+    return f"{job}:{index}"
+
+
+def _naming(e, what):
+    """Exception `e` again, its message prefixed with `what` (errno and hint kept)."""
+    if isinstance(e, RdmadevError):
+        return type(e)(f"{what}: {e.args[0] if e.args else e}", e.errno, e.hint)
+    return ProtocolError(f"{what}: {type(e).__name__}: {e}")
+
+
+def _in_parallel(fn, items):
+    """[fn(item) for item in items], concurrently when there are several. Every call runs to
+    completion; the first failure (in item order) is raised after all have ended."""
+    items = list(items)
+    if len(items) <= 1:
+        return [fn(item) for item in items]
+    with ThreadPoolExecutor(max_workers=len(items), thread_name_prefix="rdmadev-setup") as pool:
+        futures = [pool.submit(fn, item) for item in items]
+    return [f.result() for f in futures]
 
 
 class ChannelTable:
-    """One task's regions, endpoints and bound channels (all closed with its Domain)."""
+    """One task's side of channel setup and release: serves REQUESTS.
 
-    def __init__(self, domain, config):
+    Bound halves live in the native channel table, holding leases on the regions they use;
+    nothing here keeps a channel alive. A half goes when its last TF kernel is destroyed
+    (the native table queues it and the watcher thread started here tells the peer task to
+    unbind the other half), on a ``release`` request, or when this table closes.
+
+    Args:
+        domain: this task's Domain.
+        config: its rdmadev Config (fabric, deadline).
+        call: ``call(task, request) -> result`` to reach peers (``Runtime.call``); needed by
+            a receiving task, which calls each sender once per instantiation, and for
+            release notices (without it no watcher runs).
+        task: this task's name (``/job:ps/replica:0/task:0``), told to peers.
+    """
+
+    def __init__(self, domain, config, call=None, task=None):
         self.domain = domain
         self.config = config
-        self.endpoints = {}
-        self.regions = {}
-        self.channels = {}
-        self.lock = threading.RLock()
+        self.call = call
+        self.task = task
+        self.endpoints = {}  # peer domain address -> Endpoint
+        self.peers = {}  # peer domain address -> its task name
+        self.lock = threading.Lock()
+        self.notices = {"sent": 0, "failed": 0}  # release notices to peers
+        self.closing = threading.Event()
+        self.watcher = None
+        if call is not None:
+            self.watcher = threading.Thread(target=self._watch_releases, daemon=True,
+                                            name=f"rdmadev-release {task}")
+            self.watcher.start()
 
     def handle(self, request):
         """Serves one of REQUESTS."""
         return getattr(self, request["op"])(request)
 
-    def _endpoint(self, address):
+    def _endpoint(self, address, task):
         with self.lock:
+            self.peers[address] = task
             ep = self.endpoints.get(address)
             if ep is None or not ep.alive()[0]:
                 ep = self.endpoints[address] = self.domain.connect(address, self.config.fabric,
                                                                    timeout=self.config.deadline_s)
             return ep
 
-    def alloc_region(self, r):
-        with self.lock:
-            region = self.regions.get(r["region"])
-            if region is None:
-                job, index = split_task(r["sender"])
-                region = self.domain.allocate(r["bytes"], label=r["region"], grant=[f"{job}:{index}"])
-                self.regions[r["region"]] = region
-        return {"address": self.domain.address, "descriptor": region.descriptor.hex()}
+    # -- receiving task --
 
-    def send_channel(self, r):
-        ep = self._endpoint(r["receiver_address"])
-        credit = self.domain.allocate(CREDIT_BYTES, label="credit")
-        tx = _core.RingSender(ep, ep.attach(bytes.fromhex(r["ring"])), _layout(r), credit, epoch=0)
-        tx.bind(r["key"])
-        with self.lock:
-            self.channels[r["key"]] = tx
+    def open_pairs(self, r):
+        """Sets up every pair of request `r` whose receiver is this task (senders in parallel).
+
+        Returns:
+            ``{"pairs": [{"sender", "fabric", "registered"}, ...]}`` in request order.
+        """
+        if self.call is None:
+            raise ConfigError(f"task {self.task} cannot set up channels: its ChannelTable has no "
+                              "control client", hint="construct ChannelTable(call=Runtime.call)")
+        return {"pairs": _in_parallel(lambda p: self._open_pair(r["instance"], p), r["pairs"])}
+
+    def _open_pair(self, instance, p):
+        sender, channels = p["sender"], p["channels"]
+        keys = [c["key"] for c in channels]
+        label = f"{instance}/{self.task}<-{sender}"
+        layouts = [_layout(c) for c in channels]  # a bad plan fails before anything is allocated
+        region = self.domain.allocate(p["bytes"], label=label, grant=[_identity(sender)])
+        lease = _core.RegionLease(region)
+        try:
+            sent = self.call(sender, {
+                "op": "attach_senders", "receiver": self.task, "address": self.domain.address,
+                "ring": region.descriptor.hex(), "channels": channels})
+        except Exception as e:
+            region.close()
+            raise ProtocolError(
+                f"sender task {sender} could not set up its {len(channels)} channel(s) to "
+                f"{self.task} (first {keys[0]}): {e}") from None
+        try:
+            ep = self._endpoint(sent["address"], sender)
+            credit = ep.attach(bytes.fromhex(sent["credit"]))
+            for i, (c, lay) in enumerate(zip(channels, layouts)):
+                try:
+                    rx = _core.RingReceiver(region, lay, ep, credit, epoch=0,
+                                            credit_offset=i * CREDIT_BYTES)
+                except Exception as e:
+                    raise _naming(e, f"receiver task {self.task} could not set up channel "
+                                     f"{c['key']} from {sender}") from None
+                rx.bind(c["key"], lease, peer=sender)
+        except BaseException:
+            for key in keys:
+                _core.unbind_channel(key, "recv")
+            region.close()
+            self._notify(sender, keys, "send")
+            raise
+        return {"sender": sender, "fabric": sent["fabric"], "registered": p["bytes"]}
+
+    # -- sending task --
+
+    def attach_senders(self, r):
+        """Binds the sending halves of one pair: attaches the receiver's region once and
+        gives every channel a line of one fresh credit region.
+
+        Returns:
+            ``{"address": this domain, "credit": descriptor hex, "fabric": name}``.
+        """
+        receiver, channels = r["receiver"], r["channels"]
+        ep = self._endpoint(r["address"], receiver)
+        ring = ep.attach(bytes.fromhex(r["ring"]))
+        credit = self.domain.allocate(CREDIT_BYTES * len(channels), label=f"credit<-{receiver}",
+                                      grant=[_identity(receiver)])
+        lease = _core.RegionLease(credit)
+        try:
+            for i, c in enumerate(channels):
+                try:
+                    tx = _core.RingSender(ep, ring, _layout(c), credit, epoch=0,
+                                          credit_offset=i * CREDIT_BYTES)
+                except Exception as e:
+                    raise _naming(e, f"sender task {self.task} could not set up channel "
+                                     f"{c['key']} to {receiver}") from None
+                tx.bind(c["key"], lease, peer=receiver)
+        except BaseException:
+            for c in channels:
+                _core.unbind_channel(c["key"], "send")
+            credit.close()
+            raise
         return {"address": self.domain.address, "credit": credit.descriptor.hex(),
                 "fabric": ep.fabric}
 
-    def recv_channel(self, r):
-        ep = self._endpoint(r["sender_address"])
-        rx = _core.RingReceiver(self.regions[r["region"]], _layout(r), ep,
-                                ep.attach(bytes.fromhex(r["credit"])), epoch=0)
-        rx.bind(r["key"])
+    # -- release --
+
+    def release(self, r):
+        """Unbinds `half` ("send", "recv" or "both") of every channel in ``r["keys"]`` here
+        (their regions go with their last half). Returns how many halves went."""
+        half = r.get("half", "both")
+        return sum(_core.unbind_channel(key, half) for key in r["keys"])
+
+    def _notify(self, peer, keys, half):
+        """Best effort: tells `peer` to unbind its `half` of `keys`."""
+        if self.call is None or not keys:
+            return
+        try:
+            self.call(peer, {"op": "release", "keys": list(keys), "half": half})
+            self.notices["sent"] += 1
+        except Exception as e:  # the peer may be gone; its channels went with it
+            self.notices["failed"] += 1
+            log.info("rdmadev: could not tell %s to release %d channel(s): %s", peer, len(keys), e)
+
+    def _sweep_dead_peers(self):
+        """Unbinds the halves whose peer task died (its endpoint says so)."""
         with self.lock:
-            self.channels[r["key"]] = rx
-        return {"fabric": ep.fabric}
+            dead = [(a, ep) for a, ep in self.endpoints.items() if not ep.alive()[0]]
+            for address, _ in dead:
+                del self.endpoints[address]
+        for address, ep in dead:
+            task = self.peers.get(address)
+            n = _core.unbind_peer(self.domain, task) if task else 0
+            log.info("rdmadev: peer %s (%s) is gone: %s; unbound %d channel half(s)", task,
+                     address, ep.alive()[1] if not ep.closed else "closed", n)
+            ep.close()
+
+    def _watch_releases(self):
+        """Tells peers about halves unbound here because TF destroyed their kernels, and
+        unbinds the halves of peers that died."""
+        while not self.closing.is_set():
+            try:
+                self._sweep_dead_peers()
+            except Exception as e:  # never let the watcher die
+                log.info("rdmadev: peer sweep failed: %s", e)
+            try:
+                released = _core.take_released(self.domain, timeout=WATCH_INTERVAL_S)
+            except Exception:  # the domain closed under us
+                return
+            by_peer = {}
+            for key, peer, half in released:
+                by_peer.setdefault((peer, "recv" if half == "send" else "send"), []).append(key)
+            for (peer, half), keys in by_peer.items():
+                if peer and not self.closing.is_set():
+                    self._notify(peer, keys, half)
+
+    def counters(self, r=None):
+        """This task's channel resources (the ``counters`` control request).
+
+        Returns:
+            ``{"channels", "senders", "receivers", "kernels", "regions", "registered_bytes",
+            "transfers", "sent", "received", "waits", "fds", "memfd_maps", "notices"}``:
+            channel halves bound here (and the live TF kernels using them), regions and their
+            bytes in this task's Domain, transfers completed by this process, waits pending on
+            the progress thread, open file descriptors, mappings of rdmadev memfds (its own
+            regions and peers' mapped here), release notices sent and failed.
+        """
+        bound = _core.channel_counts(self.domain)
+        moved = _core.transfer_counts()
+        regions, registered = self.domain.region_stats
+        return {"channels": bound["senders"] + bound["receivers"], **bound,
+                "regions": regions, "registered_bytes": registered,
+                "transfers": moved["sent"] + moved["received"], **moved,
+                "waits": self.domain.pending_waits, "fds": len(os.listdir("/proc/self/fd")),
+                "memfd_maps": _memfd_maps(), "notices": dict(self.notices)}
 
     def close(self):
-        """Unbinds every channel (the Domain's close frees regions and endpoints)."""
-        with self.lock:
-            for key in list(self.channels):
-                _core.unbind_channel(key)
-            self.channels.clear()
+        """Stops the watcher and unbinds every channel half of this task (the Domain's close
+        frees what remains)."""
+        self.closing.set()
+        _core.unbind_domain(self.domain)
+        if self.watcher is not None and self.watcher is not threading.current_thread():
+            self.watcher.join(2 * WATCH_INTERVAL_S)
 
 
-def open_channel(call, instance, t, region_bytes, allocated):
-    """Sets up the channel of planned transfer `t` through the tasks' control services.
-
-    Args:
-        call: ``call(task, request) -> result`` (``Runtime.call``).
-        instance: the instantiation id (prefix of region labels).
-        t: a graph_pass Transfer decided "swap".
-        region_bytes: bytes of the plan region `t` lives in.
-        allocated: ``{region id: alloc result}`` shared by the instantiation's transfers; a
-            region is allocated once, on its first transfer.
-    Returns:
-        The fabric the channel uses, and whether its region was allocated by this call.
-    """
-    label = f"{instance}/{t.region}"
-    fresh = t.region not in allocated
-    if fresh:
-        allocated[t.region] = call(t.recv_task, {
-            "op": "alloc_region", "region": label, "bytes": region_bytes, "sender": t.send_task})
-    ring = allocated[t.region]
-    sent = call(t.send_task, {
-        "op": "send_channel", "key": t.channel_key, **_layout_fields(t),
-        "receiver_address": ring["address"], "ring": ring["descriptor"]})
-    call(t.recv_task, {
-        "op": "recv_channel", "key": t.channel_key, "region": label, **_layout_fields(t),
-        "sender_address": sent["address"], "credit": sent["credit"]})
-    return sent["fabric"], fresh
+def _memfd_maps():
+    """Mappings of rdmadev region memfds in this process (its regions and peers')."""
+    with open("/proc/self/maps") as f:
+        return sum(1 for line in f if "/memfd:rdmadev:" in line)
 
 
 def open_channels(call, instance, transfers, region_bytes):
-    """Sets up the channels of an instantiation's swapped transfers.
+    """Sets up the channels of an instantiation's swapped transfers: one ``open_pairs``
+    request per receiving task (in parallel), one ``attach_senders`` round trip from each
+    receiver to each of its senders (in parallel).
 
     Args:
         call: ``call(task, request) -> result`` (``Runtime.call``).
@@ -132,11 +304,41 @@ def open_channels(call, instance, transfers, region_bytes):
         region_bytes: ``{region id: bytes}`` of the plan's regions.
     Returns:
         ``({channel key: fabric}, {recv task: bytes registered there})``.
+    Raises:
+        ProtocolError: naming the receiving task, and the sender and channel where known.
     """
-    fabrics, registered, allocated = {}, {}, {}
+    pairs = {}  # recv task -> send task -> [transfer]
     for t in transfers:
-        fabric, fresh = open_channel(call, instance, t, region_bytes[t.region], allocated)
-        fabrics[t.channel_key] = fabric
-        if fresh:
-            registered[t.recv_task] = registered.get(t.recv_task, 0) + region_bytes[t.region]
+        pairs.setdefault(t.recv_task, {}).setdefault(t.send_task, []).append(t)
+
+    def open_receiver(recv_task):
+        senders = pairs[recv_task]
+        request = {"op": "open_pairs", "instance": instance, "pairs": [
+            {"sender": s, "bytes": region_bytes[ts[0].region],
+             "channels": [_channel_entry(t) for t in ts]} for s, ts in senders.items()]}
+        try:
+            return call(recv_task, request)["pairs"]
+        except Exception as e:
+            raise ProtocolError(f"receiving task {recv_task} could not set up channels from "
+                                f"{', '.join(senders)}: {e}") from None
+
+    try:
+        opened = _in_parallel(open_receiver, pairs)
+    except Exception:
+        # Pairs that did open would otherwise stay bound: nothing will ever use them.
+        keys = [t.channel_key for t in transfers]
+        tasks = {t.recv_task for t in transfers} | {t.send_task for t in transfers}
+        for task in sorted(tasks):
+            try:
+                call(task, {"op": "release", "keys": keys, "half": "both"})
+            except Exception as e:
+                log.info("rdmadev: could not release the channels of %s at %s: %s", instance, task, e)
+        raise
+    instances.track(call, instance, transfers)
+    fabrics, registered = {}, {}
+    for recv_task, done in zip(pairs, opened):
+        for p in done:
+            for t in pairs[recv_task][p["sender"]]:
+                fabrics[t.channel_key] = p["fabric"]
+            registered[recv_task] = registered.get(recv_task, 0) + p["registered"]
     return fabrics, registered

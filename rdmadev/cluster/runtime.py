@@ -57,7 +57,7 @@ class Runtime:
             self.task = task_name(job, index)
             host, _ = split_address(address, job)
             self.domain = open_domain(f"{job}:{index}", self.config, tcp_addr=f"{host}:0")
-            self.table = ChannelTable(self.domain, self.config)
+            self.table = ChannelTable(self.domain, self.config, call=self.call, task=self.task)
             self.server = ControlServer(control_address(address, self.config.control_port_offset),
                                         self.config.secret, self.handle)
 

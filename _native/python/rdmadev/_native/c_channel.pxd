@@ -32,15 +32,22 @@ cdef extern from "channel.h" namespace "rdmadev":
         const unsigned char* data
         uint64_t length
 
+    cdef cppclass TransferCounts:
+        uint64_t sent
+        uint64_t received
+
+    TransferCounts CountedTransfers()
+
     cdef cppclass RingSender:
         RingSender(shared_ptr[Endpoint] ep, shared_ptr[RemoteRegion] ring, RingLayout layout,
-                   shared_ptr[Region] credit, uint64_t epoch, WaitPolicy policy) except +raise_py_error
+                   shared_ptr[Region] credit, uint64_t credit_offset, uint64_t epoch,
+                   WaitPolicy policy) except +raise_py_error
         uint64_t Send(const void* src, uint64_t n, const Deadline& d) except +raise_py_error nogil
         uint64_t sent()
 
     cdef cppclass RingReceiver:
         RingReceiver(shared_ptr[Region] ring, RingLayout layout, shared_ptr[Endpoint] ep,
-                     shared_ptr[RemoteRegion] credit, uint64_t epoch,
+                     shared_ptr[RemoteRegion] credit, uint64_t credit_offset, uint64_t epoch,
                      WaitPolicy policy) except +raise_py_error
         Slot Acquire(const Deadline& d) except +raise_py_error nogil
         void Release(uint64_t seq, const Deadline& d) except +raise_py_error nogil
@@ -50,20 +57,47 @@ cdef extern from "channel.h" namespace "rdmadev":
 
 
 cdef extern from "registry.h" namespace "rdmadev":
+    shared_ptr[void] LeaseRegion(const shared_ptr[Domain]& domain, const shared_ptr[Region]& region)
+
+    cdef enum Half "rdmadev::ChannelRegistry::Half":
+        kSend "rdmadev::ChannelRegistry::kSend"
+        kRecv "rdmadev::ChannelRegistry::kRecv"
+        kBoth "rdmadev::ChannelRegistry::kBoth"
+
     cdef cppclass Sender "rdmadev::ChannelRegistry::Sender":
         shared_ptr[RingSender] ring
         shared_ptr[Domain] domain
+        shared_ptr[void] lease
+        string peer
 
     cdef cppclass Receiver "rdmadev::ChannelRegistry::Receiver":
         shared_ptr[RingReceiver] ring
         shared_ptr[Domain] domain
+        shared_ptr[void] lease
+        string peer
+
+    cdef cppclass Released "rdmadev::ChannelRegistry::Released":
+        string key
+        string peer
+        Half half
+
+    cdef cppclass Counts "rdmadev::ChannelRegistry::Counts":
+        uint64_t senders
+        uint64_t receivers
+        uint64_t kernels
 
     cdef cppclass ChannelRegistry:
         @staticmethod
-        ChannelRegistry& Global()
+        ChannelRegistry& Global() nogil
         void Bind(const string& key, Sender s)
         void Bind(const string& key, Receiver r)
-        void Unbind(const string& key)
+        Sender FindSender(const string& key, const Deadline& d) except +raise_py_error nogil
+        Receiver FindReceiver(const string& key, const Deadline& d) except +raise_py_error nogil
+        size_t Unbind(const string& key, Half half)
+        size_t UnbindDomain(const Domain* domain)
+        size_t UnbindPeer(const Domain* domain, const string& peer)
+        vector[Released] TakeReleased(const Domain* domain, const Deadline& d) nogil
+        Counts CountsFor(const Domain* domain)
         vector[string] Keys()
 
 

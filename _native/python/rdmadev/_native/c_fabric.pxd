@@ -5,6 +5,7 @@ from libcpp cimport bool
 from libcpp.map cimport map
 from libcpp.memory cimport shared_ptr
 from libcpp.string cimport string
+from libcpp.utility cimport pair
 from libcpp.vector cimport vector
 
 from rdmadev._native.c_common cimport (Deadline, Liveness, Progress, ProgressCallback,
@@ -57,6 +58,7 @@ cdef extern from "domain.h" namespace "rdmadev":
         vector[string] fabric_names()
         shared_ptr[Region] Allocate(uint64_t size, const string& label) except +raise_py_error nogil
         void Release(uint64_t id)
+        pair[uint64_t, uint64_t] RegionStats()
         shared_ptr[Endpoint] Connect(const string& address, const string& fabric,
                                      const Deadline& deadline) except +raise_py_error nogil
         string Choose(const string& address, const string& fabric) except +raise_py_error

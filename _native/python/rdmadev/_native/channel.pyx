@@ -6,22 +6,57 @@ from operator import index as _index
 
 from libc.stdint cimport uint64_t
 from libcpp.memory cimport shared_ptr
+from libcpp.string cimport string
+from libcpp.vector cimport vector
 
 from rdmadev._native.handle cimport Handle
 from rdmadev._native.c_channel cimport (BenchStreamRecv, BenchStreamSend, ChannelRegistry,
-                                        Receiver, RingLayout as CLayout,
+                                        Counts, CountedTransfers, Half, LeaseRegion, Receiver,
+                                        Released, RingLayout as CLayout,
                                         RingReceiver as CReceiver, RingSender as CSender, Sender,
-                                        Slot as CSlot, kCreditBytes, kLengthOffset, kSeqOffset,
-                                        kSlotHeaderBytes)
+                                        Slot as CSlot, TransferCounts, kBoth, kCreditBytes,
+                                        kLengthOffset, kRecv, kSend, kSeqOffset, kSlotHeaderBytes)
 from rdmadev._native.c_common cimport Deadline, as_bytes, deadline_of, kCacheLine
-from rdmadev._native.c_fabric cimport kSignalBytes
+from rdmadev._native.c_fabric cimport Domain as CDomain, kSignalBytes
+from rdmadev._native.domain cimport Domain
 from rdmadev._native.endpoint cimport Endpoint, RemoteRegion
 from rdmadev._native.region cimport Region
 
 from rdmadev import errors as _errors
 
-__all__ = ["RingLayout", "RingSender", "RingReceiver", "CREDIT_BYTES", "wire_layout",
-           "unbind_channel", "bound_channels"]
+__all__ = ["RingLayout", "RingSender", "RingReceiver", "RegionLease", "CREDIT_BYTES",
+           "wire_layout", "unbind_channel", "unbind_domain", "unbind_peer", "bound_channels", "channel_send",
+           "channel_recv", "take_released", "channel_counts", "transfer_counts"]
+
+_HALVES = {"send": kSend, "recv": kRecv, "both": kBoth}
+
+
+cdef Half _half(name) except *:
+    try:
+        return _HALVES[name]
+    except KeyError:
+        raise _errors.ConfigError(f"channel half {name!r} is not one of {sorted(_HALVES)}") from None
+
+
+cdef class RegionLease(Handle):
+    """A hold on `region` that channel halves keep (RingSender/RingReceiver.bind(lease=...)):
+    the region is released from its Domain (peers lose access; the memory goes with its last
+    user) once the lease object and every half bound with it are gone.
+
+    A context manager; close() (idempotent) drops this object's hold.
+    """
+    cdef shared_ptr[void] p
+
+    def __cinit__(self, Region region):
+        region._get()
+        self.p = LeaseRegion(region.dom, region.p)
+
+    @property
+    def closed(self):
+        return not self.p
+
+    def close(self):
+        self.p.reset()
 
 #: Bytes of a sender's credit region (one cache line, the u64 credit word at +0).
 CREDIT_BYTES = kCreditBytes
@@ -128,8 +163,8 @@ cdef class RingLayout:
 
 cdef class RingSender(Handle):
     """Sending half of a channel: writes into the receiver's `remote_ring` (a RemoteRegion)
-    laid out by `layout` (a RingLayout); credits arrive in the local `credit_region`
-    (CREDIT_BYTES bytes).
+    laid out by `layout` (a RingLayout); credits arrive in the local `credit_region`, in the
+    CREDIT_BYTES line at `credit_offset` (the channels of a task pair share one region).
 
     A context manager; close() (idempotent) drops this handle (a binding made with bind()
     stays until unbind_channel(key)). Closed by its Domain's close().
@@ -140,12 +175,12 @@ cdef class RingSender(Handle):
     cdef Region credit
 
     def __cinit__(self, Endpoint endpoint, RemoteRegion remote_ring, RingLayout layout,
-                  Region credit_region, uint64_t epoch=0):
+                  Region credit_region, uint64_t epoch=0, uint64_t credit_offset=0):
         endpoint._get()
         remote_ring._get()
         credit_region._get()
-        self.sp.reset(new CSender(endpoint.p, remote_ring.p, layout.c, credit_region.p, epoch,
-                                  endpoint.policy))
+        self.sp.reset(new CSender(endpoint.p, remote_ring.p, layout.c, credit_region.p,
+                                  credit_offset, epoch, endpoint.policy))
         self.endpoint, self.ring, self.credit = endpoint, remote_ring, credit_region
         endpoint.domain._adopt_ring(self)
 
@@ -154,12 +189,20 @@ cdef class RingSender(Handle):
             raise _errors.ClosedError("Failed to use RingSender: it is closed")
         return self.sp.get()
 
-    def bind(self, key):
-        """Publishes this sender under channel `key` for the TF write kernel."""
+    def bind(self, key, RegionLease lease=None, peer=""):
+        """Publishes this sender under channel `key` for the TF write kernel.
+
+        Args:
+            lease: held while bound (the pair's credit region goes with its last half).
+            peer: the receiving task, told when the half is released (take_released()).
+        """
         cdef Sender entry
         self._get()
         entry.ring = self.sp
         entry.domain = self.endpoint.dom
+        if lease is not None:
+            entry.lease = lease.p
+        entry.peer = as_bytes(peer)
         ChannelRegistry.Global().Bind(as_bytes(key), entry)
 
     @property
@@ -196,7 +239,8 @@ cdef class RingSender(Handle):
 
 cdef class RingReceiver(Handle):
     """Receiving half of a channel over the local `ring_region` laid out by `layout`;
-    credits go back through `endpoint` into the sender's `remote_credit` RemoteRegion.
+    credits go back through `endpoint` into the sender's `remote_credit` RemoteRegion, in its
+    line at `credit_offset`.
 
     A context manager; close() (idempotent) drops this handle (a binding made with bind()
     stays until unbind_channel(key)). Closed by its Domain's close().
@@ -207,12 +251,12 @@ cdef class RingReceiver(Handle):
     cdef RemoteRegion credit
 
     def __cinit__(self, Region ring_region, RingLayout layout, Endpoint endpoint,
-                  RemoteRegion remote_credit, uint64_t epoch=0):
+                  RemoteRegion remote_credit, uint64_t epoch=0, uint64_t credit_offset=0):
         ring_region._get()
         endpoint._get()
         remote_credit._get()
-        self.sp.reset(new CReceiver(ring_region.p, layout.c, endpoint.p, remote_credit.p, epoch,
-                                    endpoint.policy))
+        self.sp.reset(new CReceiver(ring_region.p, layout.c, endpoint.p, remote_credit.p,
+                                    credit_offset, epoch, endpoint.policy))
         self._ring, self.endpoint, self.credit = ring_region, endpoint, remote_credit
         endpoint.domain._adopt_ring(self)
 
@@ -221,12 +265,20 @@ cdef class RingReceiver(Handle):
             raise _errors.ClosedError("Failed to use RingReceiver: it is closed")
         return self.sp.get()
 
-    def bind(self, key):
-        """Publishes this receiver under channel `key` for the TF wait kernel."""
+    def bind(self, key, RegionLease lease=None, peer=""):
+        """Publishes this receiver under channel `key` for the TF wait kernel.
+
+        Args:
+            lease: held while bound (the pair's ring region goes with its last half).
+            peer: the sending task, told when the half is released (take_released()).
+        """
         cdef Receiver entry
         self._get()
         entry.ring = self.sp
         entry.domain = self.endpoint.dom
+        if lease is not None:
+            entry.lease = lease.p
+        entry.peer = as_bytes(peer)
         ChannelRegistry.Global().Bind(as_bytes(key), entry)
 
     @property
@@ -275,9 +327,81 @@ cdef class RingReceiver(Handle):
         self.sp.reset()
 
 
-def unbind_channel(key):
-    """Removes channel `key` from the process-wide table."""
-    ChannelRegistry.Global().Unbind(as_bytes(key))
+def unbind_channel(key, half="both"):
+    """Removes `half` ("send", "recv" or "both") of channel `key` from the process-wide table;
+    returns how many halves went."""
+    return ChannelRegistry.Global().Unbind(as_bytes(key), _half(half))
+
+
+def unbind_domain(Domain domain):
+    """Unbinds every channel half bound through `domain`; returns how many went."""
+    return ChannelRegistry.Global().UnbindDomain(domain.p.get())
+
+
+def unbind_peer(Domain domain, peer):
+    """Unbinds every half bound through `domain` whose peer is task `peer`; returns how many."""
+    return ChannelRegistry.Global().UnbindPeer(domain.p.get(), as_bytes(peer))
+
+
+def take_released(Domain domain, timeout=0.0):
+    """Halves of `domain`'s channels unbound because their last TF kernel was destroyed,
+    since the last call, as [(key, peer task, "send" | "recv")]; waits up to `timeout`
+    seconds (GIL released) for one."""
+    cdef Deadline dl = deadline_of(timeout)
+    cdef const void* d = domain.p.get()
+    cdef vector[Released] got
+    with nogil:
+        got = ChannelRegistry.Global().TakeReleased(<const CDomain*>d, dl)
+    return [(r.key.decode(), r.peer.decode(), "send" if r.half == kSend else "recv") for r in got]
+
+
+def channel_counts(Domain domain=None):
+    """{"senders", "receivers", "kernels"} bound through `domain` (None: every domain);
+    kernels: live TF kernels using them."""
+    cdef Counts c = ChannelRegistry.Global().CountsFor(domain.p.get() if domain is not None else NULL)
+    return {"senders": c.senders, "receivers": c.receivers, "kernels": c.kernels}
+
+
+def transfer_counts():
+    """{"sent", "received"}: transfers completed by every channel of this process."""
+    cdef TransferCounts c = CountedTransfers()
+    return {"sent": c.sent, "received": c.received}
+
+
+def channel_send(key, data, timeout=30.0):
+    """Sends `data` (bytes-like) on the sending half bound under `key` in this process (what
+    the TF write kernel does, without TF: for tests and checks). Returns the sequence number.
+
+    Raises:
+        DeadlineExceeded: no half bound under `key`, or no free slot, within `timeout`.
+    """
+    cdef const unsigned char[::1] view = memoryview(data).cast("B")
+    cdef string k = as_bytes(key)
+    cdef Deadline dl = deadline_of(timeout)
+    cdef Sender s
+    cdef uint64_t n
+    cdef const unsigned char* ptr = &view[0] if view.shape[0] else NULL
+    with nogil:
+        s = ChannelRegistry.Global().FindSender(k, dl)
+        n = s.ring.get().Send(ptr, view.shape[0], dl)
+    return n
+
+
+def channel_recv(key, timeout=30.0):
+    """Receives the next transfer on the receiving half bound under `key` in this process
+    (what the TF wait kernel does, without TF). Returns (seq, bytes)."""
+    cdef string k = as_bytes(key)
+    cdef Deadline dl = deadline_of(timeout)
+    cdef Receiver r
+    cdef CSlot s
+    with nogil:
+        r = ChannelRegistry.Global().FindReceiver(k, dl)
+        s = r.ring.get().Acquire(dl)
+    try:
+        return s.seq, bytes((<const char*>s.data)[:s.length])
+    finally:
+        with nogil:
+            r.ring.get().Release(s.seq, dl)
 
 
 def bound_channels():

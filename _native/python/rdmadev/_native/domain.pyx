@@ -77,9 +77,6 @@ cdef class Domain(Handle):
         fabric_options: {"<fabric>.<key>": text}, e.g. {"verbs.device": "rxe0"}; each fabric
             validates its own keys (see rdmadev.Config.fabric_options()).
     """
-    cdef shared_ptr[CDomain] p
-    cdef WaitPolicy policy
-    cdef object _rings, _endpoints, _regions
 
     def __cinit__(self, name, fabrics, secret=b"", tcp_listen="127.0.0.1:0",
                   double spin_us=20, double yield_us=200, fabric_options=None):
@@ -119,6 +116,11 @@ cdef class Domain(Handle):
     @property
     def closed(self):
         return not self.p or self.p.get().closed()
+
+    @property
+    def region_stats(self):
+        """(regions, bytes) this domain has allocated and not yet released."""
+        return self._get().RegionStats()
 
     def allocate(self, uint64_t size, label="region", grant=(ANY_PEER,)):
         """Allocates a pre-faulted region of `size` bytes that `grant` peers may access."""

@@ -1,0 +1,109 @@
+"""Coordinator scenarios for tests/test_lifecycle.py, one process each (TF keeps one remote
+context per process); prints ``RESULT <json>``.
+
+    python lifecycle_driver.py CLUSTER_JSON SCENARIO [ARG]
+
+churn N     N functions, each with a new shape, called once and dropped; returns every
+            task's counters at the start (one instantiation set up and released), with one
+            instantiation live, and after the N are gone.
+"""
+import gc
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import rdmadev  # noqa: E402
+from graph_pass.devices import task_name  # noqa: E402
+from rdmadev.cluster import instances, runtime  # noqa: E402
+
+PS, W0, W1 = task_name("ps", 0), task_name("worker", 0), task_name("worker", 1)
+TASKS = (PS, W0, W1)
+#: Seconds the tasks get to finish releasing after the functions are gone (release requests
+#: go out from a background thread; a loaded 2-core box can stall it for seconds).
+SETTLE_S = 120.0
+
+
+def counters():
+    rt = runtime.current()
+    return {t: rt.call(t, {"op": "counters"}) for t in TASKS}
+
+
+def drain():
+    """Collects dropped functions and runs one synchronous op on every task, so TF's
+    asynchronous function removals reach the tasks before counters are read."""
+    gc.collect()
+    for t in TASKS:
+        with tf.device(t):
+            (tf.constant(1.0) + 1.0).numpy()
+
+
+def settled(want_live=0):
+    """Counters once every tracked instantiation is released and the tasks' channel counts
+    stop changing."""
+    deadline = time.monotonic() + SETTLE_S
+    last = None
+    while True:
+        drain()
+        now = counters()
+        shape = {t: (c["channels"], c["regions"], c["registered_bytes"]) for t, c in now.items()}
+        if instances.tracked()["live"] <= want_live and shape == last:
+            return now
+        if time.monotonic() > deadline:
+            return now
+        last = shape
+        time.sleep(0.5)
+
+
+def make(n):
+    """A function over ps, worker:0 and worker:1 with tensors of `n` floats (3 transfers)."""
+    with tf.device(PS):
+        v = tf.Variable(tf.fill([n], 1.0))
+
+    def f():
+        with tf.device(W0):
+            y = v * 2.0
+        with tf.device(W1):
+            z = y + 1.0
+        with tf.device(PS):
+            v.assign(z)
+        return tf.constant(0)
+
+    return v, rdmadev.optimize(tf.function(f))
+
+
+def churn(count):
+    v, f = make(1)
+    f()
+    assert f.report.count("transfers swapped") == 1 and "3 transfers swapped" in f.report, f.report
+    one = counters()
+    del v, f
+    start = settled()
+    wrong = []
+    for i in range(int(count)):
+        n = 2 + i
+        v, f = make(n)
+        f()
+        if not np.array_equal(v.numpy(), np.full([n], 3.0, np.float32)):
+            wrong.append(n)
+        del v, f
+    end = settled()
+    return {"one": one, "start": start, "end": end, "wrong": wrong,
+            "tracked": instances.tracked()}
+
+
+def main():
+    spec = json.loads(sys.argv[1])
+    tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(spec))
+    runtime.start(spec)
+    scenario, *args = sys.argv[2:]
+    result = {"churn": churn}[scenario](*args)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""Batched channel setup between real task processes (rdmadev's control plane, no TF):
+one open_pairs request per receiving task, one attach_senders round trip per task pair, and
+the channels carry data afterwards (credits flow through each channel's own credit line).
+
+The cluster is ps:0 and worker:0 as `tests/control_task.py` processes, plus worker:1, the
+runtime of this test process, which plans: it is the receiver of some pairs, the sender of
+others, and neither of ps:0 <- worker:0.
+"""
+import json
+import os
+import sys
+import threading
+
+import pytest
+
+import rdmadev
+from graph_pass.devices import task_name
+from graph_pass.plan import Config as PlanConfig, Transfer
+from graph_pass.plan_regions import plan_regions
+from rdmadev import Config
+from rdmadev.cluster import channels, runtime
+from rdmadev.errors import ProtocolError
+from rdmadev.testing import launch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import control_task  # noqa: E402
+
+FABRICS = [f for f in rdmadev.viable_fabrics() if f != "verbs"]  # verbs: tests/test_verbs.py
+
+SECRET = "rdmadev-channel-setup-secret"
+PS, W0, W1 = task_name("ps", 0), task_name("worker", 0), task_name("worker", 1)
+SLOTS = 2
+
+
+@pytest.fixture(scope="module", params=FABRICS)
+def world(request):
+    """(this process's Runtime as worker:1, the launched cluster), every task on one fabric."""
+    ports = launch.free_ports(3)
+    spec = {"ps": [f"127.0.0.1:{ports[0]}"],
+            "worker": [f"127.0.0.1:{ports[1]}", f"127.0.0.1:{ports[2]}"]}
+    full = json.dumps(spec)
+
+    def launcher(job, index, _):
+        return [sys.executable, os.path.join(HERE, "control_task.py"), "--cluster", full,
+                "--job", job, "--task", str(index)]
+
+    launched = {"ps": spec["ps"], "worker": spec["worker"][:1]}
+    env = {"RDMADEV_SECRET": SECRET, "RDMADEV_DEADLINE_S": "60", "RDMADEV_FABRIC": request.param,
+           "PYTHONPATH": os.pathsep.join([os.path.dirname(HERE), HERE, os.environ.get("PYTHONPATH", "")])}
+    runtime.register_handler("t_send", control_task.t_send)
+    runtime.register_handler("t_recv", control_task.t_recv)
+    with launch.Cluster(spec=launched, env=env, launcher=launcher) as cluster:
+        rt = runtime.Runtime(spec, "worker", 1, Config(fabric=request.param, secret=SECRET.encode(),
+                                                        deadline_s=60))
+        try:
+            yield rt, cluster
+        finally:
+            rt.close()
+
+
+_instances = iter(range(1 << 30))
+
+
+def plan(pairs, sizes=(400, 4096, 40)):
+    """A plan over `pairs` [(send task, recv task)], len(sizes) float channels each."""
+    facts = []
+    for s, r in pairs:
+        for i, n in enumerate(sizes):
+            cid = f"{s}->{r}#{i}"
+            facts.append(Transfer(channel_id=cid, tensor_name=cid, send_device=f"{s}/device:CPU:0",
+                                  recv_device=f"{r}/device:CPU:0", send_device_incarnation=1,
+                                  send_node=f"s{i}", recv_node=f"r{i}", dtype="DT_FLOAT",
+                                  shape=[n // 4], shape_source="static", bytes=n))
+    p = plan_regions(facts, PlanConfig(slots=SLOTS), f"t{next(_instances)}")
+    return p, [t for t in p.transfers if t.decision == "swap"], {r.region_id: r.bytes for r in p.regions}
+
+
+def counting(call, log):
+    def wrapped(task, request):
+        log.append((task, request["op"]))
+        return call(task, request)
+    return wrapped
+
+
+def exchange(rt, t, count, seed):
+    """Sends `count` transfers on `t` (more than the slots: credits must come back) and
+    returns the sequence numbers the receiver found wrong."""
+    size = t.capacity_bytes
+    sent = {}
+    sender = threading.Thread(target=lambda: sent.setdefault("n", rt.call(t.send_task, {
+        "op": "t_send", "key": t.channel_key, "count": count, "size": size, "seed": seed})))
+    sender.start()
+    try:
+        return rt.call(t.recv_task, {"op": "t_recv", "key": t.channel_key, "count": count, "seed": seed})
+    finally:
+        sender.join(120)
+        assert sent.get("n") == count
+
+
+PAIRS = [(W0, PS), (PS, W1), (W1, PS), (W1, W0), (W0, W1)]
+
+
+def test_one_round_trip_per_pair_and_the_channels_carry_data(world):
+    rt, _ = world
+    p, swap, regions = plan(PAIRS)
+    planner_log, own_log = [], []
+    rt.table.call = counting(rt.call, own_log)
+    try:
+        fabrics, registered = channels.open_channels(counting(rt.call, planner_log), "i", swap, regions)
+    finally:
+        rt.table.call = rt.call
+    # The planner: one open_pairs per receiving task.
+    assert sorted(planner_log) == sorted([(PS, "open_pairs"), (W1, "open_pairs"), (W0, "open_pairs")])
+    # This task as receiver (of ps and worker:0): one attach_senders per sender.
+    assert sorted(own_log) == sorted([(PS, "attach_senders"), (W0, "attach_senders")])
+    assert set(fabrics) == {t.channel_key for t in swap}
+    assert set(fabrics.values()) == {rt.config.fabric}
+    assert registered == {task: sum(r.bytes for r in p.regions if r.recv_task == task)
+                          for task in (PS, W0, W1)}
+    for i, t in enumerate(swap):
+        assert exchange(rt, t, count=3 * SLOTS + 1, seed=100 * i) == [], t.channel_key
+
+
+def test_the_planner_as_neither_end(world):
+    """Only ps:0 <- worker:0, planned here: this task only relays."""
+    rt, _ = world
+    p, swap, regions = plan([(W0, PS)], sizes=(8, 1 << 20))
+    log = []
+    fabrics, registered = channels.open_channels(counting(rt.call, log), "j", swap, regions)
+    assert log == [(PS, "open_pairs")]
+    assert registered == {PS: p.regions[0].bytes}
+    for i, t in enumerate(swap):
+        assert exchange(rt, t, count=2 * SLOTS + 1, seed=7 + i) == []
+
+
+def test_the_planner_as_receiver_only(world):
+    rt, _ = world
+    _, swap, regions = plan([(PS, W1), (W0, W1)])
+    log = []
+    channels.open_channels(counting(rt.call, log), "k", swap, regions)
+    assert log == [(W1, "open_pairs")]  # served here, no control connection to itself
+    for i, t in enumerate(swap):
+        assert exchange(rt, t, count=SLOTS + 1, seed=3 * i) == []
+
+
+def test_a_sender_failure_names_both_tasks_and_the_channel(world):
+    rt, _ = world
+    _, swap, regions = plan([(W0, PS)])
+    short = {k: 64 for k in regions}  # the receiver allocates less than the layout needs
+    with pytest.raises(ProtocolError) as e:
+        channels.open_channels(rt.call, "bad", swap, short)
+    text = str(e.value)
+    assert f"receiving task {PS}" in text and f"sender task {W0}" in text
+    assert swap[0].channel_key in text
+
+
+def test_an_unreachable_receiver_is_named(world):
+    rt, _ = world
+    _, swap, regions = plan([(W0, PS)])
+
+    def call(task, request):
+        if task == PS:
+            raise ConnectionRefusedError("no such task")
+        return rt.call(task, request)
+
+    with pytest.raises(ProtocolError, match=f"receiving task {PS} .*{W0}"):
+        channels.open_channels(call, "dead", swap, regions)
