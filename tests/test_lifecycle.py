@@ -25,7 +25,7 @@ def cluster():
 
 
 def run(cluster, *args):
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "lifecycle_driver.py"),
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "e2e", "lifecycle_driver.py"),
                            json.dumps(cluster.spec), *map(str, args)],
                           capture_output=True, text=True, timeout=DRIVER_TIMEOUT_S,
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **ENV})

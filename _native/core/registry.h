@@ -5,11 +5,11 @@
 //
 // Lifetime: a bound half holds its ring, endpoint and a lease on the region it owns (the
 // receiver's ring region, the sender's credit region); a region is released from its Domain
-// when the last half holding its lease is unbound. Every TF kernel of a channel counts as a
-// user of its half from construction to destruction (Use/Drop); when the last user of a half
-// goes, TF has dropped the instantiation here, so the half is unbound and queued as released
-// (TakeReleased): the control plane tells the peer task, whose kernels TF may never destroy
-// (remote component functions are not released on their tasks), to unbind the other half.
+// when the last half holding its lease is unbound. Halves are unbound by the control plane:
+// when the process that planned them saw TF drop the function (rdmadev.cluster.instances),
+// when their peer task died, or with their Domain. TF kernels do not own them (ops.cc says
+// why); Use/Drop/TakeReleased count kernel users for a kernel-driven release that is not
+// wired (TF destroys and re-creates kernels of functions it still runs).
 #pragma once
 
 #include <condition_variable>

@@ -3,10 +3,12 @@
 // Both are AsyncOpKernels completed by the domain's progress thread, so a waiting op never
 // holds an inter-op thread (TF's pool has only as many threads as cores here).
 //
-// Each kernel counts as a user of its channel half from construction to destruction
-// (ChannelRegistry::Use/Drop): TF destroys the kernels of an instantiation when it drops it,
-// and the last one gone unbinds the half and frees its memory (registry.h). Kernels keep no
-// reference to a channel between executions, so an unbound channel is freed at once.
+// Kernels do not own their channels: TF destroys and re-creates the kernels of a function it
+// still runs (measured: on every task when a ParameterServerStrategy worker fails and the
+// coordinator resets the cluster), so a channel unbound with its last kernel broke the next
+// step. Channels are released by the process that planned them once TF dropped the function
+// (rdmadev.cluster.instances), when their peer task dies, or with their task. Kernels keep
+// no reference to a channel between executions, so an unbound channel is freed at once.
 #include <atomic>
 #include <cstring>
 
@@ -73,31 +75,11 @@ void CancelOnAbort(tensorflow::CancellationManager* cm, tensorflow::Cancellation
   }
 }
 
-// Registers a kernel as a user of a channel half for its lifetime.
-class ChannelUse {
- public:
-  void Start(const std::string& key, rdmadev::ChannelRegistry::Half half) {
-    key_ = key;
-    half_ = half;
-    rdmadev::ChannelRegistry::Global().Use(key_, half_);
-    used_ = true;
-  }
-  ~ChannelUse() {
-    if (used_) rdmadev::ChannelRegistry::Global().Drop(key_, half_);
-  }
-
- private:
-  std::string key_;
-  rdmadev::ChannelRegistry::Half half_ = rdmadev::ChannelRegistry::kSend;
-  bool used_ = false;
-};
-
 class SendOp : public AsyncOpKernel {
  public:
   explicit SendOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("channel", &channel_));
     OP_REQUIRES_OK(c, c->GetAttr("timeout_s", &timeout_s_));
-    use_.Start(channel_, rdmadev::ChannelRegistry::kSend);
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
@@ -156,7 +138,6 @@ class SendOp : public AsyncOpKernel {
  private:
   std::string channel_;
   float timeout_s_ = 0;  // always set from the attr (the plan's deadline)
-  ChannelUse use_;
 };
 
 // A received tensor that aliases its slot; the slot goes back to the sender (credit) when
@@ -204,7 +185,6 @@ class RecvOp : public AsyncOpKernel {
                 tensorflow::errors::InvalidArgument("rdmadev channel ", channel_,
                                                     " cannot carry ",
                                                     tensorflow::DataTypeString(dtype_)));
-    use_.Start(channel_, rdmadev::ChannelRegistry::kRecv);
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
@@ -282,7 +262,6 @@ class RecvOp : public AsyncOpKernel {
   TensorShape shape_;
   float timeout_s_ = 0;  // always set from the attr (the plan's deadline)
   bool zero_copy_ = false;
-  ChannelUse use_;
 };
 
 REGISTER_KERNEL_BUILDER(Name("RdmadevSend").Device(tensorflow::DEVICE_CPU), SendOp);

@@ -151,8 +151,13 @@ class ControlClient:
     def call(self, request):
         """Sends one request and returns its result, raising the peer's error."""
         with self.lock:
-            _send(self.sock, request)
-            reply = _recv(self.sock)
+            try:
+                _send(self.sock, request)
+                reply = _recv(self.sock)
+            except OSError as e:  # reset or broken pipe: the task behind it died or restarted
+                raise PeerLostError(f"control connection to {self.address[0]}:{self.address[1]} "
+                                    f"failed: {e.strerror or e}", e.errno or 0,
+                                    "the peer task died or restarted (see its log)") from None
         if not reply.get("ok"):
             raise ProtocolError(f"task at {self.address[0]}:{self.address[1]} refused "
                                 f"{request.get('op')}: {reply.get('error')}")

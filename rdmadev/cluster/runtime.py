@@ -16,7 +16,7 @@ from graph_pass.devices import split_task, task_name
 
 from ..config import Config
 from ..device import open_domain
-from ..errors import ConfigError, ProtocolError
+from ..errors import ConfigError, PeerLostError, ProtocolError
 from . import reports
 from .channels import REQUESTS as CHANNEL_REQUESTS, ChannelTable
 from .control import ControlClient, ControlServer, control_address
@@ -85,17 +85,37 @@ class Runtime:
         return handler(request)
 
     def call(self, task, request):
-        """Runs `request` on `task` (here if it is this task) and returns the result."""
+        """Runs `request` on `task` (here if it is this task) and returns the result. A cached
+        connection the task closed (it restarted since) is replaced once: the request never
+        reached the new incarnation, so sending it again is safe."""
         if task == self.task:
             return self.handle(request)
+        client, fresh = self._client(task)
+        try:
+            return client.call(request)
+        except PeerLostError:
+            self._forget(task, client)
+            if fresh:
+                raise
+        return self._client(task)[0].call(request)
+
+    def _client(self, task):
+        """The control client of `task` and whether it was just connected."""
         with self.lock:
             client = self.clients.get(task)
-            if client is None:
-                address = self._address(*split_task(task))
-                client = self.clients[task] = ControlClient(
-                    control_address(address, self.config.control_port_offset), self.config.secret,
-                    timeout=self.config.deadline_s, name=self.task or "coordinator")
-        return client.call(request)
+            if client is not None:
+                return client, False
+            address = self._address(*split_task(task))
+            client = self.clients[task] = ControlClient(
+                control_address(address, self.config.control_port_offset), self.config.secret,
+                timeout=self.config.deadline_s, name=self.task or "coordinator")
+            return client, True
+
+    def _forget(self, task, client):
+        with self.lock:
+            if self.clients.get(task) is client:
+                del self.clients[task]
+        client.close()
 
     def close(self):
         if self.table:
