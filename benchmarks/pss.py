@@ -52,6 +52,12 @@ RESULTS = os.path.join(HERE, "results")
 #: one line (or `--route optimize`).
 ROUTE = "pass_mode"
 VARIANTS = ("grpc", "rdmadev", "local")
+#: --profile adds these to the alternation: the same step on a tiny model (the per-step cost
+#: of a scheduled step: dispatch, control edges, result fetch), with no network and over
+#: ps, and the step's traffic without its compute (every weight read by the worker, a
+#: same-sized update back). With one worker also "local_sched": the no-network step
+#: through coordinator.schedule, to show the thread driver of "local" costs what PSS's does.
+PROFILE = ("local_floor", "grpc_floor", "rdmadev_floor", "grpc_comm", "rdmadev_comm")
 #: Upper bound on one configuration's measurement (all windows): stops early and says so.
 MAX_MEASURE_S = 600.0
 #: Seconds one configuration process may take in matrix mode (start, trace, warm-up,
@@ -84,6 +90,10 @@ def parse_args(argv=None):
     ap.add_argument("--prefix", default=os.path.join(RESULTS, "pss_"),
                     help="matrix: output path prefix (default benchmarks/results/pss_)")
     ap.add_argument("--append_md", help="matrix: append the table, command and date to this file")
+    ap.add_argument("--profile", action="store_true",
+                    help="with --one: also the dispatch floor and the traffic alone (PROFILE)")
+    ap.add_argument("--show_report", action="store_true",
+                    help="with --one: print the workers' rdmadev reports (what crosses, how)")
     ap.add_argument("--no_progress", action="store_true")
     args = ap.parse_args(argv)
     if min(args.num_workers, args.batch, args.steps, args.windows, args.layers, *args.workers) < 1:
@@ -138,6 +148,31 @@ def make_step(tf, keras, strategy, model, opt):
         return strategy.run(replica_fn, args=(x, y))
 
     return step
+
+
+def make_comm_step(tf, strategy, model):
+    """The step's traffic alone: the worker reads every weight and sends back a same-sized
+    update (the read times a worker-side factor that cannot be folded), the ps applies it."""
+    def replica_fn(x):
+        s = tf.reduce_mean(x) * 1e-9
+        for v in model.trainable_variables:
+            v.value.assign_sub(v.value * s)  # the tf.Variable: one read, one update
+        return s
+
+    def step(iterator):
+        return strategy.run(replica_fn, args=(next(iterator)[0],))
+
+    return step
+
+
+def as_rdmadev(tf, rdmadev, py_step, route):
+    """The rdmadev variant of a Python step: the one place that decides how rdmadev is asked.
+    route "pass_mode": a plain second tf.function (its own trace and instantiation), which
+    the workers rewrite because RDMADEV_AUTO is on while it runs (mode_for in run_one).
+    route "optimize": rdmadev.optimize's tf.function, whose opt-in travels to the worker."""
+    if route == "optimize":
+        return rdmadev.optimize(tf.function(py_step))
+    return tf.function(py_step)
 
 
 def parse_reports(texts):
@@ -221,6 +256,15 @@ def run_local(local, n):
     return losses[-1:]
 
 
+def tracing_counts(fns):
+    """How often each variant's tf.function(s) traced so far (a retrace means a new function,
+    instantiated and planned again on the worker)."""
+    def count(f):
+        return f.experimental_get_tracing_count() if hasattr(f, "experimental_get_tracing_count") else 0
+    return {name: sum(count(f[1]) for f in fn) if isinstance(fn, list) else count(fn)
+            for name, fn in fns.items()}
+
+
 def run_one(args):
     """One configuration: its own cluster; returns the result dict."""
     import cnn
@@ -262,41 +306,59 @@ def run_one(args):
         where = sorted({v.value.device for v in model.trainable_variables})
         print(f"model: {len(model.trainable_variables)} variables, {nbytes / 2**20:.1f} MiB on {where}",
               file=sys.stderr, flush=True)
+        # grpc and rdmadev: two tf.functions of one Python step, each traced once
         py_step = make_step(tf, keras, strategy, model, opt)
-        fns = {"grpc": tf.function(py_step)}
-        if args.route == "optimize":
-            fns["rdmadev"] = rdmadev.optimize(tf.function(py_step))
-        else:
-            fns["rdmadev"] = tf.function(py_step)  # rewritten through pass_mode at instantiation
+        fns = {"grpc": tf.function(py_step), "rdmadev": as_rdmadev(tf, rdmadev, py_step, args.route)}
+        names = list(VARIANTS)
+        if args.profile:
+            tiny_args = argparse.Namespace(**{**vars(args), "hidden": 8, "layers": 1})
+            with strategy.scope():
+                tiny, tiny_opt = build_model(keras, tiny_args, seed=1)
+            floor = make_step(tf, keras, strategy, tiny, tiny_opt)
+            comm = make_comm_step(tf, strategy, model)
+            fns.update({"grpc_floor": tf.function(floor),
+                        "rdmadev_floor": as_rdmadev(tf, rdmadev, floor, args.route),
+                        "grpc_comm": tf.function(comm),
+                        "rdmadev_comm": as_rdmadev(tf, rdmadev, comm, args.route)})
+            names += PROFILE
         # "no network": a private model + optimizer (+ dataset) on each worker. PSS can
         # neither pin a scheduled function to a worker nor let workers see each other, so
         # these steps are driven like PSS drives its workers: one coordinator thread per
         # worker runs the step on it and fetches the loss, step after step.
-        local = []
-        for k in range(n):
-            with tf.device(f"/job:worker/replica:0/task:{k}"):
-                m, o = build_model(keras, args, seed=1)
-                it = iter(make_dataset_fn(tf, args)())
-            local.append((f"/job:worker/replica:0/task:{k}",
-                          tf.function(make_step(tf, keras, None, m, o)), it))
-        fns["local"] = local
+        def private_copies(model_args):
+            out = []
+            for k in range(n):
+                device = f"/job:worker/replica:0/task:{k}"
+                with tf.device(device):
+                    m, o = build_model(keras, model_args, seed=1)
+                    it = iter(make_dataset_fn(tf, args)())
+                out.append((device, tf.function(make_step(tf, keras, None, m, o)), it))
+            return out, m, o
+
+        fns["local"], m0, o0 = private_copies(args)
+        if args.profile:
+            fns["local_floor"] = private_copies(tiny_args)[0]
+            if n == 1:  # one worker: schedule can only pick it (strategy.run, as scheduled)
+                fns["local_sched"] = tf.function(make_step(tf, keras, strategy, m0, o0))
+                names.append("local_sched")
         dataset = coordinator.create_per_worker_dataset(make_dataset_fn(tf, args))
         iterator = iter(dataset)
 
         def coord_for(name):
-            return None if name == "local" else coordinator
+            return None if name in ("local", "local_floor") else coordinator
 
         def mode_for(name, warmup=False):
             """RDMADEV_AUTO in the tasks: on while the rdmadev variant runs (pass_mode route),
             and while "local" instantiates (its reports then show it has no cross-task
             transfer at all); off for gRPC."""
-            auto = (name == "rdmadev" and args.route == "pass_mode") or (warmup and name == "local")
+            auto = ((name.startswith("rdmadev") and args.route == "pass_mode")
+                    or (warmup and name.startswith("local")))
             tasks.pass_mode(auto)
 
         # first steps: trace, partition, plan and instantiate on every worker
         first, planned = {}, {}
         warm = max(args.warmup, 2 * n)  # 2 per worker: every worker instantiates each function
-        for name in VARIANTS:
+        for name in names:
             mode_for(name, warmup=True)
             seen = tasks.reports()
             t0 = time.perf_counter()
@@ -308,7 +370,11 @@ def run_one(args):
                   f"{sum(map(len, planned[name].values()))} instantiations planned by rdmadev",
                   file=sys.stderr,
                   flush=True)
-        flat = {name: sum(planned[name].values(), []) for name in VARIANTS}
+        flat = {name: sum(planned[name].values(), []) for name in names}
+        if args.show_report:
+            for name in names:
+                for text in flat[name]:
+                    print(f"[{name}] {text}", file=sys.stderr)
         report = parse_reports(flat["rdmadev"])
         report["workers_planned"] = sum(1 for t in tasks.workers
                                         if parse_reports(planned["rdmadev"][t])["swapped"])
@@ -320,14 +386,15 @@ def run_one(args):
         check = None
         if n == 1 and args.check_steps > 0:
             check = bitwise_check(tf, coordinator, dataset, fns, model, opt, args.check_steps, mode_for)
-        after = tasks.reports()
+        after, traces = tasks.reports(), tracing_counts(fns)
 
-        windows = {name: [] for name in VARIANTS}
-        bar = cnn.Progress(not args.no_progress, args.windows * len(VARIANTS))
+        windows = {name: [] for name in names}
+        bar = cnn.Progress(not args.no_progress, args.windows * len(names))
         t_measure = time.perf_counter()
         try:
             for w in range(args.windows):
-                order = VARIANTS[w % 3:] + VARIANTS[:w % 3]  # rotate: no variant always first
+                r = w % len(names)
+                order = names[r:] + names[:r]  # rotate: no variant always first
                 for name in order:
                     mode_for(name)
                     t0 = time.perf_counter()
@@ -343,6 +410,7 @@ def run_one(args):
         mode_for("off")
         end = tasks.reports()
         re_instantiated = sum(len(end[t]) - len(after[t]) for t in tasks.workers)
+        retraced = {k: v - traces[k] for k, v in tracing_counts(fns).items() if v != traces[k]}
         result = {
             "num_workers": n, "fabric": fabric, "netns": args.netns, "route": args.route,
             "model_bytes": nbytes, "variables": len(model.trainable_variables),
@@ -350,12 +418,12 @@ def run_one(args):
                                                      "batch", "optimizer", "steps", "windows",
                                                      "warmup")},
             "steps_per_sec": {k: statistics.median(v) for k, v in windows.items()},
-            "windows": windows, "first_steps_s": first, "report": report,
-            "instantiations_during_windows": re_instantiated,
+            "windows": windows, "first_steps_s": first, "report": report, "profile": args.profile,
+            "instantiations_during_windows": re_instantiated, "retraced_during_windows": retraced,
             "check": check,
         }
         # Free the functions while the tasks still run (TF unregisters them on the tasks).
-        del fns, local, iterator, dataset, coordinator, strategy
+        del fns, iterator, dataset, coordinator, strategy
         import gc
         gc.collect()
     result["wall_s"] = time.perf_counter() - t_start
@@ -394,15 +462,17 @@ def print_one(r):
     print(f"{r['num_workers']} worker(s), fabric {r['fabric']}{' (netns)' if r['netns'] else ''}, "
           f"{r['model_bytes'] / 2**20:.1f} MiB of weights, median of {len(r['windows']['grpc'])} "
           f"windows of {r['config']['steps']} steps")
-    for name in VARIANTS:
-        ratio = sps[name] / sps["grpc"]
-        print(f"  {name:<8} {sps[name]:8.2f} steps/s  spread {spread(r['windows'][name]):5.1f}%  "
-              f"{ratio:.2f}x grpc")
+    for name in sps:
+        suffix = name.partition("_")[2]
+        base = "grpc_" + suffix if suffix in ("floor", "comm") else "grpc"
+        print(f"  {name:<14} {sps[name]:8.2f} steps/s {1e3 / sps[name]:8.1f} ms/step  spread "
+              f"{spread(r['windows'][name]):5.1f}%  {sps[name] / sps[base]:.2f}x {base}")
     rep = r["report"]
     print(f"  rdmadev: {rep['swapped']} transfers swapped ({rep['swapped_bytes'] / 2**20:.1f} MiB "
           f"per step, {','.join(rep['fabrics']) or '-'}), {rep['kept']} stayed on gRPC; "
           f"{rep['workers_planned']}/{r['num_workers']} workers planned; instantiations during "
-          f"the windows: {r['instantiations_during_windows']}; local: {rep['local_instances']} "
+          f"the windows: {r['instantiations_during_windows']}, retraces: "
+          f"{r['retraced_during_windows'] or 'none'}; local: {rep['local_instances']} "
           f"instantiations, {rep['local_cross_task']} cross-task transfers")
     if r["check"]:
         print(f"  check: bitwise identical to grpc over {r['check']['steps']} steps: "
