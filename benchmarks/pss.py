@@ -171,7 +171,12 @@ def as_rdmadev(tf, rdmadev, py_step, route):
     the workers rewrite because RDMADEV_AUTO is on while it runs (mode_for in run_one).
     route "optimize": rdmadev.optimize's tf.function, whose opt-in travels to the worker."""
     if route == "optimize":
-        return rdmadev.optimize(tf.function(py_step))
+        fn = rdmadev.optimize(tf.function(py_step))
+        if not isinstance(fn, type(tf.function(lambda: None))):  # what schedule accepts
+            raise SystemExit(f"--route optimize: rdmadev.optimize returned a {type(fn).__name__}, "
+                             "which coordinator.schedule refuses (tf.functions only) in this "
+                             "rdmadev; use --route pass_mode")
+        return fn
     return tf.function(py_step)
 
 
@@ -254,6 +259,37 @@ def run_local(local, n):
     if errors:
         raise errors[0]
     return losses[-1:]
+
+
+class CpuClock:
+    """CPU seconds (user + system, all threads) used by the ps, the workers and this
+    coordinator: on 2 shared cores a step's CPU cost, not only its latency, sets throughput."""
+
+    def __init__(self, cluster):
+        import re
+        from rdmadev.tf.server import READY_MARKER
+        self.pids = {}
+        deadline = time.monotonic() + 30  # the line follows the port opening by milliseconds
+        for job, index, _ in cluster.tasks():
+            while (job, index) not in self.pids and time.monotonic() < deadline:
+                text = cluster.log_path(job, index).read_text(errors="replace")
+                m = re.search(rf"{READY_MARKER} \S+ .* pid=(\d+)", text)
+                if m:
+                    self.pids[(job, index)] = int(m.group(1))
+                else:
+                    time.sleep(0.1)
+        self.tick = os.sysconf("SC_CLK_TCK")
+
+    def read(self):
+        """{"ps": s, "workers": s, "coordinator": s} so far."""
+        out = {"ps": 0.0, "workers": 0.0}
+        for (job, _), pid in self.pids.items():
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # fields[11:13]: utime, stime
+            out["ps" if job == "ps" else "workers"] += (int(fields[11]) + int(fields[12])) / self.tick
+        t = os.times()
+        out["coordinator"] = t.user + t.system
+        return out
 
 
 def tracing_counts(fns):
@@ -376,6 +412,9 @@ def run_one(args):
                 for text in flat[name]:
                     print(f"[{name}] {text}", file=sys.stderr)
         report = parse_reports(flat["rdmadev"])
+        if not report["swapped"]:  # never a gRPC-vs-gRPC comparison labelled rdmadev
+            raise SystemExit(f"the rdmadev variant was not rewritten on any worker (route "
+                             f"{args.route}): no transfer swapped; reports: {flat['rdmadev']}")
         report["workers_planned"] = sum(1 for t in tasks.workers
                                         if parse_reports(planned["rdmadev"][t])["swapped"])
         local_rep = parse_reports(flat["local"])
@@ -389,6 +428,8 @@ def run_one(args):
         after, traces = tasks.reports(), tracing_counts(fns)
 
         windows = {name: [] for name in names}
+        clock = CpuClock(cluster)
+        cpu = {name: {"ps": 0.0, "workers": 0.0, "coordinator": 0.0} for name in names}
         bar = cnn.Progress(not args.no_progress, args.windows * len(names))
         t_measure = time.perf_counter()
         try:
@@ -397,9 +438,11 @@ def run_one(args):
                 order = names[r:] + names[:r]  # rotate: no variant always first
                 for name in order:
                     mode_for(name)
-                    t0 = time.perf_counter()
+                    c0, t0 = clock.read(), time.perf_counter()
                     run_steps(coord_for(name), fns[name], iterator, args.steps)
                     windows[name].append(args.steps / (time.perf_counter() - t0))
+                    for k, v in clock.read().items():
+                        cpu[name][k] += v - c0[k]
                     bar.tick(f"{name} window {w + 1}/{args.windows}")
                 if time.perf_counter() - t_measure > MAX_MEASURE_S:
                     print(f"\nstopping after window {w + 1}: over {MAX_MEASURE_S:.0f} s",
@@ -419,6 +462,8 @@ def run_one(args):
                                                      "warmup")},
             "steps_per_sec": {k: statistics.median(v) for k, v in windows.items()},
             "windows": windows, "first_steps_s": first, "report": report, "profile": args.profile,
+            "cpu_ms_per_step": {name: {k: 1e3 * v / (args.steps * len(windows[name]))
+                                       for k, v in c.items()} for name, c in cpu.items()},
             "instantiations_during_windows": re_instantiated, "retraced_during_windows": retraced,
             "check": check,
         }
@@ -465,8 +510,11 @@ def print_one(r):
     for name in sps:
         suffix = name.partition("_")[2]
         base = "grpc_" + suffix if suffix in ("floor", "comm") else "grpc"
+        c = r["cpu_ms_per_step"][name]
         print(f"  {name:<14} {sps[name]:8.2f} steps/s {1e3 / sps[name]:8.1f} ms/step  spread "
-              f"{spread(r['windows'][name]):5.1f}%  {sps[name] / sps[base]:.2f}x {base}")
+              f"{spread(r['windows'][name]):5.1f}%  {sps[name] / sps[base]:.2f}x {base:<11} CPU ms "
+              f"per step: ps {c['ps']:5.1f} workers {c['workers']:5.1f} coordinator "
+              f"{c['coordinator']:5.1f}")
     rep = r["report"]
     print(f"  rdmadev: {rep['swapped']} transfers swapped ({rep['swapped_bytes'] / 2**20:.1f} MiB "
           f"per step, {','.join(rep['fabrics']) or '-'}), {rep['kept']} stayed on gRPC; "
@@ -547,6 +595,24 @@ def markdown(rows):
     return "\n".join(lines) + "\n"
 
 
+def notes(results):
+    """Below the table: what crossed per step, the bitwise checks, re-instantiations."""
+    out = []
+    for r in results:
+        if "error" in r:
+            continue
+        rep, check = r["report"], r["check"]
+        where = "tcp (netns)" if r["netns"] else "shm (loopback)"
+        out.append(f"- {r['num_workers']} worker(s), {where}: rdmadev swapped {rep['swapped']} "
+                   f"transfers ({rep['swapped_bytes'] / 2**20:.1f} MiB per step, "
+                   f"{', '.join(rep['fabrics'])}), {rep['kept']} stayed on gRPC; "
+                   f"{r['instantiations_during_windows']} instantiations and "
+                   f"{sum(r['retraced_during_windows'].values())} retraces during the windows"
+                   + (f"; {check['steps']} steps bitwise identical to gRPC: "
+                      f"{'yes' if check['identical'] else 'NO'}" if check else ""))
+    return "\n".join(out) + "\n"
+
+
 def plot(rows, path, note):
     """Bars of steps/s per configuration and variant, the ratio to gRPC written on top."""
     import matplotlib
@@ -609,7 +675,7 @@ def run_matrix(args):
              f"{ok[0]['model_bytes'] / 2**20:.1f} MiB of weights, " if ok else "")
     head = (f"{model}batch {c.batch}/worker, {c.optimizer}; median of {c.windows} windows of "
             f"{c.steps} steps per variant, alternating; route {c.route}")
-    table = markdown(rows)
+    table = markdown(rows) + "\n" + notes(results)
     print(head)
     print(table)
     os.makedirs(os.path.dirname(os.path.abspath(args.prefix)), exist_ok=True)
