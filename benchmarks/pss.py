@@ -81,7 +81,7 @@ def parse_args(argv=None):
     ap.add_argument("--batch", type=int, default=32, help="examples per worker per step")
     ap.add_argument("--optimizer", default="sgd", choices=["sgd", "rmsprop", "adam"])
     ap.add_argument("--steps", type=int, default=10, help="steps per window")
-    ap.add_argument("--windows", type=int, default=7, help="windows per variant")
+    ap.add_argument("--windows", type=int, default=11, help="windows per variant")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps per variant")
     ap.add_argument("--check_steps", type=int, default=5,
                     help="steps of the bitwise rdmadev-vs-grpc check (one worker only; 0: skip)")
@@ -180,21 +180,15 @@ def as_rdmadev(tf, rdmadev, py_step, route):
     return tf.function(py_step)
 
 
-def parse_reports(texts):
-    """Sums the worker reports (strings, rdmadev.cluster.reports.Report) of some instances."""
-    out = {"instances": len(texts), "swapped": 0, "kept": 0, "swapped_bytes": 0, "fabrics": set(),
-           "kept_lines": []}
-    for text in texts:
-        for line in text.splitlines():
-            parts = line.split()
-            if line.startswith("  grpc "):
-                out["kept"] += 1
-                out["kept_lines"].append(line.strip())
-            elif line.startswith("  ") and len(parts) >= 5 and parts[-1] == "B" and "->" in line:
-                out["swapped"] += 1
-                out["swapped_bytes"] += int(parts[-2])
-                out["fabrics"].add(parts[0])
-    out["fabrics"] = sorted(out["fabrics"])
+def parse_reports(reports):
+    """Sums some worker reports (rdmadev.cluster.reports.Report)."""
+    out = {"instances": len(reports), "swapped": 0, "kept": 0, "swapped_bytes": 0,
+           "fabrics": sorted({s[4] for r in reports for s in r.swapped}),
+           "kept_lines": [f"{k[1]} {k[0]} ({k[2]})" for r in reports for k in r.kept]}
+    for r in reports:
+        out["swapped"] += len(r.swapped)
+        out["kept"] += len(r.kept)
+        out["swapped_bytes"] += sum(s[3] for s in r.swapped)
     return out
 
 
@@ -213,7 +207,10 @@ class Tasks:
             self.rt.call(t, {"op": "pass_mode", "auto": bool(auto)})
 
     def reports(self):
-        return {t: self.rt.call(t, {"op": "reports"}) for t in self.workers}
+        """{worker: [Report, ...]}, oldest first."""
+        from rdmadev.cluster.reports import Report
+        return {t: [Report.from_dict(d) for d in self.rt.call(t, {"op": "reports"})]
+                for t in self.workers}
 
 
 def run_steps(coordinator, fn, iterator, n, join_each=False):
@@ -642,8 +639,9 @@ def plot(rows, path, note):
     ax.set_title("ParameterServerStrategy, 1 ps: gRPC vs rdmadev vs no network (x gRPC on top)",
                  fontsize=10)
     ax.legend(fontsize=8)
-    fig.text(0.5, 0.01, note, ha="center", fontsize=7)
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    import textwrap
+    fig.text(0.5, 0.01, "\n".join(textwrap.wrap(note, 120)), ha="center", fontsize=7)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
