@@ -45,12 +45,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 RESULTS = os.path.join(HERE, "results")
-#: How rdmadev is switched on for the rdmadev variant. "pass_mode": RDMADEV_AUTO flipped on
-#: in every task (the `pass_mode` control request) while the worker instantiates the rdmadev
-#: step, off for the others: works today. "optimize": `rdmadev.optimize(tf.function(step))`,
-#: a tf.function whose opt-in travels to the worker (being landed on main). Switching is this
-#: one line (or `--route optimize`).
-ROUTE = "pass_mode"
+#: How rdmadev is switched on for the rdmadev variant (as_rdmadev). "optimize":
+#: `rdmadev.optimize(tf.function(step))`, a tf.function whose opt-in travels to the worker
+#: that instantiates it (main since 330f645). "pass_mode": the route before that, a plain
+#: second tf.function while RDMADEV_AUTO is flipped on in every task (the `pass_mode` control
+#: request) during the rdmadev windows only. Switching is this one line (or `--route`).
+ROUTE = "optimize"
 VARIANTS = ("grpc", "rdmadev", "local")
 #: --profile adds these to the alternation: the same step on a tiny model (the per-step cost
 #: of a scheduled step: dispatch, control edges, result fetch), with no network and over
@@ -85,7 +85,8 @@ def parse_args(argv=None):
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps per variant")
     ap.add_argument("--check_steps", type=int, default=5,
                     help="steps of the bitwise rdmadev-vs-grpc check (one worker only; 0: skip)")
-    ap.add_argument("--route", default=ROUTE, choices=["pass_mode", "optimize"])
+    ap.add_argument("--route", default=ROUTE, choices=["optimize", "pass_mode"],
+                    help="how the rdmadev variant asks for rdmadev (default %(default)s; see ROUTE)")
     ap.add_argument("--json", help="--one: write the result here")
     ap.add_argument("--prefix", default=os.path.join(RESULTS, "pss_"),
                     help="matrix: output path prefix (default benchmarks/results/pss_)")
