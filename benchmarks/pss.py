@@ -20,12 +20,16 @@ optimizer created under `strategy.scope()` (their variables live on the ps), and
             that instantiates it (see ROUTE below).
   local     "no network": the same model and optimizer with their variables on the worker that
             runs the step (one copy per worker), the compute-only ceiling of any transport.
+            Scheduled with one worker; with more, driven by one coordinator thread per worker
+            (PSS cannot pin a scheduled function to a worker; see build_variants).
 
 Each function is traced once and instantiated once per worker (checked: no new rdmadev
 instantiation during the windows); steps/sec is the median over windows of steps / seconds,
 each window scheduling `--steps` steps and joining. With one worker the rdmadev step is also
 checked against gRPC: the same steps from the same weights give bitwise the same losses and
-weights. The matrix mode runs each configuration in its own process (TF keeps one cluster per
+weights. `--profile` adds variants that split the step's cost (PROFILE), and CPU time per step
+of the ps, the workers and the coordinator is recorded for every variant. Without `--one`,
+benchmarks/pss_matrix.py runs each configuration in its own process (TF keeps one cluster per
 process) and writes benchmarks/results/pss_results.{json,md} and pss.png. Every process and
 namespace started here is stopped at the end.
 """
@@ -35,7 +39,6 @@ import os
 import secrets
 import signal
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -52,17 +55,17 @@ RESULTS = os.path.join(HERE, "results")
 #: request) during the rdmadev windows only. Switching is this one line (or `--route`).
 ROUTE = "optimize"
 VARIANTS = ("grpc", "rdmadev", "local")
-#: --profile adds these to the alternation: the same step on a tiny model (the per-step cost
-#: of a scheduled step: dispatch, control edges, result fetch), with no network and over
-#: ps, and the step's traffic without its compute (every weight read by the worker, a
-#: same-sized update back). With one worker also "local_sched": the no-network step
-#: through coordinator.schedule, to show the thread driver of "local" costs what PSS's does.
-PROFILE = ("local_floor", "grpc_floor", "rdmadev_floor", "grpc_comm", "rdmadev_comm")
+#: --profile adds these to the alternation: a step that only reads one 16-byte variable on
+#: the ps ("touch": what a function spanning worker and ps costs by itself), the same
+#: training step on a tiny model (the per-step cost of a scheduled step: dispatch, small
+#: transfers, control edges, result fetch), with no network and over ps, and the step's
+#: traffic without its compute (every weight read by the worker, a same-sized update back).
+#: With one worker also "local_threads": the no-network step driven by a coordinator thread,
+#: as "local" is with more workers, to show that driver costs what schedule does.
+PROFILE = ("local_floor", "grpc_touch", "rdmadev_touch", "grpc_floor", "rdmadev_floor",
+           "grpc_comm", "rdmadev_comm")
 #: Upper bound on one configuration's measurement (all windows): stops early and says so.
 MAX_MEASURE_S = 600.0
-#: Seconds one configuration process may take in matrix mode (start, trace, warm-up,
-#: check, windows); only catches a hang.
-RUN_TIMEOUT_S = 1200
 
 
 def parse_args(argv=None):
@@ -162,6 +165,15 @@ def make_comm_step(tf, strategy, model):
 
     def step(iterator):
         return strategy.run(replica_fn, args=(next(iterator)[0],))
+
+    return step
+
+
+def make_touch_step(tf, var):
+    """One 16-byte read from the ps and nothing else."""
+    def step(iterator):
+        del iterator  # same signature as the others
+        return tf.reduce_sum(var + 1.0)
 
     return step
 
@@ -299,9 +311,150 @@ def tracing_counts(fns):
             for name, fn in fns.items()}
 
 
+def build_variants(tf, keras, rdmadev, args, strategy, model, opt):
+    """{name: step} for every variant of this run, in alternation order. A step is a
+    tf.function to schedule, or for "local" with several workers [(device, tf.function,
+    iterator)] per worker (run_local)."""
+    n = args.num_workers
+    # grpc and rdmadev: two tf.functions of one Python step, each traced once
+    py_step = make_step(tf, keras, strategy, model, opt)
+    fns = {"grpc": tf.function(py_step), "rdmadev": as_rdmadev(tf, rdmadev, py_step, args.route)}
+
+    # "no network": a private model + optimizer (+ dataset) on each worker. With one worker it
+    # is scheduled like the others (schedule can only pick that worker). With more, PSS can
+    # neither pin a scheduled function to a worker nor let workers see each other, so these
+    # steps are driven as PSS drives its workers: one coordinator thread per worker runs a
+    # step on it and fetches the loss before taking the next.
+    def private_copies(model_args):
+        per_worker = []
+        for k in range(n):
+            device = f"/job:worker/replica:0/task:{k}"
+            with tf.device(device):
+                m, o = build_model(keras, model_args, seed=1)
+                it = iter(make_dataset_fn(tf, args)())
+            per_worker.append((device, tf.function(make_step(tf, keras, None, m, o)), it))
+        scheduled = tf.function(make_step(tf, keras, strategy, m, o)) if n == 1 else None
+        return scheduled or per_worker, per_worker
+
+    fns["local"], threads = private_copies(args)
+    if not args.profile:
+        return fns
+    tiny_args = argparse.Namespace(**{**vars(args), "hidden": 8, "layers": 1})
+    with strategy.scope():
+        tiny, tiny_opt = build_model(keras, tiny_args, seed=1)
+        scalar = tf.Variable(tf.zeros([4]), name="touch")
+    fns["local_floor"] = private_copies(tiny_args)[0]
+    for name, py in (("touch", make_touch_step(tf, scalar)),
+                     ("floor", make_step(tf, keras, strategy, tiny, tiny_opt)),
+                     ("comm", make_comm_step(tf, strategy, model))):
+        fns[f"grpc_{name}"] = tf.function(py)
+        fns[f"rdmadev_{name}"] = as_rdmadev(tf, rdmadev, py, args.route)
+    if n == 1:
+        fns["local_threads"] = threads
+    return fns
+
+
+class Job:
+    """The variants of one configuration against one cluster: runs steps of any of them with
+    the right RDMADEV_AUTO in the tasks, and reads the workers' reports."""
+
+    def __init__(self, args, tasks, coordinator, fns, iterator):
+        self.args, self.tasks, self.coordinator = args, tasks, coordinator
+        self.fns, self.iterator = fns, iterator
+
+    def mode(self, name, warmup=False):
+        """RDMADEV_AUTO in the tasks: on while an rdmadev variant runs on the pass_mode route,
+        and while a "local" variant instantiates (its reports then show any cross-task
+        transfer it has: none); off otherwise, so gRPC stays gRPC."""
+        auto = ((name.startswith("rdmadev") and self.args.route == "pass_mode")
+                or (warmup and name.startswith("local")))
+        self.tasks.pass_mode(auto)
+
+    def run(self, name, steps, iterator=None, join_each=False):
+        fn = self.fns[name]
+        if isinstance(fn, list):  # private copies driven by one thread per worker
+            return run_local(fn, steps)
+        return run_steps(self.coordinator, fn, self.iterator if iterator is None else iterator,
+                         steps, join_each)
+
+    def warm_up(self):
+        """Traces, partitions, plans and instantiates every variant on every worker.
+        Returns (first-steps seconds, {name: {worker: [Report]}} planned meanwhile)."""
+        first, planned = {}, {}
+        steps = max(self.args.warmup, 2 * self.args.num_workers)  # every worker gets some
+        for name in self.fns:
+            self.mode(name, warmup=True)
+            seen = self.tasks.reports()
+            t0 = time.perf_counter()
+            self.run(name, steps)
+            first[name] = time.perf_counter() - t0
+            now = self.tasks.reports()
+            planned[name] = {t: now[t][len(seen[t]):] for t in self.tasks.workers}
+            print(f"{name}: first {steps} steps (trace + instantiate) {first[name]:.1f} s, "
+                  f"{sum(map(len, planned[name].values()))} instantiations planned by rdmadev",
+                  file=sys.stderr, flush=True)
+        return first, planned
+
+    def measure(self, clock):
+        """Alternating windows; returns ({name: [steps/s per window]}, {name: CPU s by role})."""
+        import cnn
+        names = list(self.fns)
+        windows = {name: [] for name in names}
+        cpu = {name: {"ps": 0.0, "workers": 0.0, "coordinator": 0.0} for name in names}
+        bar = cnn.Progress(not self.args.no_progress, self.args.windows * len(names))
+        t_measure = time.perf_counter()
+        try:
+            for w in range(self.args.windows):
+                r = w % len(names)
+                for name in names[r:] + names[:r]:  # rotate: no variant always first
+                    self.mode(name)
+                    c0, t0 = clock.read(), time.perf_counter()
+                    self.run(name, self.args.steps)
+                    windows[name].append(self.args.steps / (time.perf_counter() - t0))
+                    for k, v in clock.read().items():
+                        cpu[name][k] += v - c0[k]
+                    bar.tick(f"{name} window {w + 1}/{self.args.windows}")
+                if time.perf_counter() - t_measure > MAX_MEASURE_S:
+                    print(f"\nstopping after window {w + 1}: over {MAX_MEASURE_S:.0f} s",
+                          file=sys.stderr)
+                    break
+        finally:
+            bar.close()
+            self.mode("off")
+        return windows, cpu
+
+
+def summarize_planned(planned, workers):
+    """What rdmadev planned at warm-up: the rdmadev variant's transfers on every worker, and
+    that gRPC and "local" planned nothing with a cross-task transfer."""
+    flat = {name: sum(p.values(), []) for name, p in planned.items()}
+    report = parse_reports(flat["rdmadev"])
+    if not report["swapped"]:  # never a gRPC-vs-gRPC comparison labelled rdmadev
+        raise SystemExit(f"the rdmadev variant was not rewritten on any worker: no transfer "
+                         f"swapped; its reports: {flat['rdmadev']}")
+    report["workers_planned"] = sum(1 for t in workers
+                                    if parse_reports(planned["rdmadev"][t])["swapped"])
+    local = parse_reports(flat["local"])
+    report["local_instances"] = len(flat["local"])
+    report["local_cross_task"] = local["swapped"] + local["kept"]
+    report["grpc_instances"] = len(flat["grpc"])
+    return report, flat
+
+
+def start_cluster(args, launch, cnn_netns):
+    """The cluster of `rdmadev serve` tasks (a context manager) and the spec with the chief."""
+    env = {"RDMADEV_SECRET": os.environ["RDMADEV_SECRET"],
+           "RDMADEV_FABRIC": "tcp" if args.netns else "shm"}
+    n = args.num_workers
+    print(f"starting 1 ps + {n} workers ({'netns, tcp' if args.netns else '127.0.0.1, shm'}) ...",
+          file=sys.stderr, flush=True)
+    if args.netns:
+        return cnn_netns.NetnsCluster(1, n, env=env), cnn_netns.SUBNET + ".1"
+    return launch.Cluster(num_ps=1, num_workers=n, env=env), launch.HOST
+
+
 def run_one(args):
     """One configuration: its own cluster; returns the result dict."""
-    import cnn
     import cnn_netns
     os.environ.setdefault("RDMADEV_SECRET", secrets.token_hex(16))
     if args.netns:
@@ -315,21 +468,13 @@ def run_one(args):
     import rdmadev
     from rdmadev.testing import launch
 
-    env = {"RDMADEV_SECRET": os.environ["RDMADEV_SECRET"]}
-    fabric = "tcp" if args.netns else "shm"
-    env["RDMADEV_FABRIC"] = fabric
     n = args.num_workers
-    print(f"starting 1 ps + {n} workers ({'netns, tcp' if args.netns else '127.0.0.1, shm'}) ...",
-          file=sys.stderr, flush=True)
-    cluster_cm = (cnn_netns.NetnsCluster(1, n, env=env) if args.netns
-                  else launch.Cluster(num_ps=1, num_workers=n, env=env))
+    cluster_cm, host = start_cluster(args, launch, cnn_netns)
     t_start = time.perf_counter()
     with cluster_cm as cluster:
-        host = cnn_netns.SUBNET + ".1" if args.netns else launch.HOST
-        spec = {"ps": cluster.spec["ps"], "worker": cluster.spec["worker"],
-                "chief": [f"{host}:{launch.free_ports(1)[0]}"]}
-        tasks = Tasks({"ps": spec["ps"], "worker": spec["worker"]})
+        tasks = Tasks(cluster.spec)
         tasks.pass_mode(False)
+        spec = {**cluster.spec, "chief": [f"{host}:{launch.free_ports(1)[0]}"]}
         resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
             tf.train.ClusterSpec(spec), task_type="chief", task_id=0, rpc_layer="grpc")
         strategy = tf.distribute.ParameterServerStrategy(resolver)
@@ -340,121 +485,26 @@ def run_one(args):
         where = sorted({v.value.device for v in model.trainable_variables})
         print(f"model: {len(model.trainable_variables)} variables, {nbytes / 2**20:.1f} MiB on {where}",
               file=sys.stderr, flush=True)
-        # grpc and rdmadev: two tf.functions of one Python step, each traced once
-        py_step = make_step(tf, keras, strategy, model, opt)
-        fns = {"grpc": tf.function(py_step), "rdmadev": as_rdmadev(tf, rdmadev, py_step, args.route)}
-        names = list(VARIANTS)
-        if args.profile:
-            tiny_args = argparse.Namespace(**{**vars(args), "hidden": 8, "layers": 1})
-            with strategy.scope():
-                tiny, tiny_opt = build_model(keras, tiny_args, seed=1)
-            floor = make_step(tf, keras, strategy, tiny, tiny_opt)
-            comm = make_comm_step(tf, strategy, model)
-            fns.update({"grpc_floor": tf.function(floor),
-                        "rdmadev_floor": as_rdmadev(tf, rdmadev, floor, args.route),
-                        "grpc_comm": tf.function(comm),
-                        "rdmadev_comm": as_rdmadev(tf, rdmadev, comm, args.route)})
-            names += PROFILE
-        # "no network": a private model + optimizer (+ dataset) on each worker. PSS can
-        # neither pin a scheduled function to a worker nor let workers see each other, so
-        # these steps are driven like PSS drives its workers: one coordinator thread per
-        # worker runs the step on it and fetches the loss, step after step.
-        def private_copies(model_args):
-            out = []
-            for k in range(n):
-                device = f"/job:worker/replica:0/task:{k}"
-                with tf.device(device):
-                    m, o = build_model(keras, model_args, seed=1)
-                    it = iter(make_dataset_fn(tf, args)())
-                out.append((device, tf.function(make_step(tf, keras, None, m, o)), it))
-            return out, m, o
-
-        fns["local"], m0, o0 = private_copies(args)
-        if args.profile:
-            fns["local_floor"] = private_copies(tiny_args)[0]
-            if n == 1:  # one worker: schedule can only pick it (strategy.run, as scheduled)
-                fns["local_sched"] = tf.function(make_step(tf, keras, strategy, m0, o0))
-                names.append("local_sched")
+        fns = build_variants(tf, keras, rdmadev, args, strategy, model, opt)
         dataset = coordinator.create_per_worker_dataset(make_dataset_fn(tf, args))
-        iterator = iter(dataset)
+        job = Job(args, tasks, coordinator, fns, iter(dataset))
 
-        def coord_for(name):
-            return None if name in ("local", "local_floor") else coordinator
-
-        def mode_for(name, warmup=False):
-            """RDMADEV_AUTO in the tasks: on while the rdmadev variant runs (pass_mode route),
-            and while "local" instantiates (its reports then show it has no cross-task
-            transfer at all); off for gRPC."""
-            auto = ((name.startswith("rdmadev") and args.route == "pass_mode")
-                    or (warmup and name.startswith("local")))
-            tasks.pass_mode(auto)
-
-        # first steps: trace, partition, plan and instantiate on every worker
-        first, planned = {}, {}
-        warm = max(args.warmup, 2 * n)  # 2 per worker: every worker instantiates each function
-        for name in names:
-            mode_for(name, warmup=True)
-            seen = tasks.reports()
-            t0 = time.perf_counter()
-            run_steps(coord_for(name), fns[name], iterator, warm)
-            first[name] = time.perf_counter() - t0
-            now = tasks.reports()
-            planned[name] = {t: now[t][len(seen[t]):] for t in tasks.workers}
-            print(f"{name}: first {warm} steps (trace + instantiate) {first[name]:.1f} s, "
-                  f"{sum(map(len, planned[name].values()))} instantiations planned by rdmadev",
-                  file=sys.stderr,
-                  flush=True)
-        flat = {name: sum(planned[name].values(), []) for name in names}
+        first, planned = job.warm_up()
+        report, flat = summarize_planned(planned, tasks.workers)
         if args.show_report:
-            for name in names:
-                for text in flat[name]:
-                    print(f"[{name}] {text}", file=sys.stderr)
-        report = parse_reports(flat["rdmadev"])
-        if not report["swapped"]:  # never a gRPC-vs-gRPC comparison labelled rdmadev
-            raise SystemExit(f"the rdmadev variant was not rewritten on any worker (route "
-                             f"{args.route}): no transfer swapped; reports: {flat['rdmadev']}")
-        report["workers_planned"] = sum(1 for t in tasks.workers
-                                        if parse_reports(planned["rdmadev"][t])["swapped"])
-        local_rep = parse_reports(flat["local"])
-        report["local_instances"] = len(flat["local"])
-        report["local_cross_task"] = local_rep["swapped"] + local_rep["kept"]
-        report["grpc_instances"] = len(flat["grpc"])
-
+            for name, reps in flat.items():
+                for rep in reps:
+                    print(f"[{name}] {rep}", file=sys.stderr)
         check = None
         if n == 1 and args.check_steps > 0:
-            check = bitwise_check(tf, coordinator, dataset, fns, model, opt, args.check_steps, mode_for)
+            check = bitwise_check(job, dataset, model, opt, args.check_steps)
         after, traces = tasks.reports(), tracing_counts(fns)
-
-        windows = {name: [] for name in names}
-        clock = CpuClock(cluster)
-        cpu = {name: {"ps": 0.0, "workers": 0.0, "coordinator": 0.0} for name in names}
-        bar = cnn.Progress(not args.no_progress, args.windows * len(names))
-        t_measure = time.perf_counter()
-        try:
-            for w in range(args.windows):
-                r = w % len(names)
-                order = names[r:] + names[:r]  # rotate: no variant always first
-                for name in order:
-                    mode_for(name)
-                    c0, t0 = clock.read(), time.perf_counter()
-                    run_steps(coord_for(name), fns[name], iterator, args.steps)
-                    windows[name].append(args.steps / (time.perf_counter() - t0))
-                    for k, v in clock.read().items():
-                        cpu[name][k] += v - c0[k]
-                    bar.tick(f"{name} window {w + 1}/{args.windows}")
-                if time.perf_counter() - t_measure > MAX_MEASURE_S:
-                    print(f"\nstopping after window {w + 1}: over {MAX_MEASURE_S:.0f} s",
-                          file=sys.stderr)
-                    break
-        finally:
-            bar.close()
-        mode_for("off")
+        windows, cpu = job.measure(CpuClock(cluster))
         end = tasks.reports()
-        re_instantiated = sum(len(end[t]) - len(after[t]) for t in tasks.workers)
-        retraced = {k: v - traces[k] for k, v in tracing_counts(fns).items() if v != traces[k]}
         result = {
-            "num_workers": n, "fabric": fabric, "netns": args.netns, "route": args.route,
-            "model_bytes": nbytes, "variables": len(model.trainable_variables),
+            "num_workers": n, "fabric": "tcp" if args.netns else "shm", "netns": args.netns,
+            "route": args.route, "model_bytes": nbytes,
+            "variables": len(model.trainable_variables),
             "config": {k: getattr(args, k) for k in ("features", "hidden", "layers", "classes",
                                                      "batch", "optimizer", "steps", "windows",
                                                      "warmup")},
@@ -462,18 +512,26 @@ def run_one(args):
             "windows": windows, "first_steps_s": first, "report": report, "profile": args.profile,
             "cpu_ms_per_step": {name: {k: 1e3 * v / (args.steps * len(windows[name]))
                                        for k, v in c.items()} for name, c in cpu.items()},
-            "instantiations_during_windows": re_instantiated, "retraced_during_windows": retraced,
+            "instantiations_during_windows": sum(len(end[t]) - len(after[t]) for t in tasks.workers),
+            "retraced_during_windows": {k: v - traces[k] for k, v in tracing_counts(fns).items()
+                                        if v != traces[k]},
             "check": check,
         }
+        if args.profile:  # one copy of a worker's step bytes at this host's memcpy speed now
+            from rdmadev import _core
+            size = 64 << 20
+            gbs = statistics.median(size * 5 / _core.bench_memcpy(size, 5) / 1e9 for _ in range(5))
+            result["memcpy_GBps"] = gbs
+            result["one_copy_ms"] = report["swapped_bytes"] / n / gbs / 1e6
         # Free the functions while the tasks still run (TF unregisters them on the tasks).
-        del fns, iterator, dataset, coordinator, strategy
+        del fns, job, dataset, coordinator, strategy
         import gc
         gc.collect()
     result["wall_s"] = time.perf_counter() - t_start
     return result
 
 
-def bitwise_check(tf, coordinator, dataset, fns, model, opt, steps, mode_for):
+def bitwise_check(job, dataset, model, opt, steps):
     """grpc and rdmadev run the same steps (fresh iterators, one step at a time) from the same
     weights and optimizer state; returns both loss lists and whether all results are identical."""
     state = model.variables + opt.variables
@@ -482,8 +540,8 @@ def bitwise_check(tf, coordinator, dataset, fns, model, opt, steps, mode_for):
     for name in ("grpc", "rdmadev"):
         for v, value in zip(state, start):
             v.assign(value)
-        mode_for(name)
-        losses = run_steps(coordinator, fns[name], iter(dataset), steps, join_each=True)
+        job.mode(name)
+        losses = job.run(name, steps, iterator=iter(dataset), join_each=True)
         out[name] = {"losses": losses, "final": [v.numpy() for v in state]}
     for v, value in zip(state, out["grpc"]["final"]):  # leave the grpc result in place
         v.assign(value)
@@ -507,7 +565,7 @@ def print_one(r):
           f"windows of {r['config']['steps']} steps")
     for name in sps:
         suffix = name.partition("_")[2]
-        base = "grpc_" + suffix if suffix in ("floor", "comm") else "grpc"
+        base = "grpc_" + suffix if suffix in ("touch", "floor", "comm") else "grpc"
         c = r["cpu_ms_per_step"][name]
         print(f"  {name:<14} {sps[name]:8.2f} steps/s {1e3 / sps[name]:8.1f} ms/step  spread "
               f"{spread(r['windows'][name]):5.1f}%  {sps[name] / sps[base]:.2f}x {base:<11} CPU ms "
@@ -520,182 +578,13 @@ def print_one(r):
           f"the windows: {r['instantiations_during_windows']}, retraces: "
           f"{r['retraced_during_windows'] or 'none'}; local: {rep['local_instances']} "
           f"instantiations, {rep['local_cross_task']} cross-task transfers")
+    if "memcpy_GBps" in r:
+        print(f"  memcpy {r['memcpy_GBps']:.1f} GB/s (64 MiB): one copy of a worker's "
+              f"{rep['swapped_bytes'] / r['num_workers'] / 2**20:.1f} MiB per step = "
+              f"{r['one_copy_ms']:.1f} ms")
     if r["check"]:
         print(f"  check: bitwise identical to grpc over {r['check']['steps']} steps: "
               f"{r['check']['identical']}")
-
-
-# ----------------------------------------------------------------------------- the matrix
-
-def run_config(args, workers, mode):
-    """One configuration in its own process (TF keeps one cluster per process)."""
-    import tempfile
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "r.json")
-        cmd = [sys.executable, os.path.abspath(__file__), "--one", "--num_workers", str(workers),
-               "--json", out, "--no_progress"] + (["--netns"] if mode == "netns" else [])
-        for k in ("features", "hidden", "layers", "classes", "batch", "optimizer", "steps",
-                  "windows", "warmup", "check_steps", "route"):
-            cmd += [f"--{k}", str(getattr(args, k))]
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            stdout, stderr = p.communicate(timeout=RUN_TIMEOUT_S)
-        except BaseException:
-            p.terminate()  # SIGTERM: the child stops its cluster (and namespaces) on the way out
-            try:
-                p.communicate(timeout=60)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.communicate()
-            raise
-        if p.returncode != 0 or not os.path.exists(out):
-            tail = [l for l in stderr.splitlines() if "rror" in l or "xit" in l][-5:]
-            return {"num_workers": workers, "netns": mode == "netns",
-                    "error": f"exit {p.returncode}: " + " | ".join(tail)[-800:]}
-        sys.stdout.write(stdout)
-        with open(out) as f:
-            return json.load(f)
-
-
-def rows_of(results):
-    """Table rows: one per (configuration, variant)."""
-    rows = []
-    for r in results:
-        where = "tcp (netns)" if r.get("netns") else "shm (loopback)"
-        if "error" in r:
-            rows.append({"workers": r["num_workers"], "fabric": where, "variant": "-",
-                         "error": r["error"]})
-            continue
-        g = r["windows"]["grpc"]
-        for name in VARIANTS:
-            w = r["windows"][name]
-            ratios = [a / b for a, b in zip(w, g)]
-            rows.append({"workers": r["num_workers"], "fabric": where, "variant": name,
-                         "steps_per_sec": statistics.median(w), "min": min(w), "max": max(w),
-                         "spread_pct": spread(w),
-                         "ratio": statistics.median(w) / statistics.median(g),
-                         "ratio_min": min(ratios), "ratio_max": max(ratios)})
-    return rows
-
-
-def markdown(rows):
-    lines = ["| variant | workers | fabric | steps/s (median) | spread: min-max (% of median) "
-             "| x gRPC (per-window range) |", "|---|---|---|---|---|---|"]
-    for r in rows:
-        if "error" in r:
-            lines.append(f"| - | {r['workers']} | {r['fabric']} | failed: {r['error'][:150]} | | |")
-            continue
-        ratio = ("1.00" if r["variant"] == "grpc" else
-                 f"**{r['ratio']:.2f}x** ({r['ratio_min']:.2f}-{r['ratio_max']:.2f})")
-        name = "no-network" if r["variant"] == "local" else r["variant"]
-        lines.append(f"| {name} | {r['workers']} | {r['fabric']} | {r['steps_per_sec']:.2f} | "
-                     f"{r['min']:.2f}-{r['max']:.2f} ({r['spread_pct']:.0f}%) | {ratio} |")
-    return "\n".join(lines) + "\n"
-
-
-def notes(results):
-    """Below the table: what crossed per step, the bitwise checks, re-instantiations."""
-    out = []
-    for r in results:
-        if "error" in r:
-            continue
-        rep, check = r["report"], r["check"]
-        where = "tcp (netns)" if r["netns"] else "shm (loopback)"
-        out.append(f"- {r['num_workers']} worker(s), {where}: rdmadev swapped {rep['swapped']} "
-                   f"transfers ({rep['swapped_bytes'] / 2**20:.1f} MiB per step, "
-                   f"{', '.join(rep['fabrics'])}), {rep['kept']} stayed on gRPC; "
-                   f"{r['instantiations_during_windows']} instantiations and "
-                   f"{sum(r['retraced_during_windows'].values())} retraces during the windows"
-                   + (f"; {check['steps']} steps bitwise identical to gRPC: "
-                      f"{'yes' if check['identical'] else 'NO'}" if check else ""))
-    return "\n".join(out) + "\n"
-
-
-def plot(rows, path, note):
-    """Bars of steps/s per configuration and variant, the ratio to gRPC written on top."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    configs = []
-    for r in rows:
-        if "error" not in r and (r["workers"], r["fabric"]) not in configs:
-            configs.append((r["workers"], r["fabric"]))
-    colors = {"grpc": "#888888", "rdmadev": "#d62728", "local": "#1f77b4"}
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    width = 0.27
-    for j, name in enumerate(VARIANTS):
-        for i, c in enumerate(configs):
-            r = next(x for x in rows if "error" not in x and (x["workers"], x["fabric"]) == c
-                     and x["variant"] == name)
-            x = i + (j - 1) * width
-            ax.bar(x, r["steps_per_sec"], width, color=colors[name],
-                   yerr=[[r["steps_per_sec"] - r["min"]], [r["max"] - r["steps_per_sec"]]],
-                   capsize=2, label=("no network (vars on worker)" if name == "local" else name)
-                   if i == 0 else None)
-            ax.annotate(f"{r['ratio']:.2f}x", (x, r["max"]), ha="center", va="bottom", fontsize=8,
-                        fontweight="bold" if name == "rdmadev" else "normal")
-    ax.set_xticks(range(len(configs)))
-    ax.set_xticklabels([f"{w} worker{'s' if w > 1 else ''}\n{f}" for w, f in configs])
-    ax.set_ylabel("steps/sec (median; bars: min-max of windows)")
-    ax.set_title("ParameterServerStrategy, 1 ps: gRPC vs rdmadev vs no network (x gRPC on top)",
-                 fontsize=10)
-    ax.legend(fontsize=8)
-    import textwrap
-    fig.text(0.5, 0.01, "\n".join(textwrap.wrap(note, 120)), ha="center", fontsize=7)
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def run_matrix(args):
-    if "netns" in args.modes:
-        import cnn_netns
-        why = cnn_netns.unavailable_reason()
-        if why:
-            print(f"skipping --netns configurations: {why}", file=sys.stderr)
-            args.modes = [m for m in args.modes if m != "netns"]
-    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    t0 = time.perf_counter()
-    results = []
-    for mode in args.modes:
-        for workers in args.workers:
-            print(f"[{time.perf_counter() - t0:5.0f} s] {workers} worker(s), {mode} ...",
-                  file=sys.stderr, flush=True)
-            try:
-                results.append(run_config(args, workers, mode))
-            except subprocess.TimeoutExpired:
-                results.append({"num_workers": workers, "netns": mode == "netns",
-                                "error": f"timed out after {RUN_TIMEOUT_S} s"})
-    rows = rows_of(results)
-    ok = [r for r in results if "error" not in r]
-    c = args
-    model = (f"Dense {c.features}-{'-'.join([str(c.hidden)] * c.layers)}-{c.classes}, "
-             f"{ok[0]['model_bytes'] / 2**20:.1f} MiB of weights, " if ok else "")
-    head = (f"{model}batch {c.batch}/worker, {c.optimizer}; median of {c.windows} windows of "
-            f"{c.steps} steps per variant, alternating; route {c.route}")
-    table = markdown(rows) + "\n" + notes(results)
-    print(head)
-    print(table)
-    os.makedirs(os.path.dirname(os.path.abspath(args.prefix)), exist_ok=True)
-    meta = {"started": started, "command": " ".join(["python", "benchmarks/pss.py"] + sys.argv[1:]),
-            "host": os.uname().nodename, "cpus": os.cpu_count(), "head": head,
-            "wall_s": time.perf_counter() - t0}
-    with open(args.prefix + "results.json", "w") as f:
-        json.dump({"meta": meta, "rows": rows, "runs": results}, f, indent=1)
-    with open(args.prefix + "results.md", "w") as f:
-        f.write(head + "\n\n" + table)
-    if rows and any("error" not in r for r in rows):
-        try:
-            print("wrote", plot(rows, args.prefix.rstrip("_") + ".png",
-                                f"{head}; {started}"))
-        except ImportError:
-            print("matplotlib is not installed: no chart", file=sys.stderr)
-    if args.append_md:
-        with open(args.append_md, "a") as f:
-            f.write(f"\nRun of {started} (`{meta['command']}`, {meta['wall_s'] / 60:.0f} min):"
-                    f" {head}.\n\n{table}")
-    return 0 if all("error" not in r for r in results) else 1
 
 
 def main(argv=None):
@@ -709,7 +598,8 @@ def main(argv=None):
             with open(args.json, "w") as f:
                 json.dump(r, f, indent=1)
         return 0
-    return run_matrix(args)
+    import pss_matrix
+    return pss_matrix.run_matrix(args)
 
 
 if __name__ == "__main__":
