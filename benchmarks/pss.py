@@ -88,6 +88,9 @@ def parse_args(argv=None):
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps per variant")
     ap.add_argument("--check_steps", type=int, default=5,
                     help="steps of the bitwise rdmadev-vs-grpc check (one worker only; 0: skip)")
+    ap.add_argument("--inter_op", type=int, default=0,
+                    help="inter-op threads of every task (the coordinator's setting reaches the "
+                         "tasks; 0: TF's default, one per core)")
     ap.add_argument("--route", default=ROUTE, choices=["optimize", "pass_mode"],
                     help="how the rdmadev variant asks for rdmadev (default %(default)s; see ROUTE)")
     ap.add_argument("--json", help="--one: write the result here")
@@ -475,6 +478,8 @@ def run_one(args):
         tasks = Tasks(cluster.spec)
         tasks.pass_mode(False)
         spec = {**cluster.spec, "chief": [f"{host}:{launch.free_ports(1)[0]}"]}
+        if args.inter_op:
+            tf.config.threading.set_inter_op_parallelism_threads(args.inter_op)
         resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
             tf.train.ClusterSpec(spec), task_type="chief", task_id=0, rpc_layer="grpc")
         strategy = tf.distribute.ParameterServerStrategy(resolver)
@@ -507,7 +512,7 @@ def run_one(args):
             "variables": len(model.trainable_variables),
             "config": {k: getattr(args, k) for k in ("features", "hidden", "layers", "classes",
                                                      "batch", "optimizer", "steps", "windows",
-                                                     "warmup")},
+                                                     "warmup", "inter_op")},
             "steps_per_sec": {k: statistics.median(v) for k, v in windows.items()},
             "windows": windows, "first_steps_s": first, "report": report, "profile": args.profile,
             "cpu_ms_per_step": {name: {k: 1e3 * v / (args.steps * len(windows[name]))

@@ -27,7 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RUN_TIMEOUT_S = 1200
 #: The arguments every configuration process gets from the matrix's own.
 PASSED = ("features", "hidden", "layers", "classes", "batch", "optimizer", "steps", "windows",
-          "warmup", "check_steps", "route")
+          "warmup", "check_steps", "route", "inter_op")
 
 
 def run_config(args, workers, mode):
