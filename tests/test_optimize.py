@@ -9,6 +9,14 @@ import rdmadev  # noqa: E402
 from rdmadev.tf import api  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def no_cluster(monkeypatch):
+    """These tests are about one process with no cluster, whatever other tests in this
+    process connected to."""
+    monkeypatch.setattr(api, "_connected_cluster", lambda: None)
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+
+
 def test_the_mark_is_the_one_the_pass_defines():
     assert api.opt_in_marker() == "__rdmadev_"
 
