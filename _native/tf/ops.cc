@@ -65,15 +65,47 @@ rdmadev::Liveness AliveOf(const std::shared_ptr<rdmadev::Endpoint>& ep) {
 }
 
 // Ends a pending progress wait when TF cancels the step (a failed peer kernel, a closed
-// session): the wait completes with kClosed, which becomes a Cancelled status. If the step
-// was cancelled before the callback could be registered, cancel at once.
-void CancelOnAbort(tensorflow::CancellationManager* cm, tensorflow::CancellationToken token,
-                   std::shared_ptr<rdmadev::Domain> domain, uint64_t ticket) {
-  if (!cm) return;
-  if (!cm->RegisterCallback(token, [domain, ticket] { domain->progress().Cancel(ticket); })) {
-    domain->progress().Cancel(ticket);
+// session): the wait completes with kClosed, which becomes a Cancelled status. The callback is
+// registered before the wait is submitted, and nothing touches the CancellationManager after
+// Submit: the wait may complete, and the step free its manager, before Submit returns.
+class WaitCancel : public std::enable_shared_from_this<WaitCancel> {
+ public:
+  WaitCancel(tensorflow::CancellationManager* cm, std::shared_ptr<rdmadev::Domain> domain)
+      : cm_(cm), domain_(std::move(domain)) {}
+
+  // Registers with TF. False when the step is cancelled already: do not submit the wait.
+  bool Arm() {
+    if (!cm_) return true;
+    token_ = cm_->get_cancellation_token();
+    auto self = shared_from_this();
+    armed_ = cm_->RegisterCallback(token_, [self] {
+      self->cancelled_.store(true);
+      uint64_t ticket = self->ticket_.load();
+      if (ticket) self->domain_->progress().Cancel(ticket);
+    });
+    return armed_;
   }
-}
+
+  // After Submit returned `ticket` (tickets start at 1); a cancellation that came first
+  // cancels it now. Touches only this object and the domain.
+  void Submitted(uint64_t ticket) {
+    ticket_.store(ticket);
+    if (cancelled_.load()) domain_->progress().Cancel(ticket);
+  }
+
+  // In the wait's completion, before done(): the manager is still alive there.
+  void Disarm() {
+    if (armed_) cm_->TryDeregisterCallback(token_);
+  }
+
+ private:
+  tensorflow::CancellationManager* cm_;
+  std::shared_ptr<rdmadev::Domain> domain_;
+  tensorflow::CancellationToken token_ = tensorflow::CancellationManager::kInvalidToken;
+  bool armed_ = false;
+  std::atomic<bool> cancelled_{false};
+  std::atomic<uint64_t> ticket_{0};
+};
 
 class SendOp : public AsyncOpKernel {
  public:
@@ -112,13 +144,17 @@ class SendOp : public AsyncOpKernel {
       send();
       return;
     }
-    auto* cm = ctx->cancellation_manager();
-    const auto token = cm ? cm->get_cancellation_token() : tensorflow::CancellationManager::kInvalidToken;
+    auto cancel = std::make_shared<WaitCancel>(ctx->cancellation_manager(), s.domain);
+    if (!cancel->Arm()) {
+      ctx->SetStatus(tensorflow::errors::Cancelled("step cancelled before channel ", channel_, " sent"));
+      done();
+      return;
+    }
     try {
       uint64_t ticket = s.domain->progress().Submit(
           need.first, need.second, deadline, AliveOf(s.ring->endpoint()),
-          [ctx, send, done, cm, token](const rdmadev::Status& st, uint64_t) {
-            if (cm) cm->TryDeregisterCallback(token);
+          [ctx, send, done, cancel](const rdmadev::Status& st, uint64_t) {
+            cancel->Disarm();
             if (!st.ok) {
               ctx->SetStatus(ToStatus(st));
               done();
@@ -128,8 +164,9 @@ class SendOp : public AsyncOpKernel {
           },
           nullptr, "a free slot (credit) on channel " + channel_ +
                        " (the receiver still holds every slot: a zero-copy tensor kept alive?)");
-      CancelOnAbort(cm, token, s.domain, ticket);
+      cancel->Submitted(ticket);
     } catch (const rdmadev::Error& e) {
+      cancel->Disarm();
       ctx->SetStatus(ToStatus(e));
       done();
     }
@@ -193,17 +230,28 @@ class RecvOp : public AsyncOpKernel {
     uint64_t n = 0;
     try {
       r = rdmadev::ChannelRegistry::Global().FindReceiver(channel_, deadline);
-      n = r.ring->Reserve();
     } catch (const rdmadev::Error& e) {
       ctx->SetStatus(ToStatus(e));
       done();
       return;
     }
+    auto cancel = std::make_shared<WaitCancel>(ctx->cancellation_manager(), r.domain);
+    if (!cancel->Arm()) {  // before reserving a slot, which would then never be taken
+      ctx->SetStatus(tensorflow::errors::Cancelled("step cancelled before channel ", channel_, " received"));
+      done();
+      return;
+    }
+    try {
+      n = r.ring->Reserve();
+    } catch (const rdmadev::Error& e) {
+      cancel->Disarm();
+      ctx->SetStatus(ToStatus(e));
+      done();
+      return;
+    }
     const uint64_t want = shape_.num_elements() * tensorflow::DataTypeSize(dtype_);
-    auto* cm = ctx->cancellation_manager();
-    const auto token = cm ? cm->get_cancellation_token() : tensorflow::CancellationManager::kInvalidToken;
-    auto finish = [this, ctx, r, n, want, done, cm, token](const rdmadev::Status& st, uint64_t) {
-      if (cm) cm->TryDeregisterCallback(token);
+    auto finish = [this, ctx, r, n, want, done, cancel](const rdmadev::Status& st, uint64_t) {
+      cancel->Disarm();
       if (!st.ok) {
         ctx->SetStatus(ToStatus(st));
         done();
@@ -249,11 +297,12 @@ class RecvOp : public AsyncOpKernel {
                                            AliveOf(r.ring->endpoint()), finish, nullptr,
                                            "transfer " + std::to_string(n) + " on channel " + channel_);
     } catch (const rdmadev::Error& e) {
+      cancel->Disarm();
       ctx->SetStatus(ToStatus(e));
       done();
       return;
     }
-    CancelOnAbort(cm, token, r.domain, ticket);
+    cancel->Submitted(ticket);
   }
 
  private:
