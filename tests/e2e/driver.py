@@ -254,9 +254,20 @@ def keras_fit(mode, cluster, optimize=False):
         # Keras 3's train function is Python around tf.functions that call train_step through
         # strategy.run: an optimized train_step opts their instantiation in.
         model.train_step = rdmadev.optimize(model.train_step)
+    class MetricsResetFirst(tf.keras.callbacks.Callback):
+        """Waits, at each epoch's start, until the coordinator's reset of the metric variables
+        (eager assigns sent to the ps) has run: TF orders remote eager ops per task only, so the
+        worker's next train step could read a metric before its reset, on any transport."""
+
+        def on_epoch_begin(self, epoch, logs=None):
+            for v in model.metrics_variables:
+                v.numpy()
+
     with tf.device(W0):
-        history = model.fit(x, y, epochs=3, batch_size=32, shuffle=False, verbose=0)
-    out = {"loss": history.history["loss"]}
+        history = model.fit(x, y, epochs=3, batch_size=32, shuffle=False, verbose=0,
+                            callbacks=[MetricsResetFirst()])
+    out = {"loss": history.history["loss"],
+           "weights": [w.tolist() for w in model.get_weights()]}
     if mode == "rdmadev":
         out["reports"] = ([str(r) for r in model.train_step.reports] if optimize
                           else _task_reports(task_name("worker", 0)))

@@ -115,6 +115,7 @@ def test_keras_fit(cluster, scenario):
     grpc = run_driver(cluster, "grpc", scenario)
     rdma = run_driver(cluster, "rdmadev", scenario)
     assert len(rdma["loss"]) == 3 and rdma["loss"] == grpc["loss"]
+    assert rdma["weights"] == grpc["weights"]
     report = "\n".join(rdma["reports"])
     assert "DT_INT64" in report and "sgd/Mul" in report
 
