@@ -95,18 +95,6 @@ def train(tf, rdmadev, spec, steps):
     return 0 if same else 1
 
 
-def release_remote_functions(tf, spec):
-    """Lets TF unregister this script's functions on the tasks while they still run: TF does it
-    asynchronously when a function is freed, and a freed-at-exit function after the cluster
-    stopped makes TF log "Failed to remove function remotely" for each task."""
-    import gc
-    gc.collect()  # the functions of train() are garbage now; TF queues their removal per task
-    for job, addresses in spec.items():  # one synchronous op per task drains its queue
-        for index in range(len(addresses)):
-            with tf.device(task_name(job, index)):
-                tf.identity(0).numpy()
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=50)
@@ -131,7 +119,7 @@ def main(argv=None):
         return train(tf, rdmadev, spec, args.steps)
     finally:
         if cluster is not None:
-            release_remote_functions(tf, spec)
+            launch.release_remote_functions(spec)
             cluster.stop()
             print("cluster stopped")
 

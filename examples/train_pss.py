@@ -16,7 +16,6 @@ replica step one step at a time (each step's batch given by the coordinator), on
 rdmadev and once on gRPC, from the same weights.
 """
 import argparse
-import gc
 import os
 import secrets
 import socket
@@ -142,18 +141,6 @@ def run(tf, rdmadev, spec, steps):
     return 0 if same else 1
 
 
-def release(tf, spec):
-    """Drops this job's functions and lets the tasks unregister them while they still run:
-    TF does that asynchronously, and a function freed after the cluster stopped makes TF log
-    "Failed to remove function remotely" for each task at exit."""
-    gc.collect()
-    from graph_pass.devices import task_name
-    for job, addresses in spec.items():  # one synchronous op per task drains its queue
-        for index in range(len(addresses)):
-            with tf.device(task_name(job, index)):
-                tf.identity(0).numpy()
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=200)
@@ -178,7 +165,7 @@ def main(argv=None):
         return run(tf, rdmadev, spec, args.steps)
     finally:
         if cluster is not None:
-            release(tf, spec)
+            launch.release_remote_functions(spec)
             cluster.stop()
             print("cluster stopped")
 

@@ -29,7 +29,7 @@ from graph_pass.devices import task_name
 from ..cluster.control import control_address
 from ..cluster.spec import parse_cluster, split_address
 
-__all__ = ["Cluster", "ClusterError", "free_ports", "rdmadev_launcher"]
+__all__ = ["Cluster", "ClusterError", "free_ports", "rdmadev_launcher", "release_remote_functions"]
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
@@ -262,3 +262,18 @@ class Cluster:
         return False
 
 
+
+
+def release_remote_functions(spec):
+    """Lets the tasks of `spec` unregister this process's freed functions while they still
+    run: TF does it asynchronously when a function is freed, and a function freed after the
+    cluster stopped makes TF log "Failed to remove function remotely" for each task at exit.
+    Call it after dropping the functions and before ``Cluster.stop``."""
+    import gc
+
+    import tensorflow as tf
+    gc.collect()  # TF queues the removal of each freed function per task
+    for job, addresses in spec.items():  # one synchronous op per task drains its queue
+        for index in range(len(addresses)):
+            with tf.device(task_name(job, index)):
+                tf.identity(0).numpy()
