@@ -60,6 +60,33 @@ def test_a_method_stays_marked_when_bound():
     assert type(bound) is type(Model.__dict__["step"])  # with report and reports
 
 
+def test_called_while_another_function_is_traced_it_is_traced_inline_under_its_mark():
+    """Keras calls train_step inside its own train function, inside strategy.run: a nested
+    tf.function could not aggregate gradients there, so the optimized function is traced into
+    its caller, autograph included, under a name scope carrying the mark (which opts the
+    caller in: pass.cc AddMarkedScope)."""
+    @rdmadev.optimize
+    def clip(x):
+        if tf.reduce_sum(x) > 0:  # autograph: a tf.cond, as tf.function would trace it
+            return x * 2.0
+        return x * 0.0
+
+    @tf.function
+    def outer(x):
+        return clip(x) + clip(-x)
+
+    graph = outer.get_concrete_function(tf.TensorSpec([3], tf.float32)).graph
+    names = [op.name for op in graph.get_operations()]
+    scope = f"clip__rdmadev_{clip.rdmadev_token}"
+    assert any(n.startswith(scope + "/") for n in names)
+    assert any(n.startswith(scope + "_1/") for n in names)  # the pass strips the "_1"
+    assert not any(op.type in ("PartitionedCall", "StatefulPartitionedCall")
+                   for op in graph.get_operations())
+    assert any(op.type in ("If", "StatelessIf") for op in graph.get_operations())
+    assert outer(tf.constant([1.0, 2.0, 3.0])).numpy().tolist() == [2.0, 4.0, 6.0]
+    assert clip.experimental_get_tracing_count() == 0  # never a function of its own
+
+
 def test_without_a_cluster_it_runs_and_exports_like_the_tf_function(tmp_path):
     module = tf.Module()
     module.double = rdmadev.optimize(tf.function(lambda x: x * 2.0,

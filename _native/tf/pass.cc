@@ -5,6 +5,7 @@
 #include <Python.h>
 
 #include <atomic>
+#include <cctype>
 #include <map>
 #include <mutex>
 #include <set>
@@ -28,7 +29,9 @@ namespace rdmadev_tf {
 // in every FunctionDef it traces from them and sends it to the task that instantiates the
 // function (under ParameterServerStrategy the worker running the step), and a caller's library
 // lists it when the function is called from another one. So the opt-in travels with the
-// function itself; tf.function refuses FunctionDef attributes outside its allowlist.
+// function itself; tf.function refuses FunctionDef attributes outside its allowlist. One
+// called while another function is traced is traced inline instead, and the name scope of its
+// nodes carries the same mark (AddMarkedScope).
 constexpr char kOptInMarker[] = "__rdmadev_";
 extern "C" const char* rdmadev_opt_in_marker() { return kOptInMarker; }
 
@@ -267,14 +270,31 @@ void CalledFunctions(const std::string& op, const tensorflow::AttrSlice& attrs,
   }
 }
 
+// An optimized function called while another one is traced is traced inline, under the
+// name scope `<name>__rdmadev_<token>` (api.py: a nested tf.function cannot merge_call, and
+// Keras calls train_step inside its own train function): adds that scope, as it was named,
+// without the `_<n>` TF appends when the scope is entered again, for a node named under it.
+void AddMarkedScope(const std::string& node, std::set<std::string>* scopes) {
+  size_t at = node.find(kOptInMarker);
+  if (at == std::string::npos) return;
+  size_t begin = node.rfind('/', at);
+  begin = begin == std::string::npos ? 0 : begin + 1;
+  size_t end = at + sizeof(kOptInMarker) - 1;
+  while (end < node.size() && std::isxdigit(static_cast<unsigned char>(node[end]))) ++end;
+  scopes->insert(node.substr(begin, end - begin));
+}
+
 // The functions rdmadev.optimize marked among `self` and every function its graph calls,
-// directly or through other functions.
+// directly or through other functions, and the marked scopes of functions traced inline.
 std::vector<std::string> MarkedFunctions(const std::string& self, const Graph& graph,
                                          const tensorflow::FunctionLibraryDefinition& lib) {
   std::vector<std::string> todo, marked;
-  std::set<std::string> seen{self};
+  std::set<std::string> seen{self}, scopes;
   if (self.find(kOptInMarker) != std::string::npos) marked.push_back(self);
-  for (const Node* n : graph.op_nodes()) CalledFunctions(n->type_string(), n->attrs(), lib, &todo);
+  for (const Node* n : graph.op_nodes()) {
+    CalledFunctions(n->type_string(), n->attrs(), lib, &todo);
+    AddMarkedScope(n->name(), &scopes);
+  }
   while (!todo.empty()) {
     std::string name = todo.back();
     todo.pop_back();
@@ -282,8 +302,12 @@ std::vector<std::string> MarkedFunctions(const std::string& self, const Graph& g
     if (name.find(kOptInMarker) != std::string::npos) marked.push_back(name);
     const tensorflow::FunctionDef* fdef = lib.Find(name);
     if (!fdef) continue;
-    for (const auto& nd : fdef->node_def()) CalledFunctions(nd.op(), tensorflow::AttrSlice(nd), lib, &todo);
+    for (const auto& nd : fdef->node_def()) {
+      CalledFunctions(nd.op(), tensorflow::AttrSlice(nd), lib, &todo);
+      AddMarkedScope(nd.name(), &scopes);
+    }
   }
+  marked.insert(marked.end(), scopes.begin(), scopes.end());
   return marked;
 }
 

@@ -92,23 +92,31 @@ class _Tracker:
         atexit.register(self.release_all)
 
     def add(self, owner, key, release):
-        """Runs `release()` once `owner` (an AtomicFunction) is collected and its name is no
-        longer registered in its context; `key` names the entry."""
+        """Runs `release()` once `owner` (an AtomicFunction, or any object without a context)
+        is collected and, for an AtomicFunction, its name is no longer registered in its
+        context; `key` names the entry."""
         context = getattr(owner, "_bound_context", None)
         with self.lock:
             if key in self.live:
                 return
-            self.live[key] = (release, _name_of(owner), context)
+            self.live[key] = (release, _name_of(owner) if context is not None else "", context)
         fin = weakref.finalize(owner, self.gone.put, key)
         fin.atexit = False  # release_all does it, in order, before the runtime closes
 
-    def file(self, function, instance, release):
+    def file(self, functions, instance, release):
         with self.lock:
-            self.by_function.setdefault(function, {})[instance] = release
+            for function in functions:
+                self.by_function.setdefault(function, {})[instance] = release
 
     def release_function(self, function):
         with self.lock:
             owned = self.by_function.pop(function, {})
+            for name in list(self.by_function):  # filed under other names too: released once
+                others = self.by_function[name]
+                for instance in owned:
+                    others.pop(instance, None)
+                if not others:
+                    del self.by_function[name]
         for release in owned.values():
             release()
         with self.lock:
@@ -164,10 +172,12 @@ def _tracker():
     return _the_tracker
 
 
-def track(call, instance, transfers, function=""):
+def track(call, instance, transfers, function="", marked=()):
     """Releases the channels of `instance` (its swapped `transfers`) on every task once the
     function being called on this thread is gone, or, when none is (a TF thread planning for
-    a function another process called), once `function`'s owner asks (release_function).
+    a function another process called), once the owner of `function` or of one of the
+    optimized functions it calls (`marked`) asks (release_function): Keras schedules its own
+    train function, which calls the train_step that rdmadev.optimize wrapped and watches.
     Returns False when the instantiation is not tracked (no owner and no function name)."""
     tasks = sorted({t.recv_task for t in transfers} | {t.send_task for t in transfers})
     keys = [t.channel_key for t in transfers]
@@ -179,17 +189,18 @@ def track(call, instance, transfers, function=""):
     if owner is not None:
         _tracker().add(owner, ("instance", instance), release)
     elif function:
-        _tracker().file(function, instance, release)
+        _tracker().file({function, *marked}, instance, release)
     else:
         return False
     return True
 
 
-def watch_function(atomic_function, broadcast):
+def watch_function(function, broadcast, name=None):
     """Calls ``broadcast({"op": "release_function", "function": name})`` once TF dropped
-    `atomic_function` (collected, no longer registered) in this process, or at exit."""
-    name = _name_of(atomic_function)
-    _tracker().add(atomic_function, ("function", name),
+    `function` (an AtomicFunction: collected, no longer registered; anything else: collected)
+    in this process, or at exit. `name`: the function's own name unless given."""
+    name = name or _name_of(function)
+    _tracker().add(function, ("function", name),
                    lambda: broadcast({"op": "release_function", "function": name}))
 
 

@@ -39,7 +39,7 @@ def in_parallel(fn, items):
     return [f.result() for f in futures]
 
 
-def open_channels(call, instance, transfers, region_bytes, function=""):
+def open_channels(call, instance, transfers, region_bytes, function="", marked=()):
     """Sets up the channels of an instantiation's swapped transfers: one ``open_pairs``
     request per receiving task (in parallel), one ``attach_senders`` round trip from each
     receiver to each of its senders (in parallel).
@@ -49,7 +49,8 @@ def open_channels(call, instance, transfers, region_bytes, function=""):
         instance: the instantiation id (prefix of region labels).
         transfers: the graph_pass Transfers decided "swap".
         region_bytes: ``{region id: bytes}`` of the plan's regions.
-        function: the name of the function instantiated (releases follow it: instances.py).
+        function: the name of the function instantiated, and `marked` the optimized functions
+            it is or calls (releases follow them: instances.py).
     Returns:
         ``({channel key: fabric}, {recv task: bytes registered there})``.
     Raises:
@@ -83,7 +84,7 @@ def open_channels(call, instance, transfers, region_bytes, function=""):
                 log.info("rdmadev: could not release the channels of %s at %s: %s",
                          instance, task, e)
         raise
-    instances.track(call, instance, transfers, function)
+    instances.track(call, instance, transfers, function, marked)
     fabrics, registered = {}, {}
     for recv_task, done in zip(pairs, opened):
         for p in done:

@@ -4,7 +4,9 @@
 whose name carries rdmadev's mark. TF sends that name wherever the function is instantiated,
 so the partition pass of that process (the coordinator, or under ParameterServerStrategy the
 worker running a scheduled step) rewrites exactly the marked functions and those calling
-them; RDMADEV_AUTO=1 in a task rewrites every function instead.
+them; RDMADEV_AUTO=1 in a task rewrites every function instead. Called while another
+function is traced (Keras's train function calling train_step), it is traced into that
+function under a name scope carrying the same mark.
 
 Example:
     >>> step = rdmadev.optimize(step)          # a tf.function, or a Python function to wrap
@@ -15,6 +17,7 @@ import ctypes
 import functools
 import logging
 import os
+import re
 import secrets
 
 from graph_pass.devices import task_name
@@ -152,7 +155,8 @@ def enable(cluster=None):
 def _make_optimized_class():
     """The tf.function class with reports: defined on first use, so `import rdmadev` does not
     import TensorFlow."""
-    from tensorflow.python.eager.polymorphic_function import polymorphic_function
+    from tensorflow.python.eager.polymorphic_function import autograph_util, polymorphic_function
+    from tensorflow.python.framework import ops as tf_ops
 
     class Optimized(polymorphic_function.Function):
         """A tf.function marked for rdmadev (see the module docstring). It is TF's own class,
@@ -162,13 +166,41 @@ def _make_optimized_class():
 
         _rdmadev_traced = 0
 
+        _rdmadev_inlined = 0
+
         def __call__(self, *args, **kwargs):
             if not self._rdmadev_ready:
                 self._rdmadev_prepare()
+            if tf_ops.inside_function():
+                return self._rdmadev_inline(args, kwargs)
             try:
                 return super().__call__(*args, **kwargs)
             finally:
                 self._rdmadev_watch_traces()
+
+        def _rdmadev_inline(self, args, kwargs):
+            # Called while another function is traced (Keras's train function calling
+            # train_step, a step inside strategy.run): traced into it under the name scope
+            # `<name>__rdmadev_<token>`, which opts the caller in (pass.cc, AddMarkedScope). A
+            # nested tf.function would be a function of its own, and one that aggregates
+            # gradients cannot be (TF: "merge_call called while defining a new graph").
+            # Instantiations filed under the scope are released once this object is gone.
+            scope = self._rdmadev_scope
+            rt = runtime.current()
+            if rt is not None:  # watched once (instances.py keys it by the scope)
+                instances.watch_function(self, functools.partial(_broadcast, rt, _serving_tasks(rt)),
+                                         name=scope)
+            self._rdmadev_inlined += 1
+            fn = self._python_function
+            if self._autograph:  # as tf.function traces it
+                fn = autograph_util.py_func_from_autograph(fn, self._experimental_autograph_options)
+            with tf_ops.name_scope(scope):
+                return fn(*args, **kwargs)
+
+        @property
+        def _rdmadev_scope(self):
+            prefix = re.sub(r"[^A-Za-z0-9_.-]", "_", self._name.rsplit(opt_in_marker(), 1)[0])
+            return (prefix.lstrip("_.-") or "optimized") + opt_in_marker() + self.rdmadev_token
 
         def get_concrete_function(self, *args, **kwargs):
             # ClusterCoordinator.schedule traces here and sends the concrete function to a
@@ -231,7 +263,7 @@ def _make_optimized_class():
             r = self.reports
             if r:
                 return "\n".join(map(str, r))
-            if self.experimental_get_tracing_count():
+            if self.experimental_get_tracing_count() or self._rdmadev_inlined:
                 return "rdmadev: no cross-task transfer in this function (nothing to rewrite)"
             return "rdmadev: not called yet"
 

@@ -75,7 +75,8 @@ def rewrites(partitions, function="", marked=()):
     check_wire_layout(plan)
     swap = [t for t in plan.transfers if t.decision == "swap"]
     fabrics, registered = open_channels(rt.call, instance, swap,
-                                        {r.region_id: r.bytes for r in plan.regions}, function)
+                                        {r.region_id: r.bytes for r in plan.regions}, function,
+                                        marked)
     out, swapped, kept = [], [], []
     timeout = plan.config.deadline_s
     for t in plan.transfers:

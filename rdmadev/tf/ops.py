@@ -44,7 +44,7 @@ def load():
             f"rdmadev's op library was built against TensorFlow {TF_VERSION}, but "
             f"{tf.__version__} is installed",
             hint="rebuild it: pip install --force-reinstall --no-deps -e . (or pin "
-                 f"tensorflow-cpu=={TF_VERSION})")
+                 f"tensorflow=={TF_VERSION})")
     return tf.load_op_library(path)
 
 

@@ -121,7 +121,7 @@ def _rdma_ports():
 
 
 def _tensorflow():
-    for dist in ("tensorflow-cpu", "tensorflow"):
+    for dist in ("tensorflow", "tensorflow-cpu"):
         try:
             return {"version": importlib.metadata.version(dist), "wheel": dist}
         except importlib.metadata.PackageNotFoundError:

@@ -7,6 +7,7 @@ Each run is its own process: TF keeps one remote context per process.
 import json
 import os
 import sys
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
@@ -275,6 +276,45 @@ def keras_fit(mode, cluster, optimize=False):
     return out
 
 
+def keras2_fit(mode, cluster):
+    """tf_keras (Keras 2) `model.fit` under ParameterServerStrategy, 1 ps + 1 worker (one
+    worker runs the scheduled steps in order: the same order in both modes): fit makes the
+    ClusterCoordinator and schedules its train function on the worker. rdmadev: the model's
+    train_step wrapped by rdmadev.optimize (tasks not in AUTO), fit itself unchanged.
+    Counters of every task are read before fit, after it, and after the model is dropped."""
+    import gc
+
+    import tf_keras as keras
+    strategy, _ = _pss_strategy(cluster, 1)
+    keras.utils.set_random_seed(7)
+    x = np.random.default_rng(0).standard_normal((256, 20)).astype("float32")
+    y = (x @ np.random.default_rng(1).standard_normal((20, 1))).astype("float32")
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((20,)), keras.layers.Dense(32, activation="relu"),
+                                  keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    if mode == "rdmadev":
+        model.train_step = rdmadev.optimize(model.train_step)
+
+    def dataset_fn(context):  # the same batches in the same order every epoch
+        return tf.data.Dataset.from_tensor_slices((x, y)).batch(32).repeat()
+
+    counters = [rdmadev.counters(cluster)] if mode == "rdmadev" else []
+    history = model.fit(keras.utils.experimental.DatasetCreator(dataset_fn), epochs=3,
+                        steps_per_epoch=8, verbose=0)
+    out = {"loss": history.history["loss"],
+           "weights": [w.tolist() for w in model.get_weights()]}
+    if mode == "rdmadev":
+        counters.append(rdmadev.counters(cluster))
+        out["reports"] = [str(r) for r in model.train_step.reports]
+        del model, history
+        gc.collect()
+        time.sleep(1.5)  # the release runs on the tracker's thread (instances.py)
+        counters.append(rdmadev.counters(cluster))
+        out["counters"] = counters
+    return out
+
+
 def conv(mode):
     """Conv + bias_add: oneDNN fuses the filter and bias gradients into one op whose shape
     function is wrong for the bias (regression: the pass must not trust it)."""
@@ -353,6 +393,8 @@ def main():
         result = pss(mode, cluster, workers=int(scenario[3:] or 1))
     elif scenario == "tf_function":
         result = as_tf_function(mode, cluster)
+    elif scenario == "keras2":
+        result = keras2_fit(mode, cluster)
     elif scenario.startswith("keras"):
         result = keras_fit(mode, cluster, optimize=scenario == "keras_optimize")
     elif scenario == "tf1":

@@ -120,6 +120,28 @@ def test_keras_fit(cluster, scenario):
     assert "DT_INT64" in report and "sgd/Mul" in report
 
 
+def test_tf_keras_fit_under_parameter_server_strategy(cluster):
+    """Keras 2 (tf_keras) `model.fit` under ParameterServerStrategy, the model's train_step
+    wrapped by rdmadev.optimize and fit otherwise unchanged: the train function fit schedules
+    is rewritten by the worker (train_step is traced into it under its marked scope), the
+    losses and weights equal gRPC's bit for bit, and dropping the model frees what every task
+    held for it."""
+    grpc = run_driver(cluster, "grpc", "keras2")
+    rdma = run_driver(cluster, "rdmadev", "keras2")
+    assert len(rdma["loss"]) == 3 and rdma["loss"] == grpc["loss"]
+    assert rdma["weights"] == grpc["weights"]
+    report = "\n".join(rdma["reports"])
+    assert "__inference_train_function_" in report and _swapped(report)[0] >= 8
+    # Variables ps -> worker and their gradients worker -> ps, inside train_step's scope.
+    assert re.search(r"ps/replica:0/task:0 -> /job:worker.*train_step__rdmadev_[0-9a-f]+/sequential", report)
+    assert re.search(r"worker/replica:0/task:0 -> /job:ps.*gradient_tape/train_step__rdmadev_", report)
+    before, during, after = rdma["counters"]
+    for task in ("/job:ps/replica:0/task:0", "/job:worker/replica:0/task:0"):
+        assert during[task]["channels"] >= 8, during[task]
+        for what in ("channels", "regions", "registered_bytes", "memfd_maps"):
+            assert after[task][what] == before[task][what], (task, what, before, after)
+
+
 @pytest.mark.parametrize("victim, survivor", [(("worker", 1), ("ps", 0)), (("ps", 0), ("worker", 0))])
 def test_killing_a_task_fails_training_promptly(victim, survivor):
     """A task dies mid-training: the coordinator gets an error (never a hang), the other
