@@ -37,6 +37,7 @@ VARIABLES = (
     ("RDMADEV_TCP_ADDR", "127.0.0.1:0", "host:port the tcp fabric listens on and advertises; host must be an address peers can reach (port 0 = any free port). The verbs fabric's connection side channel listens on the same host (any port)."),
     ("RDMADEV_ENABLED", "1", "0 turns rdmadev off everywhere: optimize() and RDMADEV_AUTO leave every function on TF's gRPC path."),
     ("RDMADEV_AUTO", "0", "1 rewrites every function instantiated in the process (in tasks started by `rdmadev serve`: functions they partition, e.g. ParameterServerStrategy steps), so scripts run unchanged."),
+    ("RDMADEV_MAX_REGISTERED_BYTES", "(half of RAM)", "Bytes of channel regions a task registers at most (all its peers together; a K/M/G/T suffix counts in 1024s): a setup request past it is refused with a RegionError naming this variable."),
     ("RDMADEV_CONTROL_PORT_OFFSET", "10000", "rdmadev's control service of a task listens at the task's TF port + this offset (minus it when that passes 65535), on the host of its cluster-spec address."),
     ("RDMADEV_DEVICE", "(auto)", "RDMA device for the verbs fabric (e.g. mlx5_0, rxe0); default: the first device with an ACTIVE port."),
     ("RDMADEV_PORT", "(auto)", "Port of RDMADEV_DEVICE (1-based); default: its first ACTIVE port."),
@@ -50,6 +51,13 @@ FABRIC_OPTION_VARIABLES = (
     ("RDMADEV_PORT", "verbs.port", "port"),
     ("RDMADEV_GID_INDEX", "verbs.gid_index", "gid_index"),
 )
+
+# Default RDMADEV_MAX_REGISTERED_BYTES: half of physical memory, so neither a plan too big for
+# the host nor a peer asking for huge regions can take a task's memory (or, on verbs, its pinned
+# pages) from under TF itself.
+DEFAULT_MAX_REGISTERED_BYTES = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+# Suffixes RDMADEV_MAX_REGISTERED_BYTES takes (binary units).
+_SIZE_SUFFIXES = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 # Below 2 slots a sender would wait for every release: no overlap of transfers at all.
 MIN_SLOTS = 2
@@ -70,6 +78,19 @@ def _number(env, name, default, kind, low, high):
         raise ConfigError(f"{name}={text!r} is out of range",
                           hint=f"set {name} to a value in [{low}, {high}]")
     return value
+
+
+def _size(env, name, default):
+    """A byte count: digits with an optional K, M, G or T suffix (powers of 1024)."""
+    text = env.get(name, "").strip()
+    if not text:
+        return default
+    digits, unit = (text[:-1], _SIZE_SUFFIXES[text[-1].upper()]) \
+        if text[-1].upper() in _SIZE_SUFFIXES else (text, 1)
+    if not digits.isdigit() or int(digits) == 0:
+        raise ConfigError(f"{name}={text!r} is not a positive byte count",
+                          hint=f"set {name} to a number of bytes, e.g. 8G or 8589934592")
+    return int(digits) * unit
 
 
 def _flag(env, name, default):
@@ -100,6 +121,7 @@ class Config:
     enabled: bool = True
     auto: bool = False
     control_port_offset: int = 10000
+    max_registered_bytes: int = DEFAULT_MAX_REGISTERED_BYTES
 
     @classmethod
     def from_env(cls, env=None):
@@ -149,6 +171,8 @@ class Config:
             enabled=_flag(env, "RDMADEV_ENABLED", True),
             auto=_flag(env, "RDMADEV_AUTO", False),
             control_port_offset=_number(env, "RDMADEV_CONTROL_PORT_OFFSET", 10000, int, 1, 65534),
+            max_registered_bytes=_size(env, "RDMADEV_MAX_REGISTERED_BYTES",
+                                       DEFAULT_MAX_REGISTERED_BYTES),
         )
 
     def fabric_options(self):

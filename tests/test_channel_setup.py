@@ -6,6 +6,8 @@ The cluster is ps:0 and worker:0 as `tests/control_task.py` processes, plus work
 runtime of this test process, which plans: it is the receiver of some pairs, the sender of
 others, and neither of ps:0 <- worker:0.
 """
+import dataclasses
+import gc
 import json
 import os
 import sys
@@ -147,13 +149,57 @@ def test_the_planner_as_receiver_only(world):
 
 def test_a_sender_failure_names_both_tasks_and_the_channel(world):
     rt, _ = world
-    _, swap, regions = plan([(W0, PS)])
-    short = {k: 64 for k in regions}  # the receiver allocates less than the layout needs
-    with pytest.raises(ProtocolError) as e:
-        channels.open_channels(rt.call, "bad", swap, short)
+    _, swap, regions = plan([(W0, W1)])
+
+    def tampering(task, request):  # what this task, the receiver, asks of the sender
+        if request["op"] == "attach_senders":  # a ring said to lie past the region's end
+            first, *rest = request["channels"]
+            request = {**request, "channels": [{**first, "offset": 1 << 30}, *rest]}
+        return rt.call(task, request)
+
+    rt.table.call = tampering
+    try:
+        with pytest.raises(ProtocolError) as e:
+            channels.open_channels(rt.call, "bad", swap, regions)
+    finally:
+        rt.table.call = rt.call
     text = str(e.value)
-    assert f"receiving task {PS}" in text and f"sender task {W0}" in text
+    assert f"receiving task {W1}" in text and f"sender task {W0}" in text
     assert swap[0].channel_key in text
+
+
+@pytest.mark.parametrize("factor", [0, 1000], ids=["smaller", "larger"])
+def test_a_region_not_as_planned_is_refused_before_anything_is_allocated(world, factor):
+    """A peer cannot make a task allocate more (or less) than the channels it asks for need."""
+    rt, _ = world
+    _, swap, regions = plan([(W0, PS)])
+    before = rt.call(PS, {"op": "counters"})
+    with pytest.raises(ProtocolError) as e:
+        channels.open_channels(rt.call, "size", swap, {k: max(64, b * factor) for k, b in regions.items()})
+    text = str(e.value)
+    assert f"receiving task {PS}" in text and swap[0].channel_key in text
+    assert "is not what the plan gives" in text and "nothing was allocated" in text
+    after = rt.call(PS, {"op": "counters"})
+    assert (after["regions"], after["registered_bytes"]) == (before["regions"], before["registered_bytes"])
+
+
+def test_registered_memory_past_the_task_limit_is_refused_naming_the_setting(world):
+    rt, _ = world
+    _, swap, regions = plan([(W0, W1)], sizes=(1 << 20,))  # 2 slots of 1 MiB, into this task
+    registered = rt.table.domain.region_stats[1]
+    config = rt.table.config
+    rt.table.config = dataclasses.replace(config, max_registered_bytes=registered + (1 << 20))
+    try:
+        with pytest.raises(ProtocolError, match="past its limit.*RDMADEV_MAX_REGISTERED_BYTES"):
+            channels.open_channels(rt.call, "limit", swap, regions)
+        assert rt.table.domain.region_stats[1] == registered and rt.table.reserved == 0
+        rt.table.config = dataclasses.replace(config, max_registered_bytes=registered + sum(regions.values()))
+        channels.open_channels(rt.call, "fits", swap, regions)  # exactly at the limit: allowed
+        assert exchange(rt, swap[0], count=SLOTS + 1, seed=5) == []
+    finally:
+        rt.table.config = config
+        for task in (W0, W1):
+            rt.call(task, {"op": "release", "keys": [t.channel_key for t in swap], "half": "both"})
 
 
 def test_an_unreachable_receiver_is_named(world):
@@ -172,6 +218,14 @@ def test_an_unreachable_receiver_is_named(world):
 def test_release_frees_regions_credits_and_mappings_on_every_task(world):
     rt, _ = world
     tasks = (PS, W0, W1)
+    # Connections between tasks stay cached once opened (by design), and this process is
+    # worker:1: open and release once, and drop what earlier tests left to the collector,
+    # before counting.
+    _, swap, regions = plan(PAIRS)
+    channels.open_channels(rt.call, "warm", swap, regions)
+    for t in tasks:
+        rt.call(t, {"op": "release", "keys": [x.channel_key for x in swap], "half": "both"})
+    gc.collect()
     before = {t: rt.call(t, {"op": "counters"}) for t in tasks}
     _, swap, regions = plan(PAIRS)
     channels.open_channels(rt.call, "rel", swap, regions)

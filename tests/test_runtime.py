@@ -58,6 +58,90 @@ def test_control_connection_with_wrong_secret_is_refused():
         server.close()
 
 
+@pytest.mark.parametrize("request_", [[1, 2], "ping", 7, None, {"no": "op"}, {"op": 3}])
+def test_control_request_that_is_not_an_object_with_an_op_is_refused_cleanly(request_, capfd):
+    """An authenticated peer's malformed request gets an error reply, the connection goes on
+    serving, and nothing is printed as a traceback."""
+    from rdmadev.cluster import control
+
+    server = ControlServer(("127.0.0.1", 0), b"k", lambda r: {"echo": r})
+    try:
+        client = ControlClient(server.server_address, b"k")
+        control._send(client.sock, request_)
+        reply = control._recv(client.sock)
+        assert reply["ok"] is False and "JSON object with a string 'op'" in reply["error"], reply
+        assert client.call({"op": "x"}) == {"echo": {"op": "x"}}
+        client.close()
+    finally:
+        server.close()
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_flood_of_silent_connections_to_the_control_service_is_bounded():
+    """Sockets that never speak hold at most MAX_HANDSHAKING threads (the oldest is dropped
+    for each new one), and a real peer still gets through."""
+    import socket
+    import threading
+    from rdmadev.cluster import control
+
+    server = ControlServer(("127.0.0.1", 0), b"k", lambda r: {"echo": r})
+    threads = threading.active_count()
+    flood = []
+    try:
+        for _ in range(3 * control.MAX_HANDSHAKING):
+            flood.append(socket.create_connection(server.server_address, timeout=30))
+        client = ControlClient(server.server_address, b"k")
+        assert client.call({"op": "x"}) == {"echo": {"op": "x"}}
+        assert threading.active_count() <= threads + control.MAX_HANDSHAKING + 2
+        assert server.dropped["handshaking"] >= 2 * control.MAX_HANDSHAKING
+        client.close()
+    finally:
+        for s in flood:
+            s.close()
+        server.close()
+
+
+def test_control_service_out_of_descriptors_backs_off_and_recovers():
+    """accept() failing with EMFILE: the service logs once, does not spin a core, and serves
+    again once descriptors are free (a child process with a low open-file limit)."""
+    import socket
+    code = """
+import logging, resource, sys
+from rdmadev.cluster.control import ControlServer
+logging.basicConfig(level=logging.WARNING)
+server = ControlServer(("127.0.0.1", 0), b"k", lambda r: {"echo": r})
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+print(server.server_address[1], flush=True)
+sys.stdin.readline()
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    flood = []
+    try:
+        port = int(proc.stdout.readline())
+        for _ in range(80):  # more than the child's descriptors: accept() fails with EMFILE
+            flood.append(socket.create_connection(("127.0.0.1", port), timeout=30))
+        stat = f"/proc/{proc.pid}/stat"
+        cpu = lambda: sum(int(x) for x in open(stat).read().rsplit(")", 1)[1].split()[11:13])
+        used = cpu()
+        time.sleep(2)
+        ticks = cpu() - used  # clock ticks (1/100 s) of CPU in 2 s: spinning would be ~200
+        assert ticks < 50, f"the accept loop used {ticks / 100:.2f} s of CPU in 2 s"
+        for s in flood:
+            s.close()
+        flood = []
+        client = ControlClient(("127.0.0.1", port), b"k", timeout=30)
+        assert client.call({"op": "x"}) == {"echo": {"op": "x"}}
+        client.close()
+    finally:
+        for s in flood:
+            s.close()
+        proc.kill()
+        _, err = proc.communicate(timeout=30)
+    assert err.count("cannot accept connections") == 1, err
+    assert "raise the open-file limit" in err and "accepting connections on" in err, err
+
+
 def test_unreachable_control_service_says_how_to_start_tasks():
     with pytest.raises(rdmadev.PeerLostError, match="rdmadev serve"):
         ControlClient(("127.0.0.1", 1), b"k", timeout=5)

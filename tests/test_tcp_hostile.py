@@ -44,22 +44,30 @@ def _still_serves(victim):
         assert bytes(memoryview(region)[1024:1088]) == b"\xab" * 64
 
 
-def _events_since(n):
-    return rdmadev.recent_events()[n:]
+def _events_since(before):
+    """Events logged since recent_events() returned `before`. The ring keeps the last 256
+    lines, so once full its oldest lines fall off the front as new ones arrive: the new lines
+    are what follows the longest tail of `before` that `after` starts with."""
+    after = rdmadev.recent_events()
+    for dropped in range(len(before) + 1):
+        kept = before[dropped:]
+        if after[:len(kept)] == kept:
+            return after[len(kept):]
+    return after
 
 
-def _attack(victim, payload, expect_log):
+def _attack(victim, payload, expect_log, name=b"intruder"):
     dom, granted, other = victim
     rid, size, rkey = tc.parse_desc(granted.descriptor)
-    n = len(rdmadev.recent_events())
+    before = rdmadev.recent_events()
     g0, o0 = _digest(granted), _digest(other)
-    s, ok = tc.connect(dom.address, SECRET)
+    s, ok = tc.connect(dom.address, SECRET, name=name)
     assert ok
     s.sendall(payload(rid, size, rkey, *tc.parse_desc(other.descriptor)))
-    s.shutdown(1) if expect_log == "truncated" else None
+    s.shutdown(1) if expect_log.startswith("truncated") else None
     assert tc.closed_by_peer(s), "the server kept a hostile connection open"
     s.close()
-    logged = _events_since(n)
+    logged = _events_since(before)
     assert any(expect_log in line and "disconnected" in line for line in logged), logged
     assert _digest(other) == o0
     return g0
@@ -67,10 +75,10 @@ def _attack(victim, payload, expect_log):
 
 def test_wrong_secret_is_refused(victim):
     dom, granted, other = victim
-    n = len(rdmadev.recent_events())
+    before = rdmadev.recent_events()
     s, ok = tc.connect(dom.address, b"not the secret")
     assert not ok and tc.closed_by_peer(s)
-    assert any("failed authentication" in e for e in _events_since(n))
+    assert any("failed authentication" in e for e in _events_since(before))
     _still_serves(victim)
 
 
@@ -131,6 +139,51 @@ def test_truncated_frame_touches_only_its_granted_range(victim):
     assert after[:2048] == before[:2048] and after[3072:] == before[3072:]
     assert after[2048:2148] == b"z" * 100
     _still_serves(victim)
+
+
+def test_frame_header_cut_short_is_a_logged_truncated_frame(victim):
+    """20 of a header's 64 bytes, then the end of the stream: not a clean goodbye."""
+    g0 = _attack(victim, lambda rid, size, rkey, *o: tc.frame(tc.OP_WRITE, rid, rkey, 0, 8, b"x" * 8)[:20],
+                 "truncated frame: connection ended after 20 of the 64 header bytes")
+    assert _digest(victim[1]) == g0
+    _still_serves(victim)
+
+
+def test_peer_chosen_name_cannot_forge_log_lines_or_reach_stderr_raw(victim, capfd):
+    """The name a peer claims reaches the log escaped: no second line, no raw bytes."""
+    name = b"evil\nrdmadev[1]: forged line\x1b[2J\\"
+    ungranted = ATTACKS["ungranted"][0]
+    before = rdmadev.recent_events()
+    _attack(victim, ungranted, "not granted", name=name)
+    logged = _events_since(before)
+    assert len(logged) == 1, logged
+    assert "peer 'evil\\x0ardmadev[1]: forged line\\x1b[2J\\x5c'" in logged[0], logged
+    err = capfd.readouterr().err
+    assert "\x1b" not in err and "\nrdmadev[1]: forged" not in err, err
+
+
+def test_a_flood_of_silent_connections_cannot_lock_a_peer_out(victim):
+    """600 sockets that never speak (more than the 512 authenticated connections allowed):
+    at most 64 are kept in their handshake, the oldest dropped for each new one, logged once,
+    and a real peer still connects and writes."""
+    import socket
+    import threading
+    dom, _, _ = victim
+    host, port = tc.tcp_reach(dom.address).rsplit(":", 1)
+    before = rdmadev.recent_events()
+    threads = threading.active_count()
+    flood = []
+    try:
+        for _ in range(600):
+            flood.append(socket.create_connection((host, int(port)), timeout=30))
+        _still_serves(victim)
+        assert threading.active_count() <= threads + 64 + 8  # + the friend's connection's
+        logged = _events_since(before)
+        crowded = [line for line in logged if "in their handshake; dropping the oldest" in line]
+        assert len(crowded) == 1 and len(logged) < 10, logged
+    finally:
+        for s in flood:
+            s.close()
 
 
 def test_valid_frames_from_hand_written_client_apply(victim):

@@ -18,10 +18,17 @@
 namespace rdmadev {
 namespace {
 
-// Bound on concurrent inbound connections: a cluster has a handful of peers (one tcp
-// connection or one verbs side channel per peer endpoint); this only stops a hostile
-// client from exhausting threads.
+// Bound on authenticated inbound connections: a cluster has a handful of peers (one tcp
+// connection or one verbs side channel per peer endpoint); this only bounds the threads a
+// peer holding the secret can make us start.
 constexpr size_t kMaxConnections = 512;
+// Bound on connections still in their handshake, budgeted apart from the authenticated ones:
+// a legitimate peer is through it in milliseconds, so when a new connection would exceed
+// it, the oldest handshaking one is dropped. Silent sockets then hold at most this many
+// threads and descriptors, and a flood of them cannot lock a real peer out: its connection
+// is the newest while it proves the secret. (rdmadev's control service uses the same rule,
+// MAX_HANDSHAKING in rdmadev/cluster/control.py.)
+constexpr size_t kMaxHandshaking = 64;
 // How long the accept loop sleeps when nothing happens before it joins finished connection
 // threads: one wakeup a second costs nothing, and a finished connection keeps only an
 // exited thread and its descriptor for that long.
@@ -122,8 +129,7 @@ void Acceptor::Loop() {
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     std::string where = PeerText(ss);
     std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_ || conns_.size() >= kMaxConnections) {
-      if (!stopping_) LogEvent(fabric_ + ": refused a connection from " + where + ": too many connections");
+    if (stopping_ || !Admit(where)) {
       close(fd);
       continue;
     }
@@ -135,9 +141,55 @@ void Acceptor::Loop() {
   }
 }
 
+bool Acceptor::Admit(const std::string& where) {
+  size_t handshaking = 0, serving = 0;
+  for (const auto& c : conns_) {
+    if (c->done.load(std::memory_order_acquire)) continue;
+    int state = c->state.load(std::memory_order_acquire);
+    handshaking += state == kHandshaking;
+    serving += state == kServing;
+  }
+  if (serving >= kMaxConnections) {
+    LogEvent(fabric_ + ": refused a connection from " + where + ": " +
+             std::to_string(serving) + " authenticated connections are open");
+    return false;
+  }
+  if (handshaking < kMaxHandshaking) {
+    crowded_ = false;
+    return true;
+  }
+  for (auto& c : conns_) {  // oldest first
+    int expected = kHandshaking;
+    if (!c->done.load(std::memory_order_acquire) &&
+        c->state.compare_exchange_strong(expected, kDropped, std::memory_order_acq_rel)) {
+      shutdown(c->fd, SHUT_RDWR);  // its handshake fails at once; its thread ends
+      break;
+    }
+  }
+  if (!crowded_) {  // once per episode: a flood would otherwise log a line per connection
+    LogEvent(fabric_ + ": " + std::to_string(handshaking) +
+             " connections are in their handshake; dropping the oldest for each new one "
+             "(the newest from " + where + ")");
+    crowded_ = true;
+  }
+  return true;
+}
+
 void Acceptor::Serve(Conn* c, const std::string& where) {
-  std::string peer = ServerHandshake(c->fd, tag_, secret_, where, fabric_);
-  if (!peer.empty()) {
+  std::string peer;
+  try {
+    peer = AcceptHandshake(c->fd, tag_, secret_, where, Deadline::After(kHandshakeSeconds));
+  } catch (const Error& e) {
+    if (c->state.load(std::memory_order_acquire) != kDropped) {  // drops: Admit logs once
+      const char* what = e.kind() == ErrorKind::kAuth       ? ""
+                         : e.kind() == ErrorKind::kProtocol ? "malformed handshake: "
+                                                            : "truncated handshake: ";
+      LogEvent(fabric_ + ": " + what + e.what() + "; disconnected");
+    }
+  }
+  int expected = kHandshaking;
+  if (!peer.empty() &&
+      c->state.compare_exchange_strong(expected, kServing, std::memory_order_acq_rel)) {
     try {
       handler_(c->fd, peer, where);
     } catch (const std::exception& e) {  // a connection's failure never ends the process

@@ -40,20 +40,28 @@ class Acceptor {
   void Close();
 
  private:
+  // A connection is handshaking until its peer proved the secret (then serving) or until
+  // the loop dropped it for a newer one; whichever comes first wins the exchange.
+  enum State : int { kHandshaking, kServing, kDropped };
   struct Conn {
     int fd = -1;
     std::thread thread;
+    std::atomic<int> state{kHandshaking};
     std::atomic<bool> done{false};
   };
   void Loop();
   void Serve(Conn* c, const std::string& where);
   void Reap();  // joins finished connections; caller holds mu_
+  // Admits a new connection from `where` under the budgets (see acceptor.cc); false if it
+  // must be refused. Caller holds mu_.
+  bool Admit(const std::string& where);
 
   std::string fabric_, tag_, secret_, reach_;
   Handler handler_;
   int listen_fd_ = -1, wake_fd_ = -1;
   std::mutex mu_;
   bool stopping_ = false;
+  bool crowded_ = false;  // connections are being dropped in their handshake (logged once)
   std::list<std::unique_ptr<Conn>> conns_;
   std::thread thread_;
 };

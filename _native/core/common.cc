@@ -43,13 +43,31 @@ namespace {
 constexpr size_t kEventRing = 256;
 std::mutex g_events_mu;
 std::deque<std::string> g_events;
+
+// `text` with every byte outside printable ASCII, and the backslash, written as \xNN.
+std::string Printable(const std::string& text) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(text.size());
+  for (unsigned char c : text) {
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  return out;
+}
 }  // namespace
 
 void LogEvent(const std::string& line) {
-  std::fprintf(stderr, "rdmadev[%d]: %s\n", static_cast<int>(getpid()), line.c_str());
+  std::string safe = Printable(line);
+  std::fprintf(stderr, "rdmadev[%d]: %s\n", static_cast<int>(getpid()), safe.c_str());
   std::lock_guard<std::mutex> lock(g_events_mu);
   if (g_events.size() == kEventRing) g_events.pop_front();
-  g_events.push_back(line);
+  g_events.push_back(std::move(safe));
 }
 
 std::string RecentEvents() {

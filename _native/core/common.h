@@ -74,7 +74,10 @@ struct Deadline {
 };
 
 // Logs one line to stderr ("rdmadev[pid]: ...") and keeps it in a bounded in-memory ring
-// that tests and `rdmadev doctor` can read back.
+// that tests and `rdmadev doctor` can read back. Lines carry text peers chose (the name a
+// peer claims, its error text), so every byte outside printable ASCII is written as \xNN
+// (the backslash too, as \x5c): a peer can neither start a forged line nor put raw bytes on
+// stderr.
 void LogEvent(const std::string& line);
 std::string RecentEvents();  // newline-separated, oldest first
 

@@ -132,17 +132,4 @@ std::string AcceptHandshake(int fd, const std::string& tag, const std::string& s
   });
 }
 
-std::string ServerHandshake(int fd, const std::string& tag, const std::string& secret,
-                            const std::string& where, const std::string& fabric) {
-  try {
-    return AcceptHandshake(fd, tag, secret, where, Deadline::After(kHandshakeSeconds));
-  } catch (const Error& e) {
-    const char* what = e.kind() == ErrorKind::kAuth       ? ""
-                       : e.kind() == ErrorKind::kProtocol ? "malformed handshake: "
-                                                          : "truncated handshake: ";
-    LogEvent(fabric + ": " + what + e.what() + "; disconnected");
-    return "";
-  }
-}
-
 }  // namespace rdmadev

@@ -47,9 +47,4 @@ void ClientHandshake(int fd, const std::string& tag, const std::string& secret,
 std::string AcceptHandshake(int fd, const std::string& tag, const std::string& secret,
                             const std::string& where, const Deadline& deadline);
 
-// AcceptHandshake within kHandshakeSeconds for the fabrics' acceptors: returns the peer's
-// name, or "" after logging (prefixed with `fabric`) why the peer was refused.
-std::string ServerHandshake(int fd, const std::string& tag, const std::string& secret,
-                            const std::string& where, const std::string& fabric);
-
 }  // namespace rdmadev

@@ -14,14 +14,16 @@ planner's instances.py, a dead peer, or this table closing).
 Example:
     >>> fabrics, registered = open_channels(rt.call, instance, swapped, region_bytes)
 """
+import contextlib
 import logging
 import os
 import threading
 
 from graph_pass.devices import split_task
+from graph_pass.layout import REGION_ALIGNMENT
 
 from .. import _core
-from ..errors import ConfigError, ProtocolError, RdmadevError
+from ..errors import ConfigError, ProtocolError, RdmadevError, RegionError
 from .opening import LAYOUT_FIELDS, in_parallel, open_channels
 
 __all__ = ["ChannelTable", "open_channels", "REQUESTS", "CREDIT_BYTES"]
@@ -57,6 +59,28 @@ def _naming(e, what):
     if isinstance(e, RdmadevError):
         return type(e)(f"{what}: {e.args[0] if e.args else e}", e.errno, e.hint)
     return ProtocolError(f"{what}: {type(e).__name__}: {e}")
+
+
+def _planned_bytes(size, layouts, label):
+    """`size`, the bytes asked for a pair's region, if it is what the plan gives channels
+    `layouts`: their extent rounded up to REGION_ALIGNMENT (a peer cannot ask for more)."""
+    extent = max(l.offset + l.bytes for l in layouts)
+    planned = -(-extent // REGION_ALIGNMENT) * REGION_ALIGNMENT
+    if type(size) is not int or not extent <= size <= planned:
+        raise ProtocolError(f"region {label} of {size!r} bytes is not what the plan gives its "
+                            f"{len(layouts)} channel(s) ({extent} bytes, {planned} once "
+                            "aligned); nothing was allocated",
+                            hint="run the same rdmadev version in every task")
+    return size
+
+
+def _let_go(*held):
+    """Closes what a failed setup holds (regions, leases, attachments; None skipped) at once:
+    the traceback keeps the failing frame, and with it these, alive for as long as the
+    caller keeps the error."""
+    for h in held:
+        if h is not None:
+            h.close()
 
 
 def _bind_halves(channels, half, lease, peer, make, failing):
@@ -102,6 +126,7 @@ class ChannelTable:
         self.endpoints = {}  # peer domain address -> Endpoint
         self.peers = {}  # peer domain address -> its task name
         self.lock = threading.Lock()
+        self.reserved = 0  # bytes of regions being allocated (see _reserving)
         self.notices = {"sent": 0, "failed": 0}  # release requests to peers (failed setups)
         self.closing = threading.Event()
         self.watcher = None
@@ -141,31 +166,55 @@ class ChannelTable:
         keys = [c["key"] for c in channels]
         label = f"{instance}/{self.task}<-{sender}"
         layouts = [_layout(c) for c in channels]  # a bad plan fails before anything is allocated
-        region = self.domain.allocate(p["bytes"], label=label, grant=[_identity(sender)])
-        lease = _core.RegionLease(region)
+        size = _planned_bytes(p["bytes"], layouts, f"{label} (first channel {keys[0]})")
+        with self._reserving(size, f"{label} (first channel {keys[0]})"):
+            region = self.domain.allocate(size, label=label, grant=[_identity(sender)])
+        lease, credit = _core.RegionLease(region), None
         try:
-            sent = self.call(sender, {
-                "op": "attach_senders", "receiver": self.task, "address": self.domain.address,
-                "ring": region.descriptor.hex(), "channels": channels})
-        except Exception as e:
-            region.close()
-            raise ProtocolError(
-                f"sender task {sender} could not set up its {len(channels)} channel(s) to "
-                f"{self.task} (first {keys[0]}): {e}") from None
-        try:
-            ep = self._endpoint(sent["address"], sender)
-            credit = ep.attach(bytes.fromhex(sent["credit"]))
-            _bind_halves(
-                channels, "recv", lease, sender,
-                lambda i, c: _core.RingReceiver(region, layouts[i], ep, credit, epoch=0,
-                                                credit_offset=i * CREDIT_BYTES),
-                lambda key: f"receiver task {self.task} could not set up channel {key} from "
-                            f"{sender}")
+            try:
+                sent = self.call(sender, {
+                    "op": "attach_senders", "receiver": self.task, "address": self.domain.address,
+                    "ring": region.descriptor.hex(), "channels": channels})
+            except Exception as e:
+                raise ProtocolError(
+                    f"sender task {sender} could not set up its {len(channels)} channel(s) to "
+                    f"{self.task} (first {keys[0]}): {e}") from None
+            try:
+                ep = self._endpoint(sent["address"], sender)
+                credit = ep.attach(bytes.fromhex(sent["credit"]))
+                _bind_halves(
+                    channels, "recv", lease, sender,
+                    lambda i, c: _core.RingReceiver(region, layouts[i], ep, credit, epoch=0,
+                                                    credit_offset=i * CREDIT_BYTES),
+                    lambda key: f"receiver task {self.task} could not set up channel {key} "
+                                f"from {sender}")
+            except BaseException:
+                self._notify(sender, keys, "send")
+                raise
         except BaseException:
-            region.close()
-            self._notify(sender, keys, "send")
+            _let_go(credit, lease, region)
             raise
         return {"sender": sender, "fabric": sent["fabric"], "registered": p["bytes"]}
+
+    @contextlib.contextmanager
+    def _reserving(self, size, label):
+        """Holds `size` bytes against the task's RDMADEV_MAX_REGISTERED_BYTES while a region
+        of that size is allocated (pairs are set up in parallel), or raises RegionError."""
+        limit = self.config.max_registered_bytes
+        with self.lock:
+            registered = self.domain.region_stats[1] + self.reserved
+            if registered + size > limit:
+                raise RegionError(
+                    f"region {label} of {size} bytes would take task {self.task}'s registered "
+                    f"memory to {registered + size} bytes, past its limit of {limit}",
+                    hint="raise RDMADEV_MAX_REGISTERED_BYTES in this task (default: half of "
+                         "RAM), or plan smaller tensors or fewer slots (RDMADEV_SLOTS)")
+            self.reserved += size
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.reserved -= size
 
     # -- sending task --
 
@@ -190,7 +239,7 @@ class ChannelTable:
                 lambda key: f"sender task {self.task} could not set up channel {key} to "
                             f"{receiver}")
         except BaseException:
-            credit.close()
+            _let_go(ring, lease, credit)
             raise
         return {"address": self.domain.address, "credit": credit.descriptor.hex(),
                 "fabric": ep.fabric}

@@ -12,12 +12,15 @@ Example:
     >>> client = ControlClient(("127.0.0.1", 12222), secret)
     >>> client.call({"op": "ping"})
 """
+import collections
+import errno
 import json
 import logging
 import socket
 import socketserver
 import struct
 import threading
+import time
 
 from .. import _core
 from ..config import Config
@@ -36,6 +39,19 @@ MAX_MESSAGE_BYTES = 1 << 20
 # Seconds a peer may take for the whole handshake (an absolute deadline, not per read) before
 # its connection is dropped: the fabrics' kHandshakeSeconds.
 HANDSHAKE_TIMEOUT_S = 10.0
+# Connections still in their handshake, at most: a legitimate peer is through it in
+# milliseconds, so when more arrive the oldest is dropped. A flood of silent sockets then holds
+# this many descriptors and threads at most, and cannot keep a real peer out (its connection is
+# the newest while it proves the secret).
+MAX_HANDSHAKING = 64
+# Authenticated connections, at most: one per peer task and coordinator process (every task
+# trusts every holder of the cluster secret: README, "Trust model and limits"), so this only bounds
+# threads and descriptors should a peer misbehave.
+MAX_CONNECTIONS = 1024
+# Seconds the accept loop waits after accept() failed for lack of descriptors or memory
+# (EMFILE, ENFILE, ENOBUFS, ENOMEM): the connection stays queued and is reported again at
+# once, so retrying at once would spin a core (the native acceptor's kAcceptBackoffMs).
+ACCEPT_BACKOFF_S = 0.1
 
 
 def control_address(task_address, offset=None):
@@ -75,46 +91,124 @@ class _Handler(socketserver.BaseRequestHandler):
         server = self.server
         sock = self.request
         where = "%s:%d" % self.client_address[:2]
+        authenticated = False
         try:
             _core.server_handshake(sock.fileno(), HANDSHAKE_TAG, server.secret, where,
                                    HANDSHAKE_TIMEOUT_S)
+            authenticated = True
         except AuthError:
             server.rejected += 1
             log.warning("control: peer %s failed authentication (wrong cluster secret)", where)
-            return
         except RdmadevError as e:
             log.info("control: handshake with %s failed: %s", where, e)
+        if not server.admit(sock, authenticated):
             return
+        try:
+            self._serve(sock, where)
+        finally:
+            server.leave()
+
+    def _serve(self, sock, where):
+        server = self.server
         try:
             while True:
                 try:
                     request = _recv(sock)
                 except PeerLostError:
                     return
-                try:
-                    reply = {"ok": True, "result": server.handler(request)}
-                except Exception as e:  # reported to the caller, who raises it
-                    log.exception("control: request %s failed", request.get("op"))
-                    reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+                if not isinstance(request, dict) or not isinstance(request.get("op"), str):
+                    reply = {"ok": False, "error": "ProtocolError: a control request is a JSON "
+                                                   "object with a string 'op'"}
+                    log.warning("control: peer %s sent a request that is not an object with an "
+                                "'op'; refused", where)
+                else:
+                    try:
+                        reply = {"ok": True, "result": server.handler(request)}
+                    except Exception as e:  # reported to the caller, who raises it
+                        log.exception("control: request %r failed", request["op"])
+                        reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
                 _send(sock, reply)
         except (OSError, ProtocolError, ValueError) as e:
             log.info("control: connection from %s ended: %s", self.client_address, e)
 
 
 class ControlServer(socketserver.ThreadingTCPServer):
-    """Serves `handler(request: dict) -> result` to authenticated peers, one thread each."""
+    """Serves `handler(request: dict) -> result` to authenticated peers, one thread each.
+
+    At most MAX_HANDSHAKING connections are in their handshake (the oldest is dropped for a
+    new one) and MAX_CONNECTIONS authenticated; accept() failing for lack of descriptors is
+    retried every ACCEPT_BACKOFF_S, logged once per episode.
+    """
 
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 128  # listen() backlog: a cluster's tasks may all connect at once
 
     def __init__(self, address, secret, handler):
         self.secret = secret
         self.handler = handler
         self.rejected = 0
+        self.dropped = {"handshaking": 0, "connections": 0}  # connections let go, by cap
+        self.handshaking = collections.OrderedDict()  # socket -> None, oldest first
+        self.connections = 0
+        self.starved = False  # the last accept() failed for lack of a resource
+        self.admission = threading.Lock()
         super().__init__(address, _Handler)
         self.thread = threading.Thread(target=self.serve_forever, name="rdmadev-control",
                                        kwargs={"poll_interval": 0.2}, daemon=True)
         self.thread.start()
+
+    def get_request(self):
+        try:
+            request = super().get_request()
+        except OSError as e:
+            if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                if not self.starved:
+                    log.warning("control: cannot accept connections on %s:%d: %s; retrying "
+                                "every %g s; raise the open-file limit (ulimit -n) or close "
+                                "descriptors", *self.server_address[:2], e.strerror,
+                                ACCEPT_BACKOFF_S)
+                self.starved = True
+                time.sleep(ACCEPT_BACKOFF_S)
+            raise
+        if self.starved:
+            log.warning("control: accepting connections on %s:%d again", *self.server_address[:2])
+        self.starved = False
+        return request
+
+    def process_request(self, request, client_address):
+        with self.admission:
+            self.handshaking[request] = None
+            if len(self.handshaking) > MAX_HANDSHAKING:
+                oldest, _ = self.handshaking.popitem(last=False)
+                self.dropped["handshaking"] += 1
+                try:
+                    oldest.shutdown(socket.SHUT_RDWR)  # its handshake fails; its thread ends
+                except OSError:
+                    pass
+        super().process_request(request, client_address)
+
+    def admit(self, sock, authenticated):
+        """Ends `sock`'s handshake and says whether to serve it: it passed, was not dropped
+        for a newer connection meanwhile, and fewer than MAX_CONNECTIONS are served (a True
+        is followed by leave() once the connection ends)."""
+        with self.admission:
+            if sock not in self.handshaking:
+                return False  # dropped for a newer connection: its socket is shut down
+            del self.handshaking[sock]
+            if not authenticated:
+                return False
+            if self.connections >= MAX_CONNECTIONS:
+                self.dropped["connections"] += 1
+                log.warning("control: refused a connection from an authenticated peer: %d "
+                            "connections are open", self.connections)
+                return False
+            self.connections += 1
+            return True
+
+    def leave(self):
+        with self.admission:
+            self.connections -= 1
 
     def close(self):
         self.shutdown()

@@ -31,7 +31,13 @@ ServeResult ServeFrames(ByteStream& stream, const std::string& peer, const Regio
   ServeResult out;
   for (;;) {
     FrameHeader h;
-    if (!stream.RecvExact(&h, sizeof h)) return out;  // end of stream between frames
+    size_t got = stream.Recv(&h, sizeof h);
+    if (got == 0) return out;  // end of stream between frames: the peer left cleanly
+    if (got < sizeof h) {
+      out.rejected = "truncated frame: connection ended after " + std::to_string(got) + " of the " +
+                     std::to_string(sizeof h) + " header bytes";
+      return out;
+    }
     std::shared_ptr<Region> region;  // keeps the memory mapped while we fill it
     std::string why = CheckFrame(h, peer, find, &region);
     if (!why.empty()) {
@@ -40,7 +46,7 @@ ServeResult ServeFrames(ByteStream& stream, const std::string& peer, const Regio
     }
     uint8_t* base = region->base();
     if (h.op == kOpWrite) {
-      if (h.length && !stream.RecvExact(base + h.offset, h.length)) {
+      if (h.length && stream.Recv(base + h.offset, h.length) < h.length) {
         out.rejected = "truncated frame: connection ended inside a " + std::to_string(h.length) +
                        "-byte payload";
         return out;

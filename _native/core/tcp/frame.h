@@ -37,8 +37,9 @@ static_assert(sizeof(FrameHeader) == 64, "frame header is 64 bytes on the wire")
 class ByteStream {
  public:
   virtual ~ByteStream() = default;
-  // Reads exactly n bytes; false on end of stream or error (the connection is over).
-  virtual bool RecvExact(void* dst, size_t n) = 0;
+  // Reads n bytes; returns how many arrived, fewer than n only when the stream ended or
+  // failed first (the connection is then over).
+  virtual size_t Recv(void* dst, size_t n) = 0;
   virtual bool SendAll(const void* a, size_t na, const void* b, size_t nb) = 0;
 };
 

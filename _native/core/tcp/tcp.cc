@@ -6,6 +6,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 
@@ -28,31 +29,30 @@ constexpr char kTag[] = "rdmadev-tcp-v1";
 class SocketStream : public ByteStream {
  public:
   explicit SocketStream(int fd, uint64_t spin_ns = 0) : fd_(fd), spin_ns_(spin_ns) {}
-  bool RecvExact(void* dst, size_t n) override {
+  size_t Recv(void* dst, size_t n) override {
     auto* p = static_cast<uint8_t*>(dst);
+    size_t done = 0;
     if (spin_ns_ > 0 && n > 0) {
       auto until = Clock::now() + std::chrono::nanoseconds(spin_ns_);
       do {
-        ssize_t got = recv(fd_, p, n, MSG_DONTWAIT);
+        ssize_t got = recv(fd_, p + done, n - done, MSG_DONTWAIT);
         if (got > 0) {
-          p += got;
-          n -= static_cast<size_t>(got);
-          if (n == 0) return true;
+          done += static_cast<size_t>(got);
+          if (done == n) return n;
         } else if (got == 0 || (errno != EAGAIN && errno != EINTR)) {
-          return false;
+          return done;
         } else {
           _mm_pause();
         }
       } while (Clock::now() < until);
     }
-    while (n > 0) {
-      ssize_t got = recv(fd_, p, n, MSG_WAITALL);
+    while (done < n) {
+      ssize_t got = recv(fd_, p + done, n - done, MSG_WAITALL);
       if (got < 0 && errno == EINTR) continue;
-      if (got <= 0) return false;
-      p += got;
-      n -= static_cast<size_t>(got);
+      if (got <= 0) return done;
+      done += static_cast<size_t>(got);
     }
-    return true;
+    return done;
   }
   bool SendAll(const void* a, size_t na, const void* b, size_t nb) override {
     iovec iov[2] = {{const_cast<void*>(a), na}, {const_cast<void*>(b), nb}};
@@ -214,15 +214,11 @@ class TcpFabric : public Fabric {
 class BufferStream : public ByteStream {
  public:
   explicit BufferStream(const std::string& b) : buf_(b) {}
-  bool RecvExact(void* dst, size_t n) override {
-    if (buf_.size() - pos_ < n) {
-      std::memcpy(dst, buf_.data() + pos_, buf_.size() - pos_);  // as a socket would
-      pos_ = buf_.size();
-      return false;
-    }
-    std::memcpy(dst, buf_.data() + pos_, n);
-    pos_ += n;
-    return true;
+  size_t Recv(void* dst, size_t n) override {
+    size_t got = std::min(n, buf_.size() - pos_);  // what is left, as a socket would give it
+    std::memcpy(dst, buf_.data() + pos_, got);
+    pos_ += got;
+    return got;
   }
   bool SendAll(const void*, size_t, const void*, size_t) override { return true; }
 
