@@ -32,6 +32,7 @@ VARIABLES = (
     ("RDMADEV_SPIN_US", "20", "Microseconds a waiter spins before yielding: a spin-polled word is seen in ~0.2 us, a sleeping waiter pays ~30 us to wake here."),
     ("RDMADEV_YIELD_US", "200", "Microseconds a waiter then yields the core (sched_yield) before it sleeps with backoff (at most 100 us per sleep)."),
     ("RDMADEV_DEADLINE_S", "300", "Seconds any wait or transfer may take before it fails with DeadlineExceeded (never a hang)."),
+    ("RDMADEV_LIVENESS_S", "10", "Seconds a peer task may leave rdmadev's heartbeats unanswered (it is stopped, overloaded or cut off) before every wait on it fails with Unavailable naming the task; its channels work again once it answers. 0 turns heartbeats off (then only RDMADEV_DEADLINE_S ends such waits)."),
     ("RDMADEV_SECRET", "(generated)", "Cluster secret every task shares; the tcp fabric authenticates peers with HMAC-SHA256 over it. Generated per process if unset, which only suits single-process use."),
     ("RDMADEV_SECRET_FILE", "(unset)", "File holding the cluster secret (instead of RDMADEV_SECRET)."),
     ("RDMADEV_TCP_ADDR", "127.0.0.1:0", "host:port the tcp fabric listens on and advertises; host must be an address peers can reach (port 0 = any free port). The verbs fabric's connection side channel listens on the same host (any port)."),
@@ -111,6 +112,7 @@ class Config:
     spin_us: float = 20.0
     yield_us: float = 200.0
     deadline_s: float = 300.0
+    liveness_s: float = 10.0
     secret: bytes = b""
     tcp_addr: str = "127.0.0.1:0"
     # Fabric options (see FABRIC_OPTION_VARIABLES): None = unset (the fabric chooses);
@@ -165,6 +167,7 @@ class Config:
             spin_us=_number(env, "RDMADEV_SPIN_US", 20.0, float, 0.0, 1e6),
             yield_us=_number(env, "RDMADEV_YIELD_US", 200.0, float, 0.0, 1e7),
             deadline_s=_number(env, "RDMADEV_DEADLINE_S", 300.0, float, 0.001, 1e7),
+            liveness_s=_number(env, "RDMADEV_LIVENESS_S", 10.0, float, 0.0, 1e7),
             secret=secret,
             tcp_addr=tcp_addr,
             **{field: env.get(var, "").strip() or None for var, _, field in FABRIC_OPTION_VARIABLES},

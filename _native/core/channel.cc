@@ -136,9 +136,15 @@ RingReceiver::RingReceiver(std::shared_ptr<Region> ring, RingLayout layout,
 Slot RingReceiver::Acquire(const Deadline& deadline) {
   uint64_t n = Reserve();
   auto ep = ep_;
-  uint64_t seen = WaitWord(WordFor(n), n, deadline, policy_,
-                           [ep](std::string* why) { return ep->Alive(why); },
-                           "transfer " + std::to_string(n));
+  uint64_t seen;
+  try {
+    seen = WaitWord(WordFor(n), n, deadline, policy_,
+                    [ep](std::string* why) { return ep->Alive(why); },
+                    "transfer " + std::to_string(n));
+  } catch (const Error&) {
+    Abandon(n);  // the next Acquire waits for transfer n again (a silent peer may resume)
+    throw;
+  }
   std::lock_guard<std::mutex> lock(mu_);
   return TakeLocked(n, seen);
 }

@@ -120,6 +120,7 @@ class RingReceiver {
                std::shared_ptr<Endpoint> to_sender, std::shared_ptr<RemoteRegion> credit,
                uint64_t credit_offset, uint64_t epoch, WaitPolicy policy);
   // Waits for the next transfer in order. At most K may be held (acquired, not released).
+  // A wait that fails (deadline, peer gone or silent) gives its sequence back.
   Slot Acquire(const Deadline& deadline);
   // Gives slot `seq` back; the sender's credit advances over every released prefix.
   void Release(uint64_t seq, const Deadline& deadline);

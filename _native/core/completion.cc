@@ -63,7 +63,9 @@ uint64_t WaitWord(const std::atomic<uint64_t>* word, uint64_t target, const Dead
           v = word->load(std::memory_order_acquire);
           if (v >= target) return v;
           throw Error(ErrorKind::kPeerLost, "Peer lost while waiting for " + what + ": " + why,
-                      ECONNRESET, "the sending task died; restart the job from a checkpoint");
+                      ECONNRESET,
+                      "the peer task died, stopped or was cut off (see its log); restart or "
+                      "resume it, then run the step again");
         }
       }
     }

@@ -29,6 +29,28 @@ void CheckRemoteRange(const RegionDesc& d, uint64_t off, uint64_t len, const Sig
   }
 }
 
+bool Endpoint::Alive(std::string* why) {
+  if (silent_.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(silent_mu_);
+    if (!silent_why_.empty()) {
+      *why = silent_why_;
+      return false;
+    }
+  }
+  return PeerAlive(why);
+}
+
+void Endpoint::SetSilent(const std::string& why) {
+  std::lock_guard<std::mutex> lock(silent_mu_);
+  silent_why_ = why;
+  silent_.store(!why.empty(), std::memory_order_release);
+}
+
+std::string Endpoint::Silent() const {
+  std::lock_guard<std::mutex> lock(silent_mu_);
+  return silent_why_;
+}
+
 WaitPolicy PolicyFor(const WaitPolicy& base, const Endpoint* ep) {
   WaitPolicy p = base;
   if (ep && ep->delivered_by_local_thread()) p.spin_ns = 0;

@@ -12,10 +12,12 @@
 // plus any helper files of its own (tcp/frame.*, verbs/verbs_{device,memory,qp,endpoint}.*).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -69,9 +71,24 @@ class Endpoint {
   // process (tcp's receiver thread) rather than by the peer's CPU or a NIC: a waiter must
   // then not spin, or it takes the core that thread needs (2 vCPUs here).
   virtual bool delivered_by_local_thread() const { return false; }
-  // Cheap, non-blocking: false (with the reason) once the peer is known to be gone.
-  virtual bool Alive(std::string* why) = 0;
+  // Cheap, non-blocking: false (with the reason) once the peer is gone or silent. What every
+  // wait on the peer asks (WaitPolicy::liveness_every_ns).
+  bool Alive(std::string* why);
+  // Cheap, non-blocking: false (with the reason) once the peer's process or connection is
+  // known to be gone; it never comes back on this endpoint.
+  virtual bool PeerAlive(std::string* why) = 0;
+  // The task's heartbeats (rdmadev/cluster/liveness.py) mark the peer silent (`why`: since
+  // when and how to fix it) when it stops answering, and heard (empty `why`) when it answers
+  // again. A silent peer may be stopped, overloaded or cut off: waits on it fail, but the
+  // endpoint stays usable for the steps after it answers.
+  void SetSilent(const std::string& why);
+  std::string Silent() const;
   virtual void Close() = 0;
+
+ private:
+  std::atomic<bool> silent_{false};  // Alive's fast path: no lock while the peer answers
+  mutable std::mutex silent_mu_;
+  std::string silent_why_;
 };
 
 class Fabric {

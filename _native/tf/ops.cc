@@ -63,8 +63,13 @@ REGISTER_OP("RdmadevRecv")
 
 namespace {
 
-rdmadev::Liveness AliveOf(const std::shared_ptr<rdmadev::Endpoint>& ep) {
-  return [ep](std::string* why) { return ep->Alive(why); };
+// Whether the peer task `peer` of a wait is still there; the reason names it.
+rdmadev::Liveness AliveOf(const std::shared_ptr<rdmadev::Endpoint>& ep, const std::string& peer) {
+  return [ep, peer](std::string* why) {
+    if (ep->Alive(why)) return true;
+    if (!peer.empty()) *why = "task " + peer + ": " + *why;
+    return false;
+  };
 }
 
 // The step tag of this execution (channel.h): from TF's step id, which the tasks of one
@@ -162,7 +167,7 @@ class SendOp : public AsyncOpKernel {
     }
     try {
       uint64_t ticket = s.domain->progress().Submit(
-          need.first, need.second, deadline, AliveOf(s.ring->endpoint()),
+          need.first, need.second, deadline, AliveOf(s.ring->endpoint(), s.peer),
           [ctx, send, done, cancel](const rdmadev::Status& st, uint64_t) {
             cancel->Disarm();
             if (!st.ok) {
@@ -310,7 +315,7 @@ class RecvOp : public AsyncOpKernel {
       auto self = shared_from_this();
       try {
         ticket = r_.domain->progress().Submit(
-            r_.ring->WordFor(n_), n_, deadline_, AliveOf(r_.ring->endpoint()),
+            r_.ring->WordFor(n_), n_, deadline_, AliveOf(r_.ring->endpoint(), r_.peer),
             [self](const rdmadev::Status& st, uint64_t) { self->OnWait(st); }, nullptr,
             "transfer " + std::to_string(n_) + " on channel " + op_->channel_);
       } catch (const rdmadev::Error& e) {

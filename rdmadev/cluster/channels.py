@@ -263,6 +263,15 @@ class ChannelTable:
             self.notices["failed"] += 1
             log.info("rdmadev: could not tell %s to release %d channel(s): %s", peer, len(keys), e)
 
+    def peer_endpoints(self):
+        """``{peer task: [Endpoint]}``: the endpoints to each peer task (the heartbeats'
+        view: liveness.py marks them silent and heard)."""
+        with self.lock:
+            grouped = {}
+            for address, ep in self.endpoints.items():
+                grouped.setdefault(self.peers[address], []).append(ep)
+            return grouped
+
     def _sweep_dead_peers(self):
         """Unbinds the halves whose peer task died (its endpoint says so)."""
         with self.lock:
@@ -290,12 +299,12 @@ class ChannelTable:
         Returns:
             ``{"channels", "senders", "receivers", "regions", "registered_bytes",
             "transfers", "sent", "received", "discarded", "abandoned", "waits", "fds",
-            "memfd_maps", "notices"}``: channel halves bound here, regions and their bytes in
+            "memfd_maps", "notices", "silent_peers"}``: channel halves bound here, regions and their bytes in
             this task's Domain, transfers completed by this process (of the received, those a
             failed step left behind and that were discarded unread; receives that ended
             without a transfer), waits pending on the progress thread, open file descriptors,
             mappings of rdmadev memfds (its own regions and peers' mapped here), release
-            requests sent to peers and failed.
+            requests sent to peers and failed, peer tasks marked silent (liveness.py).
         """
         bound = _core.channel_counts(self.domain)
         moved = _core.transfer_counts()
@@ -304,7 +313,9 @@ class ChannelTable:
                 "regions": regions, "registered_bytes": registered,
                 "transfers": moved["sent"] + moved["received"], **moved,
                 "waits": self.domain.pending_waits, "fds": len(os.listdir("/proc/self/fd")),
-                "memfd_maps": _memfd_maps(), "notices": dict(self.notices)}
+                "memfd_maps": _memfd_maps(), "notices": dict(self.notices),
+                "silent_peers": sorted(t for t, eps in self.peer_endpoints().items()
+                                       if any(ep.silent for ep in eps))}
 
     def close(self):
         """Stops the watcher and unbinds every channel half of this task (the Domain's close

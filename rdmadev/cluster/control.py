@@ -258,4 +258,9 @@ class ControlClient:
         return reply["result"]
 
     def close(self):
+        """Closes the connection; a call waiting for its answer in another thread ends."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:  # never connected, or closed already
+            pass
         self.sock.close()

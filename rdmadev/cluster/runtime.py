@@ -20,6 +20,7 @@ from ..errors import ConfigError, PeerLostError, ProtocolError
 from . import instances, reports
 from .channels import REQUESTS as CHANNEL_REQUESTS, ChannelTable
 from .control import ControlClient, ControlServer, control_address
+from .liveness import Heartbeats
 from .spec import parse_cluster, split_address
 
 __all__ = ["Runtime", "start", "current", "register_handler"]
@@ -51,6 +52,7 @@ class Runtime:
         self.domain = None
         self.server = None
         self.table = None
+        self.heartbeats = None
         self.clients = {}
         self.lock = threading.RLock()
         if job is not None:
@@ -61,6 +63,9 @@ class Runtime:
             self.table = ChannelTable(self.domain, self.config, call=self.call, task=self.task)
             self.server = ControlServer(control_address(address, self.config.control_port_offset),
                                         self.config.secret, self.handle)
+            if self.config.liveness_s > 0:
+                self.heartbeats = Heartbeats(self.config.liveness_s, self.table.peer_endpoints,
+                                             self._connect, self.task)
 
     def _address(self, job, index):
         if job not in self.cluster or not 0 <= index < len(self.cluster[job]):
@@ -106,11 +111,16 @@ class Runtime:
             client = self.clients.get(task)
             if client is not None:
                 return client, False
-            address = self._address(*split_task(task))
-            client = self.clients[task] = ControlClient(
-                control_address(address, self.config.control_port_offset), self.config.secret,
-                timeout=self.config.deadline_s, name=self.task or "coordinator")
+            client = self.clients[task] = self._connect(task, self.config.deadline_s)
             return client, True
+
+    def _connect(self, task, timeout):
+        """A new control connection to `task` (its connect and each answer bounded by
+        `timeout` seconds)."""
+        address = self._address(*split_task(task))
+        return ControlClient(control_address(address, self.config.control_port_offset),
+                             self.config.secret, timeout=timeout,
+                             name=self.task or "coordinator")
 
     def _forget(self, task, client):
         with self.lock:
@@ -119,6 +129,8 @@ class Runtime:
         client.close()
 
     def close(self):
+        if self.heartbeats:
+            self.heartbeats.close()
         if self.table:
             self.table.close()
         for c in self.clients.values():

@@ -100,7 +100,7 @@ class ShmEndpoint : public Endpoint {
     if (len) std::memcpy(dst, src.mapped + roff, len);
   }
 
-  bool Alive(std::string* why) override {
+  bool PeerAlive(std::string* why) override {
     std::shared_lock<std::shared_mutex> lock(mu_);
     if (pidfd_ < 0) {
       *why = "endpoint closed";

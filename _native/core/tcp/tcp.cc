@@ -122,7 +122,7 @@ class TcpEndpoint : public Endpoint {
     RecvFully(fd, dst, len, deadline, reach_);
   }
 
-  bool Alive(std::string* why) override {
+  bool PeerAlive(std::string* why) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (fd_ < 0) {
       *why = "endpoint closed";

@@ -163,7 +163,7 @@ class VerbsEndpoint : public Endpoint {
     }
   }
 
-  bool Alive(std::string* why) override {
+  bool PeerAlive(std::string* why) override {
     std::lock_guard<std::mutex> lock(state_mu_);
     if (closed_) {
       *why = "endpoint closed";

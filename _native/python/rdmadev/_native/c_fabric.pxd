@@ -33,6 +33,9 @@ cdef extern from "fabric.h" namespace "rdmadev":
         void Read(const RemoteRegion& src, uint64_t roff, void* dst, uint64_t n,
                   const Deadline& deadline) except +raise_py_error nogil
         bool Alive(string* why) nogil
+        bool PeerAlive(string* why) nogil
+        void SetSilent(const string& why)
+        string Silent()
         void Close() nogil
 
     WaitPolicy PolicyFor(const WaitPolicy& base, const Endpoint* ep)

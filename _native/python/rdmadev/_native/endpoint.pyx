@@ -134,10 +134,21 @@ cdef class Endpoint(Handle):
         return v
 
     def alive(self):
-        """(True, "") while the peer is alive, else (False, why)."""
+        """(True, "") while the peer's process or connection lives, else (False, why): a
+        peer that is gone never comes back on this endpoint. A silent one may (see silent)."""
         cdef string why
-        cdef cbool ok = self._get().Alive(&why)
+        cdef cbool ok = self._get().PeerAlive(&why)
         return bool(ok), why.decode()
+
+    def set_silent(self, why):
+        """Marks the peer silent (`why`: non-empty text naming it and the fix), or heard
+        again (""): while silent, every wait on it fails with PeerLostError(why)."""
+        self._get().SetSilent(as_bytes(why))
+
+    @property
+    def silent(self):
+        """Why the peer is marked silent, or "" (see set_silent)."""
+        return self._get().Silent().decode()
 
     def close(self):
         """Closes the RemoteRegions attached through it, then the connection. Idempotent."""

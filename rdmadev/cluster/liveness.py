@@ -1,0 +1,151 @@
+"""Heartbeats: a task's watch over the peer tasks it has channels with.
+
+Waits notice a peer that is *gone* at once: its process exited or its connection closed, and
+the fabric sees it (shm: a pidfd; tcp: the socket; verbs: the side channel). A peer that is
+*silent* is not gone: stopped (SIGSTOP, a debugger), starved, or cut off by the network, it
+keeps its connections, and its waits would end only at RDMADEV_DEADLINE_S. So a task pings
+the control service of every peer it has an endpoint to, every ``RDMADEV_LIVENESS_S /
+PINGS_PER_LIVENESS`` seconds, each peer from its own thread (a silent peer never delays the
+others' pings). A peer that answered none for RDMADEV_LIVENESS_S is marked silent on each of
+its endpoints (``Endpoint.set_silent``): every wait on it fails within the fabric's liveness
+poll (2 ms) with Unavailable naming the task. Its channels stay bound: once it answers again
+it is marked heard, and the next step runs (what the failed step left in flight is discarded
+by its step tag).
+
+A peer is found silent between RDMADEV_LIVENESS_S and RDMADEV_LIVENESS_S + 2 x the ping
+interval after its last answer (one interval for the answer it missed, one for the check).
+
+Example:
+    >>> beats = Heartbeats(10.0, table.peer_endpoints, connect, "/job:ps/replica:0/task:0")
+    >>> beats.silent()
+    []
+"""
+import logging
+import threading
+import time
+
+__all__ = ["Heartbeats", "PINGS_PER_LIVENESS"]
+
+#: Pings a peer gets per liveness period: it is found silent only after missing about this
+#: many in a row, so one slow answer on a loaded host is not a failure.
+PINGS_PER_LIVENESS = 4
+
+log = logging.getLogger(__name__)
+log.addHandler(logging.NullHandler())
+
+
+class _Peer:
+    """One peer task's pings (a thread) and whether it is marked silent."""
+
+    def __init__(self, task, beats):
+        self.task = task
+        self.beats = beats
+        self.heard = time.monotonic()  # its last answer (or when the watch began)
+        self.silent_since = None  # time.monotonic() of the mark, None while it answers
+        self.stopping = threading.Event()
+        self.client = None
+        self.thread = threading.Thread(target=self._ping, daemon=True,
+                                       name=f"rdmadev-heartbeat {task}")
+        self.thread.start()
+
+    def _ping(self):
+        beats = self.beats
+        while not self.stopping.is_set():
+            started = time.monotonic()
+            try:
+                if self.client is None:
+                    self.client = beats.connect(self.task, beats.liveness_s)
+                self.client.call({"op": "ping"})
+                self.heard = time.monotonic()
+            except Exception:  # no answer: silence is judged by the watch, not here
+                self._drop_client()
+            self.stopping.wait(max(0.0, beats.interval - (time.monotonic() - started)))
+        self._drop_client()
+
+    def _drop_client(self):
+        client, self.client = self.client, None
+        if client is not None:
+            client.close()
+
+    def stop(self):
+        self.stopping.set()
+        self._drop_client()  # ends a ping waiting for its answer
+
+
+class Heartbeats:
+    """Pings every peer task this task has endpoints to; marks silent and heard (see module).
+
+    Args:
+        liveness_s: seconds without an answer before a peer is silent (RDMADEV_LIVENESS_S).
+        endpoints_of: ``() -> {peer task: [Endpoint]}``, the endpoints to mark
+            (``ChannelTable.peer_endpoints``); a peer leaves the watch when it leaves this.
+        connect: ``(task, timeout) -> ControlClient`` to that task's control service.
+        task: this task's name, for thread names and log lines.
+    """
+
+    def __init__(self, liveness_s, endpoints_of, connect, task):
+        self.liveness_s = liveness_s
+        self.interval = liveness_s / PINGS_PER_LIVENESS
+        self.endpoints_of = endpoints_of
+        self.connect = connect
+        self.task = task
+        self.peers = {}  # task -> _Peer
+        self.lock = threading.Lock()
+        self.closing = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True,
+                                       name=f"rdmadev-liveness {task}")
+        self.thread.start()
+
+    def silent(self):
+        """The peer tasks marked silent now."""
+        with self.lock:
+            return sorted(t for t, p in self.peers.items() if p.silent_since is not None)
+
+    def _watch(self):
+        last = time.monotonic()
+        while not self.closing.wait(self.interval):
+            now = time.monotonic()
+            paused = now - last > self.liveness_s  # this process was stopped or starved
+            last = now
+            try:
+                self._judge(self.endpoints_of(), now, paused)
+            except Exception as e:  # never let the watch die
+                log.info("rdmadev: heartbeat watch of %s failed: %s", self.task, e)
+
+    def _judge(self, endpoints, now, paused):
+        with self.lock:
+            for task in endpoints.keys() - self.peers.keys():
+                self.peers[task] = _Peer(task, self)
+            for task in self.peers.keys() - endpoints.keys():
+                self.peers.pop(task).stop()
+            peers = list(self.peers.values())
+        for p in peers:
+            if paused:  # our own pause is not the peers' silence
+                p.heard = max(p.heard, now - self.interval)
+            quiet = now - p.heard
+            if quiet > self.liveness_s:
+                if p.silent_since is None:
+                    p.silent_since = now
+                    log.warning("rdmadev: task %s has not answered heartbeats for %.1f s: waits "
+                                "on it fail until it answers", p.task, quiet)
+                why = (f"silent: no answer to rdmadev heartbeats for {quiet:.1f} s (stopped, "
+                       f"overloaded or cut off; RDMADEV_LIVENESS_S={self.liveness_s:g})")
+                for ep in endpoints[p.task]:
+                    if not ep.silent:  # including endpoints made since the mark
+                        ep.set_silent(why)
+            elif p.silent_since is not None:
+                log.warning("rdmadev: task %s answers again after %.1f s", p.task,
+                            now - p.silent_since)
+                p.silent_since = None
+                for ep in endpoints[p.task]:
+                    ep.set_silent("")
+
+    def close(self):
+        """Stops every ping and the watch (endpoints keep their marks: they close next)."""
+        self.closing.set()
+        with self.lock:
+            peers, self.peers = list(self.peers.values()), {}
+        for p in peers:
+            p.stop()
+        if self.thread is not threading.current_thread():
+            self.thread.join(2 * self.interval)

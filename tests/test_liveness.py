@@ -1,0 +1,131 @@
+"""Heartbeats (rdmadev/cluster/liveness.py) between real task processes, no TF: a stopped
+peer makes waits on it fail well before RDMADEV_DEADLINE_S, naming what happened; its
+channels stay bound, and once it runs again they carry data again.
+
+ps:0 is a `tests/control_task.py` process; this test process is worker:1 (it plans).
+"""
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+import pytest
+
+import rdmadev
+from graph_pass.devices import task_name
+from rdmadev import Config, _core
+from rdmadev.cluster import channels, liveness, runtime
+from rdmadev.errors import PeerLostError
+from rdmadev.testing import launch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import control_task  # noqa: E402
+from test_channel_setup import exchange, plan  # noqa: E402
+
+FABRICS = [f for f in rdmadev.viable_fabrics() if f != "verbs"]
+
+SECRET = "rdmadev-liveness-secret"
+PS, W1 = task_name("ps", 0), task_name("worker", 1)
+#: RDMADEV_LIVENESS_S in both tasks: short, so a test takes seconds.
+LIVENESS_S = 1.0
+#: RDMADEV_DEADLINE_S: what a silent peer would cost without heartbeats.
+DEADLINE_S = 120.0
+#: The bound the module promises (liveness + two ping intervals), plus scheduling slack for a
+#: loaded 2-core machine; far below DEADLINE_S either way.
+DETECTED_WITHIN_S = LIVENESS_S * (1 + 2 / liveness.PINGS_PER_LIVENESS) + 10.0
+
+
+@pytest.fixture(params=FABRICS)
+def pair(request):
+    """(this process's Runtime as worker:1, the cluster holding ps:0), on one fabric."""
+    ports = launch.free_ports(3)  # worker:0 is never started
+    spec = {"ps": [f"127.0.0.1:{ports[0]}"],
+            "worker": [f"127.0.0.1:{ports[1]}", f"127.0.0.1:{ports[2]}"]}
+    full = json.dumps(spec)
+
+    def launcher(job, index, _):
+        return [sys.executable, os.path.join(HERE, "control_task.py"), "--cluster", full,
+                "--job", job, "--task", str(index)]
+
+    env = {"RDMADEV_SECRET": SECRET, "RDMADEV_DEADLINE_S": str(DEADLINE_S),
+           "RDMADEV_LIVENESS_S": str(LIVENESS_S), "RDMADEV_FABRIC": request.param,
+           "PYTHONPATH": os.pathsep.join([os.path.dirname(HERE), HERE, os.environ.get("PYTHONPATH", "")])}
+    runtime.register_handler("t_send", control_task.t_send)
+    runtime.register_handler("t_recv", control_task.t_recv)
+    with launch.Cluster(spec={"ps": spec["ps"]}, env=env, launcher=launcher) as cluster:
+        rt = runtime.Runtime(spec, "worker", 1, Config(fabric=request.param, secret=SECRET.encode(),
+                                                        deadline_s=DEADLINE_S, liveness_s=LIVENESS_S))
+        try:
+            yield rt, cluster
+        finally:
+            os.kill(cluster.pid("ps", 0), signal.SIGCONT)  # never leave it stopped
+            rt.close()
+
+
+def _wait_for(predicate, within):
+    deadline = time.monotonic() + within
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return predicate()
+
+
+def test_a_stopped_peer_fails_waits_on_it_then_its_channels_work_again(pair):
+    rt, cluster = pair
+    _, swap, regions = plan([(PS, W1), (W1, PS)])
+    channels.open_channels(rt.call, "live", swap, regions)
+    into_me = next(t for t in swap if t.recv_task == W1)
+    assert exchange(rt, into_me, 5, seed=1) == []  # works, and the heartbeats are running
+    assert rt.table.counters()["silent_peers"] == []
+
+    os.kill(cluster.pid("ps", 0), signal.SIGSTOP)
+    stopped = time.monotonic()
+    with pytest.raises(PeerLostError, match="silent: no answer to rdmadev heartbeats .*"
+                                            "RDMADEV_LIVENESS_S=1"):
+        _core.channel_recv(into_me.channel_key, timeout=DEADLINE_S)
+    detected = time.monotonic() - stopped
+    assert LIVENESS_S <= detected < DETECTED_WITHIN_S, detected
+    counters = rt.table.counters()
+    assert counters["silent_peers"] == [PS]
+    assert counters["channels"] == 3 + 3  # silent is not gone: nothing was unbound
+
+    os.kill(cluster.pid("ps", 0), signal.SIGCONT)
+    assert _wait_for(lambda: rt.table.counters()["silent_peers"] == [], DETECTED_WITHIN_S)
+    for t in swap:  # both directions carry correct data again, credits included
+        assert exchange(rt, t, 5, seed=7) == []
+
+
+def test_a_peer_that_answers_stays_heard_through_a_long_wait(pair):
+    """A wait on a running peer that simply sends late is not ended by the heartbeats."""
+    rt, _ = pair
+    _, swap, regions = plan([(PS, W1)])
+    channels.open_channels(rt.call, "late", swap, regions)
+    t = swap[0]
+    size = t.capacity_bytes
+    late = threading.Timer(4 * LIVENESS_S, lambda: rt.call(PS, {
+        "op": "t_send", "key": t.channel_key, "count": 1, "size": size, "seed": 3}))
+    late.start()
+    try:
+        seq, data = _core.channel_recv(t.channel_key, timeout=DEADLINE_S)
+    finally:
+        late.join(DEADLINE_S)
+    assert data == control_task.pattern(size, 3)
+    assert rt.table.counters()["silent_peers"] == []
+
+
+def test_liveness_zero_turns_heartbeats_off():
+    rt = runtime.Runtime({"worker": [f"127.0.0.1:{launch.free_ports(1)[0]}"]}, "worker", 0,
+                         Config(secret=SECRET.encode(), liveness_s=0.0))
+    try:
+        assert rt.heartbeats is None
+        assert not [t for t in threading.enumerate() if t.name.startswith("rdmadev-liveness")]
+    finally:
+        rt.close()
+
+
+def test_liveness_setting_is_validated():
+    assert Config.from_env({"RDMADEV_LIVENESS_S": "2.5"}).liveness_s == 2.5
+    with pytest.raises(rdmadev.ConfigError, match="RDMADEV_LIVENESS_S"):
+        Config.from_env({"RDMADEV_LIVENESS_S": "-1"})
