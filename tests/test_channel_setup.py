@@ -10,6 +10,7 @@ import dataclasses
 import gc
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -269,3 +270,43 @@ def test_halves_of_a_dead_peer_are_unbound():
             assert rt.table.counters()["channels"] == 3  # the 3 from worker:0
         finally:
             rt.close()
+
+
+#: A planner in a process of its own (the coordinator of an in-graph job): it opens channels
+#: between ps:0 and worker:0 through its control connections, says so, then waits to be killed.
+_PLANNER = """
+import sys, time
+from rdmadev import Config
+from rdmadev.cluster import channels, runtime
+import test_channel_setup as t
+rt = runtime.Runtime(t.json.loads(sys.argv[1]), config=Config(secret=t.SECRET.encode(), deadline_s=60))
+t._instances = iter(range(1 << 40, 1 << 41))  # keys unlike any the test process planned
+_, swap, regions = t.plan([(t.W0, t.PS), (t.PS, t.W0)])
+channels.open_channels(rt.call, "killed-planner", swap, regions)
+print("OPENED", flush=True)
+time.sleep(600)
+"""
+
+
+def test_channels_a_killed_planner_opened_are_released_on_every_task(world):
+    """kill -9 of the process that planned (it never asks for a release): each receiving task
+    releases what came on the planner's control connection once the kernel closes it."""
+    rt, cluster = world
+    held = ("channels", "regions", "registered_bytes", "memfd_maps")
+    before = {t: {k: rt.call(t, {"op": "counters"})[k] for k in held} for t in (PS, W0)}
+    spec = json.dumps(rt.cluster)
+    env = {**os.environ, "RDMADEV_FABRIC": rt.config.fabric,
+           "PYTHONPATH": os.pathsep.join([os.path.dirname(HERE), HERE, os.environ.get("PYTHONPATH", "")])}
+    planner = subprocess.Popen([sys.executable, "-c", _PLANNER, spec], env=env,
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        assert planner.stdout.readline().strip() == "OPENED"
+        assert rt.call(PS, {"op": "counters"})["channels"] == before[PS]["channels"] + 6
+    finally:
+        planner.kill()
+        planner.wait(60)
+    deadline = time.monotonic() + 60  # a release takes milliseconds once the socket closes
+    now = lambda: {t: {k: rt.call(t, {"op": "counters"})[k] for k in held} for t in (PS, W0)}
+    while now() != before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert now() == before

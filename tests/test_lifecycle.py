@@ -7,9 +7,12 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
+from rdmadev import Config
+from rdmadev.cluster import runtime
 from rdmadev.testing import launch
 
 pytestmark = pytest.mark.tf
@@ -46,9 +49,12 @@ def test_200_dropped_functions_leave_nothing_behind(cluster):
         assert end["channels"] == start["channels"] == 0, (task, start, end)
         assert end["regions"] == start["regions"], (task, start, end)
         assert end["registered_bytes"] == start["registered_bytes"], (task, start, end)
-        # One instantiation's worth of slack (of which the first also opened the endpoints).
+        # One instantiation's worth of slack (of which the first also opened the endpoints),
+        # and the heartbeats' connections (liveness.py), which may start after `one`: per peer
+        # task, the one this task pings on and the one it is pinged on.
+        heartbeats = {"fds": 2 * (len(r["end"]) - 1), "memfd_maps": 0}
         for what in ("fds", "memfd_maps"):
-            worth = max(0, one[what] - start[what])
+            worth = max(0, one[what] - start[what]) + heartbeats[what]
             assert end[what] <= start[what] + worth, (task, what, start[what], one[what], end[what])
         assert end["memfd_maps"] == 0, (task, end)
         assert end["transfers"] - start["transfers"] >= 200 * 2, (task, start, end)
@@ -81,3 +87,31 @@ def test_a_coordinator_that_exits_releases_its_scheduled_steps_for_the_next_one(
     for task, held in second["before"].items():
         for what in ("channels", "regions", "registered_bytes", "memfd_maps"):
             assert held[what] == first["before"][task][what], (task, what, first, second)
+
+
+def test_a_killed_coordinator_s_scheduled_steps_are_released_on_every_task(cluster):
+    # kill -9: the coordinator never asks for release_function, but the control connections
+    # it told the tasks it owns the step on (own_function) close with it.
+    driver = subprocess.Popen([sys.executable, os.path.join(HERE, "e2e", "lifecycle_driver.py"),
+                               json.dumps(cluster.spec), "pss", "killed"], stdout=subprocess.PIPE,
+                              text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **ENV})
+    try:
+        line = next((l for l in driver.stdout if l.startswith("RESULT ")), None)
+        assert line is not None, "the driver ended before its result"
+        r = json.loads(line[len("RESULT "):])
+        workers = ["/job:worker/replica:0/task:0", "/job:worker/replica:0/task:1"]
+        assert r["swapped"] == workers, r
+    finally:
+        driver.kill()
+        driver.wait(60)
+    rt = runtime.Runtime(cluster.spec, config=Config(secret=ENV["RDMADEV_SECRET"].encode()))
+    held = ("channels", "regions", "registered_bytes", "memfd_maps")
+    now = lambda: {t: {k: rt.call(t, {"op": "counters"})[k] for k in held} for t in r["before"]}
+    want = {t: {k: c[k] for k in held} for t, c in r["before"].items()}
+    try:
+        deadline = time.monotonic() + 60  # releases take milliseconds once the sockets close
+        while now() != want and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert now() == want, (r["holding"], now())
+    finally:
+        rt.close()

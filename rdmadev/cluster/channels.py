@@ -15,6 +15,7 @@ Example:
     >>> fabrics, registered = open_channels(rt.call, instance, swapped, region_bytes)
 """
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -24,6 +25,7 @@ from graph_pass.layout import REGION_ALIGNMENT
 
 from .. import _core
 from ..errors import ConfigError, ProtocolError, RdmadevError, RegionError
+from .control import session
 from .opening import LAYOUT_FIELDS, in_parallel, open_channels
 
 __all__ = ["ChannelTable", "open_channels", "REQUESTS", "CREDIT_BYTES"]
@@ -159,7 +161,19 @@ class ChannelTable:
         if self.call is None:
             raise ConfigError(f"task {self.task} cannot set up channels: its ChannelTable has no "
                               "control client", hint="construct ChannelTable(call=Runtime.call)")
-        return {"pairs": in_parallel(lambda p: self._open_pair(r["instance"], p), r["pairs"])}
+        opened = in_parallel(lambda p: self._open_pair(r["instance"], p), r["pairs"])
+        planner = session()
+        if planner is not None:  # released here should the planner die before it asks
+            planner.hold(("pairs", r["instance"]), functools.partial(self._release_pairs, r["pairs"]))
+        return {"pairs": opened}
+
+    def _release_pairs(self, pairs):
+        """Unbinds the receiving halves of `pairs` (open_pairs entries) here and tells each
+        sender to unbind its halves."""
+        for p in pairs:
+            keys = [c["key"] for c in p["channels"]]
+            self.release({"keys": keys, "half": "recv"})
+            self._notify(p["sender"], keys, "send")
 
     def _open_pair(self, instance, p):
         sender, channels = p["sender"], p["channels"]
@@ -250,6 +264,9 @@ class ChannelTable:
         """Unbinds `half` ("send", "recv" or "both") of every channel in ``r["keys"]`` here
         (their regions go with their last half). Returns how many halves went."""
         half = r.get("half", "both")
+        planner = session()
+        if planner is not None and "instance" in r:
+            planner.let_go(("pairs", r["instance"]))
         return sum(_core.unbind_channel(key, half) for key in r["keys"])
 
     def _notify(self, peer, keys, half):

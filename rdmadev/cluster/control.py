@@ -27,7 +27,7 @@ from ..config import Config
 from ..errors import AuthError, PeerLostError, ProtocolError, RdmadevError
 from .spec import split_address
 
-__all__ = ["ControlServer", "ControlClient", "control_address"]
+__all__ = ["ControlServer", "ControlClient", "Session", "session", "control_address"]
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
@@ -86,6 +86,48 @@ def _recv(sock):
     return json.loads(_recv_exact(sock, n))
 
 
+class Session:
+    """What one authenticated control connection holds for its peer: releases to run when the
+    connection ends unless the peer let go first. A peer killed with kill -9 says nothing, but
+    the kernel closes its connections, so what it planned here (channels, instantiations of
+    the functions it traced) does not outlive it."""
+
+    def __init__(self, where):
+        self.where = where
+        self.held = {}  # key -> release()
+        self.lock = threading.Lock()
+
+    def hold(self, key, release):
+        """Runs `release()` when the connection ends, unless let_go(key) came first."""
+        with self.lock:
+            self.held[key] = release
+
+    def let_go(self, key):
+        with self.lock:
+            self.held.pop(key, None)
+
+    def close(self):
+        with self.lock:
+            held, self.held = list(self.held.items()), {}
+        for key, release in held:
+            try:
+                release()
+            except Exception as e:  # best effort: the others still go
+                log.info("control: releasing %s held by %s failed: %s", key, self.where, e)
+        if held:
+            log.info("control: connection from %s ended holding %d planned thing(s); released",
+                     self.where, len(held))
+
+
+_serving = threading.local()
+
+
+def session():
+    """The Session of the control connection whose request this thread serves, or None (a
+    request this process made to itself)."""
+    return getattr(_serving, "session", None)
+
+
 class _Handler(socketserver.BaseRequestHandler):
     def handle(self):
         server = self.server
@@ -110,6 +152,7 @@ class _Handler(socketserver.BaseRequestHandler):
 
     def _serve(self, sock, where):
         server = self.server
+        _serving.session = Session(where)  # one thread per connection
         try:
             while True:
                 try:
@@ -130,6 +173,9 @@ class _Handler(socketserver.BaseRequestHandler):
                 _send(sock, reply)
         except (OSError, ProtocolError, ValueError) as e:
             log.info("control: connection from %s ended: %s", self.client_address, e)
+        finally:
+            held, _serving.session = _serving.session, None
+            held.close()
 
 
 class ControlServer(socketserver.ThreadingTCPServer):

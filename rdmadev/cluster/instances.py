@@ -23,8 +23,11 @@ another process: the coordinator that traced the function and sent it, under the
 to the worker. So the planner files it under its function's name, and the coordinator's
 ``rdmadev.optimize`` watches each function it traces (``watch_function``): once that is
 gone too, it sends ``release_function`` to every task, and the task that planned releases
-the instantiations filed under that name (``release_function``). What a coordinator killed
-before it could say so left behind lives until its tasks exit.
+the instantiations filed under that name (``release_function``). The coordinator also tells
+every task it owns the function (``own_function``), over the control connection it keeps
+open: should that connection end before release_function (the coordinator was killed), the
+task releases then (control.Session). Channels a killed process planned itself go the same way
+(open_pairs is held by the connection it came on).
 """
 import atexit
 import logging
@@ -33,7 +36,10 @@ import sys
 import threading
 import weakref
 
-__all__ = ["track", "tracked", "owner_of_current_call", "watch_function", "release_function"]
+from .control import session
+
+__all__ = ["track", "tracked", "owner_of_current_call", "watch_function", "release_function",
+           "own_function"]
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
@@ -65,7 +71,7 @@ def _release_on_tasks(call, instance, tasks, keys):
     """Asks every task of `instance` to unbind its channels (best effort)."""
     for task in tasks:
         try:
-            call(task, {"op": "release", "keys": keys, "half": "both"})
+            call(task, {"op": "release", "instance": instance, "keys": keys, "half": "both"})
         except Exception as e:  # a dead task took its channels with it
             log.info("rdmadev: could not release instance %s at %s: %s", instance, task, e)
 
@@ -200,6 +206,7 @@ def watch_function(function, broadcast, name=None):
     `function` (an AtomicFunction: collected, no longer registered; anything else: collected)
     in this process, or at exit. `name`: the function's own name unless given."""
     name = name or _name_of(function)
+    broadcast({"op": "own_function", "function": name})
     _tracker().add(function, ("function", name),
                    lambda: broadcast({"op": "release_function", "function": name}))
 
@@ -207,7 +214,22 @@ def watch_function(function, broadcast, name=None):
 def release_function(request):
     """The ``release_function`` control request: releases the instantiations planned here
     for function ``request["function"]``; returns how many."""
+    owner = session()
+    if owner is not None:
+        owner.let_go(("function", request["function"]))
     return _tracker().release_function(request["function"])
+
+
+def own_function(request):
+    """The ``own_function`` control request: the process that traced function
+    ``request["function"]`` (and will ask for release_function once it drops it) holds it
+    through this connection. Should the connection end first (that process was killed), the
+    instantiations planned here for the function are released then."""
+    owner = session()
+    if owner is not None:
+        name = request["function"]
+        owner.hold(("function", name), lambda: _tracker().release_function(name))
+    return owner is not None
 
 
 def tracked():

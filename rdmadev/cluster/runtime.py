@@ -29,7 +29,8 @@ _current = None
 _lock = threading.Lock()
 # Control requests served by other layers: op -> handler(request) -> JSON-able result.
 _handlers = {"reports": lambda request: [dataclasses.asdict(r) for r in reports.reports()],
-             "release_function": instances.release_function}
+             "release_function": instances.release_function,
+             "own_function": instances.own_function}
 
 
 def register_handler(op, handler):

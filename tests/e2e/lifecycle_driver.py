@@ -9,9 +9,10 @@ churn N     N functions, each with a new shape, called once and dropped; returns
 cancel MODE MODE grpc | rdmadev: steps of which some fail mid-step (an op fails on worker:0
             or on ps while the others wait or send), the variables reset, then 10 steps:
             which steps failed, the losses and variables, and (rdmadev) the tasks' counters.
-pss         a ParameterServerStrategy coordinator (chief) schedules an optimized step on both
+pss [killed] a ParameterServerStrategy coordinator (chief) schedules an optimized step on both
             workers and exits without releasing anything itself: every task's counters
-            before and after, and what the workers swapped.
+            before and after, and what the workers swapped. `killed`: then waits to be
+            killed (kill -9) instead of exiting.
 """
 import gc
 import json
@@ -190,6 +191,8 @@ def main():
     scenario, *args = sys.argv[2:]
     if scenario == "pss":
         print("RESULT " + json.dumps(pss(spec)), flush=True)
+        if args == ["killed"]:  # waits for kill -9: nothing released by this process
+            time.sleep(600)
         return  # exits with the strategy's function alive: rdmadev releases it at exit
     tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(spec))
     runtime.start(spec)
