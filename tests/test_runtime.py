@@ -1,5 +1,6 @@
 """Cluster specs, the launcher's argument errors, and the control connections' auth."""
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -200,3 +201,24 @@ def test_malformed_tf_config_task_names_the_problem(task, match):
     with pytest.raises(rdmadev.ConfigError, match=match):
         tf_config_task({"TF_CONFIG": json.dumps({"cluster": {"ps": ["127.0.0.1:1"]}, "task": task})})
     assert tf_config_task({"TF_CONFIG": json.dumps({"task": {"type": "ps", "index": "1"}})}) == ("ps", 1)
+
+
+def test_a_flood_of_wrong_secrets_logs_a_bounded_number_of_lines(caplog):
+    from rdmadev.cluster import control
+
+    server = ControlServer(("127.0.0.1", 0), b"right", lambda r: {"echo": r})
+    try:
+        with caplog.at_level(logging.WARNING, logger=control.log.name):
+            for _ in range(3 * control.LOG_LINES_PER_WINDOW):
+                with pytest.raises(rdmadev.AuthError):
+                    ControlClient(server.server_address, b"wrong")
+            deadline = time.monotonic() + 10  # counted after the client saw the refusal
+            while server.rejected < 3 * control.LOG_LINES_PER_WINDOW and time.monotonic() < deadline:
+                time.sleep(0.01)
+        lines = [r.getMessage() for r in caplog.records]
+        assert server.rejected == 3 * control.LOG_LINES_PER_WINDOW
+        assert len([l for l in lines if "failed authentication (wrong" in l]) == control.LOG_LINES_PER_WINDOW
+        assert len(lines) == control.LOG_LINES_PER_WINDOW + 1, lines  # + "leaving out the rest"
+        assert ControlClient(server.server_address, b"right").call({"op": "x"}) == {"echo": {"op": "x"}}
+    finally:
+        server.close()

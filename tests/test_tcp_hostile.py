@@ -3,6 +3,7 @@ changes, the serving process survives and keeps serving a well-behaved peer."""
 import hashlib
 import os
 import struct
+import time
 
 import numpy as np
 import pytest
@@ -200,3 +201,24 @@ def test_valid_frames_from_hand_written_client_apply(victim):
     assert struct.unpack_from("<IH", head) == (tc.FRAME_MAGIC, 3)
     assert tc.recv_exact(s, 5) == b"hello"
     s.close()
+
+
+def test_a_flood_of_failed_handshakes_logs_a_bounded_number_of_lines(victim):
+    """Each wrong-secret peer fails its handshake; 40 of them within seconds log at most the
+    budget's lines plus one saying the rest are left out, and a real peer still gets through."""
+    budget = 10  # LogBudget::kLinesPerWindow (common.h)
+    dom = victim[0]
+    before = rdmadev.recent_events()
+    for _ in range(40):
+        s, ok = tc.connect(dom.address, b"not the secret")
+        assert not ok
+        s.close()
+    deadline = time.monotonic() + 30  # the acceptor logs after the client saw the refusal
+    while len([l for l in _events_since(before) if "leaving out" in l]) < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    logged = _events_since(before)
+    failures = [l for l in logged if "disconnected" in l]
+    assert len(failures) == budget, logged
+    assert [l for l in logged if "failed handshakes" in l and "leaving out the rest" in l], logged
+    assert len(logged) == budget + 1, logged
+    _still_serves(victim)

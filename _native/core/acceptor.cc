@@ -150,8 +150,8 @@ bool Acceptor::Admit(const std::string& where) {
     serving += state == kServing;
   }
   if (serving >= kMaxConnections) {
-    LogEvent(fabric_ + ": refused a connection from " + where + ": " +
-             std::to_string(serving) + " authenticated connections are open");
+    refused_.Log(fabric_ + ": refused a connection from " + where + ": " +
+                 std::to_string(serving) + " authenticated connections are open");
     return false;
   }
   if (handshaking < kMaxHandshaking) {
@@ -184,7 +184,7 @@ void Acceptor::Serve(Conn* c, const std::string& where) {
       const char* what = e.kind() == ErrorKind::kAuth       ? ""
                          : e.kind() == ErrorKind::kProtocol ? "malformed handshake: "
                                                             : "truncated handshake: ";
-      LogEvent(fabric_ + ": " + what + e.what() + "; disconnected");
+      failed_handshakes_.Log(fabric_ + ": " + what + e.what() + "; disconnected");
     }
   }
   int expected = kHandshaking;

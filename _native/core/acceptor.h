@@ -13,6 +13,8 @@
 #include <string>
 #include <thread>
 
+#include "common.h"
+
 namespace rdmadev {
 
 class Acceptor {
@@ -62,6 +64,8 @@ class Acceptor {
   std::mutex mu_;
   bool stopping_ = false;
   bool crowded_ = false;  // connections are being dropped in their handshake (logged once)
+  LogBudget failed_handshakes_{fabric_ + ": failed handshakes"};  // after fabric_ (declared first)
+  LogBudget refused_{fabric_ + ": refused connections"};
   std::list<std::unique_ptr<Conn>> conns_;
   std::thread thread_;
 };

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <chrono>
 #include <deque>
 #include <mutex>
 
@@ -68,6 +69,34 @@ void LogEvent(const std::string& line) {
   std::lock_guard<std::mutex> lock(g_events_mu);
   if (g_events.size() == kEventRing) g_events.pop_front();
   g_events.push_back(std::move(safe));
+}
+
+void LogBudget::Log(const std::string& line) {
+  uint64_t was_left_out = 0;
+  bool log = true, last = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto now = std::chrono::steady_clock::now();
+    if (now - start_ >= std::chrono::seconds(kWindowSeconds)) {
+      was_left_out = left_out_;
+      start_ = now;
+      logged_ = 0;
+      left_out_ = 0;
+    }
+    if (logged_ < kLinesPerWindow) {
+      last = ++logged_ == kLinesPerWindow;
+    } else {
+      log = false;
+      ++left_out_;
+    }
+  }
+  if (was_left_out) LogEvent(what_ + ": " + std::to_string(was_left_out) + " more were left out");
+  if (!log) return;
+  LogEvent(line);
+  if (last) {
+    LogEvent(what_ + ": " + std::to_string(kLinesPerWindow) + " in " +
+             std::to_string(kWindowSeconds) + " s; leaving out the rest for now");
+  }
 }
 
 std::string RecentEvents() {

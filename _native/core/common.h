@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <stdexcept>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -80,5 +81,24 @@ struct Deadline {
 // stderr.
 void LogEvent(const std::string& line);
 std::string RecentEvents();  // newline-separated, oldest first
+
+// LogEvent for lines a peer can cause at will (failed handshakes, rejected frames, refused
+// connections), budgeted per service and kind: at most kLinesPerWindow per kWindowSeconds.
+// Past that one line says the rest are left out, and the next window's first line says how
+// many were: a flood of hostile connections cannot flood the log.
+class LogBudget {
+ public:
+  static constexpr int kLinesPerWindow = 10;
+  static constexpr int kWindowSeconds = 10;
+  explicit LogBudget(std::string what) : what_(std::move(what)) {}  // "tcp: failed handshakes"
+  void Log(const std::string& line);
+
+ private:
+  std::string what_;
+  std::mutex mu_;
+  std::chrono::steady_clock::time_point start_;
+  int logged_ = 0;
+  uint64_t left_out_ = 0;
+};
 
 }  // namespace rdmadev

@@ -86,6 +86,44 @@ def _recv(sock):
     return json.loads(_recv_exact(sock, n))
 
 
+#: Lines a peer can cause at will (failed authentication, malformed requests, refused
+#: connections), per server and kind: at most LOG_LINES_PER_WINDOW per LOG_WINDOW_S, then one
+#: line saying the rest are left out (the same budget as the native LogBudget, common.h).
+LOG_LINES_PER_WINDOW = 10
+LOG_WINDOW_S = 10.0
+
+
+class _LogBudget:
+    """log.warning within LOG_LINES_PER_WINDOW lines per LOG_WINDOW_S (see there)."""
+
+    def __init__(self, what):
+        self.what = what  # "failed authentication"
+        self.lock = threading.Lock()
+        self.start = float("-inf")
+        self.logged = 0
+        self.left_out = 0
+
+    def warning(self, msg, *args):
+        with self.lock:
+            now = time.monotonic()
+            was_left_out = 0
+            if now - self.start >= LOG_WINDOW_S:
+                was_left_out, self.start, self.logged, self.left_out = self.left_out, now, 0, 0
+            within = self.logged < LOG_LINES_PER_WINDOW
+            if within:
+                self.logged += 1
+            else:
+                self.left_out += 1
+            last = within and self.logged == LOG_LINES_PER_WINDOW
+        if was_left_out:
+            log.warning("control: %s: %d more were left out", self.what, was_left_out)
+        if within:
+            log.warning(msg, *args)
+        if last:
+            log.warning("control: %s: %d in %g s; leaving out the rest for now", self.what,
+                        LOG_LINES_PER_WINDOW, LOG_WINDOW_S)
+
+
 class Session:
     """What one authenticated control connection holds for its peer: releases to run when the
     connection ends unless the peer let go first. A peer killed with kill -9 says nothing, but
@@ -140,7 +178,8 @@ class _Handler(socketserver.BaseRequestHandler):
             authenticated = True
         except AuthError:
             server.rejected += 1
-            log.warning("control: peer %s failed authentication (wrong cluster secret)", where)
+            server.budgets["auth"].warning("control: peer %s failed authentication (wrong "
+                                           "cluster secret)", where)
         except RdmadevError as e:
             log.info("control: handshake with %s failed: %s", where, e)
         if not server.admit(sock, authenticated):
@@ -162,8 +201,9 @@ class _Handler(socketserver.BaseRequestHandler):
                 if not isinstance(request, dict) or not isinstance(request.get("op"), str):
                     reply = {"ok": False, "error": "ProtocolError: a control request is a JSON "
                                                    "object with a string 'op'"}
-                    log.warning("control: peer %s sent a request that is not an object with an "
-                                "'op'; refused", where)
+                    server.budgets["requests"].warning(
+                        "control: peer %s sent a request that is not an object with an 'op'; "
+                        "refused", where)
                 else:
                     try:
                         reply = {"ok": True, "result": server.handler(request)}
@@ -194,6 +234,9 @@ class ControlServer(socketserver.ThreadingTCPServer):
         self.secret = secret
         self.handler = handler
         self.rejected = 0
+        self.budgets = {"auth": _LogBudget("failed authentication"),
+                        "requests": _LogBudget("malformed requests"),
+                        "refused": _LogBudget("refused connections")}
         self.dropped = {"handshaking": 0, "connections": 0}  # connections let go, by cap
         self.handshaking = collections.OrderedDict()  # socket -> None, oldest first
         self.connections = 0
@@ -246,8 +289,9 @@ class ControlServer(socketserver.ThreadingTCPServer):
                 return False
             if self.connections >= MAX_CONNECTIONS:
                 self.dropped["connections"] += 1
-                log.warning("control: refused a connection from an authenticated peer: %d "
-                            "connections are open", self.connections)
+                self.budgets["refused"].warning("control: refused a connection from an "
+                                                "authenticated peer: %d connections are open",
+                                                self.connections)
                 return False
             self.connections += 1
             return True

@@ -201,13 +201,14 @@ class TcpFabric : public Fabric {
     Domain* d = domain_;
     ServeResult r = ServeFrames(s, peer, [d](uint64_t id) { return d->Find(id); });
     if (!r.rejected.empty()) {
-      LogEvent("tcp: rejected a frame from peer '" + peer + "' at " + where + ": " + r.rejected +
-               "; disconnected");
+      rejected_frames_.Log("tcp: rejected a frame from peer '" + peer + "' at " + where + ": " +
+                           r.rejected + "; disconnected");
     }
   }
 
   Domain* domain_;
   std::string name_, secret_;
+  LogBudget rejected_frames_{"tcp: rejected frames"};
   Acceptor acceptor_;  // last: its threads use the members above
 };
 
