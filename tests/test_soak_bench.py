@@ -1,0 +1,55 @@
+"""benchmarks/soak.py runs end to end on a short soak (1,600 steps of the main job, a sample
+every 400: two warm-up samples and two judged) and finds every sampled quantity flat. The
+10,000-step figure is in BENCHMARKS.md; this checks the instrument and that nothing grows
+over the first few thousand steps."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.tf
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: Seconds the run may take: the cluster starts in 5-40 s, 1,600 steps run at ~150 steps/s
+#: on an idle box (~10 s); the rest is headroom for a loaded machine.
+TIMEOUT_S = 600
+
+
+def test_a_short_soak_is_flat(tmp_path):
+    out = tmp_path / "soak.json"
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "soak.py"), "--steps",
+                        "1600", "--every", "400", "--timeout", str(TIMEOUT_S - 60), "--json",
+                        str(out)], capture_output=True, text=True, timeout=TIMEOUT_S, cwd=ROOT)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    assert "flat: yes" in p.stdout
+    data = json.loads(out.read_text())
+    assert [s["steps"] for s in data["samples"]] == [400, 800, 1200, 1600]
+    verdicts = data["verdicts"]
+    tasks = [n for n in verdicts if n.startswith("/job:")]
+    assert len(tasks) == 3 and "coordinator" in verdicts
+    for name in tasks:  # rdmadev really carried the steps, and its resources are sampled
+        assert verdicts[name]["channels"]["first"] > 0
+        assert verdicts[name]["registered_bytes"]["first"] > 0
+        assert set(verdicts[name]) == {"rss", "threads", "fds", "channels", "registered_bytes",
+                                       "memfd_maps"}
+    assert all(v["flat"] for qs in verdicts.values() for v in qs.values())
+
+
+def test_the_verdicts_call_growth_by_its_name():
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import soak
+
+    def samples(rss_per_step, fds_every):
+        return [{"steps": n, "processes": {"t": {
+            "rss": 700 * 2**20 + rss_per_step * n, "threads": 100, "fds": 20 + n // fds_every,
+            "channels": 4, "registered_bytes": 4096, "memfd_maps": 2}}}
+            for n in range(500, 5001, 500)]
+
+    flat = soak.verdicts(samples(0, 10**9))["t"]
+    assert all(v["flat"] for v in flat.values()), flat
+    leaking = soak.verdicts(samples(2048, 2000))["t"]  # 2 KiB a step; an fd per 2,000 steps
+    assert not leaking["rss"]["flat"] and not leaking["fds"]["flat"], leaking
+    assert leaking["rss"]["slope_per_1000"] == pytest.approx(2048 * 1000)
+    assert leaking["threads"]["flat"] and leaking["channels"]["flat"]
