@@ -316,12 +316,14 @@ class ChannelTable:
         Returns:
             ``{"channels", "senders", "receivers", "regions", "registered_bytes",
             "transfers", "sent", "received", "discarded", "abandoned", "waits", "fds",
-            "memfd_maps", "notices", "silent_peers"}``: channel halves bound here, regions and their bytes in
+            "memfd_maps", "notices", "peers", "silent_peers", "py_threads"}``: channel halves bound here, regions and their bytes in
             this task's Domain, transfers completed by this process (of the received, those a
             failed step left behind and that were discarded unread; receives that ended
             without a transfer), waits pending on the progress thread, open file descriptors,
             mappings of rdmadev memfds (its own regions and peers' mapped here), release
-            requests sent to peers and failed, peer tasks marked silent (liveness.py).
+            requests sent to peers and failed, the peer tasks this task has endpoints to and
+            those marked silent (liveness.py), Python threads (rdmadev's own: control
+            connections, heartbeats, watchers; TF's threads are native).
         """
         bound = _core.channel_counts(self.domain)
         moved = _core.transfer_counts()
@@ -331,8 +333,10 @@ class ChannelTable:
                 "transfers": moved["sent"] + moved["received"], **moved,
                 "waits": self.domain.pending_waits, "fds": len(os.listdir("/proc/self/fd")),
                 "memfd_maps": _memfd_maps(), "notices": dict(self.notices),
+                "peers": sorted(self.peer_endpoints()),
                 "silent_peers": sorted(t for t, eps in self.peer_endpoints().items()
-                                       if any(ep.silent for ep in eps))}
+                                       if any(ep.silent for ep in eps)),
+                "py_threads": threading.active_count()}
 
     def close(self):
         """Stops the watcher and unbinds every channel half of this task (the Domain's close

@@ -1,0 +1,76 @@
+"""The chaos tier's job: a coordinator running an in-graph step in a loop until it fails or
+is interrupted (SIGINT: a clean exit, which releases what it planned).
+
+    python chaos_driver.py CLUSTER_JSON grpc|rdmadev [STEPS [CLIENT_ADDRESS]]
+
+CLIENT_ADDRESS (host:port): where the tasks reach this process (as job `chief`), when
+127.0.0.1 is not theirs (tasks in network namespaces).
+
+Each step moves WEIGHTS_BYTES both ways between the ps and each worker: both workers read
+`w` (ps -> worker) and compute w + 1, and the ps stores the mean of what they send back
+(worker -> ps), so after n steps every element of w is exactly n. One line per step:
+``STEP <n> <time.monotonic()> <ok>`` (ok: w == n everywhere); then ``DONE`` after STEPS
+steps, or ``ERROR <time.monotonic()> <json: type, message>`` (exit 3). CLOCK_MONOTONIC is
+system-wide, so the chaos tests compare these times with their own.
+"""
+import json
+import os
+import signal
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import tensorflow as tf  # noqa: E402
+
+import rdmadev  # noqa: E402
+from graph_pass.devices import task_name  # noqa: E402
+
+PS, WORKERS = task_name("ps", 0), (task_name("worker", 0), task_name("worker", 1))
+#: Bytes of `w` (float32): what each direction of each ps-worker pair carries per step.
+WEIGHTS_BYTES = 1 << 20
+SHAPE = [256, WEIGHTS_BYTES // 4 // 256]
+
+
+def main():
+    spec, mode = json.loads(sys.argv[1]), sys.argv[2]
+    steps = int(sys.argv[3]) if len(sys.argv) > 3 else 0  # 0: until failure or SIGINT
+    if len(sys.argv) > 4:
+        tf.config.experimental_connect_to_cluster(
+            tf.train.ClusterSpec({**spec, "chief": [sys.argv[4]]}), job_name="chief")
+    else:
+        tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(spec))
+    with tf.device(PS):
+        w = tf.Variable(tf.zeros(SHAPE), name="w")
+
+    def step():
+        sent = []
+        for worker in WORKERS:
+            with tf.device(worker):
+                sent.append(w + 1.0)
+        with tf.device(PS):
+            w.assign((sent[0] + sent[1]) * 0.5)
+            return tf.reduce_max(tf.abs(w - w[0, 0])) == 0.0, w[0, 0]
+
+    fn = rdmadev.optimize(tf.function(step)) if mode == "rdmadev" else tf.function(step)
+    n = 0
+    try:
+        while not steps or n < steps:
+            same, value = fn()
+            n += 1
+            ok = bool(same) and float(value) == n
+            print(f"STEP {n} {time.monotonic():.6f} {ok}", flush=True)
+    except KeyboardInterrupt:
+        print(f"INTERRUPTED {n}", flush=True)
+        return 0
+    except Exception as e:  # the error the chaos test measures
+        at = time.monotonic()
+        print(f"ERROR {at:.6f} " + json.dumps({"type": type(e).__name__, "message": str(e)[:4000]}),
+              flush=True)
+        return 3
+    print("DONE", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    sys.exit(main())
