@@ -41,11 +41,12 @@ def test_the_verdicts_call_growth_by_its_name():
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import soak
 
-    def samples(rss_per_step, fds_every):
+    def samples(rss_per_step, fds_every, rss_noise=(0,), last=10000):
         return [{"steps": n, "processes": {"t": {
-            "rss": 700 * 2**20 + rss_per_step * n, "threads": 100, "fds": 20 + n // fds_every,
-            "channels": 4, "registered_bytes": 4096, "memfd_maps": 2}}}
-            for n in range(500, 5001, 500)]
+            "rss": 700 * 2**20 + rss_per_step * n + rss_noise[i % len(rss_noise)],
+            "threads": 100, "fds": 20 + n // fds_every, "channels": 4,
+            "registered_bytes": 4096, "memfd_maps": 2}}}
+            for i, n in enumerate(range(500, last + 1, 500))]
 
     flat = soak.verdicts(samples(0, 10**9))["t"]
     assert all(v["flat"] for v in flat.values()), flat
@@ -53,3 +54,11 @@ def test_the_verdicts_call_growth_by_its_name():
     assert not leaking["rss"]["flat"] and not leaking["fds"]["flat"], leaking
     assert leaking["rss"]["slope_per_1000"] == pytest.approx(2048 * 1000)
     assert leaking["threads"]["flat"] and leaking["channels"]["flat"]
+    # 1.5 KiB a step over 10,000 steps is past the slope bound and the jitter: a leak
+    assert not soak.verdicts(samples(1536, 10**9))["t"]["rss"]["flat"]
+    # the allocator moving RSS a few MiB either way between quiet points is not a leak, even
+    # when a short run's fitted slope is steep (a CI run's ps: 710, 706, 708, 710 MiB)
+    mib = 2**20
+    noisy = soak.verdicts(samples(0, 10**9, rss_noise=(10 * mib, 6 * mib, 8 * mib, 10 * mib),
+                                  last=2000))["t"]["rss"]
+    assert noisy["flat"] and noisy["slope_per_1000"] > soak.RSS_SLOPE_BOUND, noisy
