@@ -39,6 +39,8 @@ VARIABLES = (
     ("RDMADEV_ENABLED", "1", "0 turns rdmadev off everywhere: optimize() and RDMADEV_AUTO leave every function on TF's gRPC path."),
     ("RDMADEV_AUTO", "0", "1 rewrites every function instantiated in the process (in tasks started by `rdmadev serve`: functions they partition, e.g. ParameterServerStrategy steps), so scripts run unchanged."),
     ("RDMADEV_MAX_REGISTERED_BYTES", "(half of RAM)", "Bytes of channel regions a task registers at most (all its peers together; a K/M/G/T suffix counts in 1024s): a setup request past it is refused with a RegionError naming this variable."),
+    ("RDMADEV_DYNAMIC_CAPACITY", "1M", "Payload bytes of each slot of a channel whose tensor has a shape known only at run time (ids after tf.unique, gathered rows, sparse gradients; a K/M/G suffix counts in 1024s). The shape travels with the tensor; one larger than a slot goes in slot-sized chunks, so this trades registered memory (slots x this per such channel) for round trips, never correctness."),
+    ("RDMADEV_MAX_TENSOR_BYTES", "2G", "Bytes one tensor of a run-time shape may carry (K/M/G/T suffix): a larger one fails its step with an error naming this variable, and a peer claiming more cannot make the receiver allocate it. Set the same value on every task."),
     ("RDMADEV_CONTROL_PORT_OFFSET", "10000", "rdmadev's control service of a task listens at the task's TF port + this offset (minus it when that passes 65535), on the host of its cluster-spec address."),
     ("RDMADEV_DEVICE", "(auto)", "RDMA device for the verbs fabric (e.g. mlx5_0, rxe0); default: the first device with an ACTIVE port."),
     ("RDMADEV_PORT", "(auto)", "Port of RDMADEV_DEVICE (1-based); default: its first ACTIVE port."),
@@ -57,6 +59,12 @@ FABRIC_OPTION_VARIABLES = (
 # the host nor a peer asking for huge regions can take a task's memory (or, on verbs, its pinned
 # pages) from under TF itself.
 DEFAULT_MAX_REGISTERED_BYTES = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+# Default RDMADEV_DYNAMIC_CAPACITY: a slot holds the rows an embedding lookup of a few thousand
+# unique ids x 64 floats gathers in one or two chunks, and K such slots cost a receiver 2 MiB per
+# dynamic channel.
+DEFAULT_DYNAMIC_CAPACITY = 1 << 20
+# Default RDMADEV_MAX_TENSOR_BYTES: what TF's own gRPC path carries in one tensor message.
+DEFAULT_MAX_TENSOR_BYTES = 2 << 30
 # Suffixes RDMADEV_MAX_REGISTERED_BYTES takes (binary units).
 _SIZE_SUFFIXES = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -124,6 +132,8 @@ class Config:
     auto: bool = False
     control_port_offset: int = 10000
     max_registered_bytes: int = DEFAULT_MAX_REGISTERED_BYTES
+    dynamic_capacity: int = DEFAULT_DYNAMIC_CAPACITY
+    max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES
 
     @classmethod
     def from_env(cls, env=None):
@@ -176,6 +186,8 @@ class Config:
             control_port_offset=_number(env, "RDMADEV_CONTROL_PORT_OFFSET", 10000, int, 1, 65534),
             max_registered_bytes=_size(env, "RDMADEV_MAX_REGISTERED_BYTES",
                                        DEFAULT_MAX_REGISTERED_BYTES),
+            dynamic_capacity=_size(env, "RDMADEV_DYNAMIC_CAPACITY", DEFAULT_DYNAMIC_CAPACITY),
+            max_tensor_bytes=_size(env, "RDMADEV_MAX_TENSOR_BYTES", DEFAULT_MAX_TENSOR_BYTES),
         )
 
     def fabric_options(self):

@@ -11,9 +11,10 @@ def pattern(n, seed):
     return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
 
 
-def ring_layout(slots, capacity, offset=0):
-    """The plan's layout of a ring of `slots` slots of `capacity` payload bytes."""
-    sb, payload_offset = slot_bytes(capacity)
+def ring_layout(slots, capacity, offset=0, rank=None):
+    """The plan's layout of a ring of `slots` slots of `capacity` payload bytes (with a shape
+    block of `rank` dims: a dynamic channel)."""
+    sb, payload_offset = slot_bytes(capacity, rank)
     return RingLayout(slots, sb, payload_offset, capacity, offset)
 
 

@@ -7,10 +7,11 @@ from rdmadev.tf import bridge
 
 
 def test_planner_is_told_what_the_ops_carry_and_the_deadline():
-    cfg = rdmadev.Config(slots=3, deadline_s=42.0)
+    cfg = rdmadev.Config(slots=3, deadline_s=42.0, dynamic_capacity=4096)
     planned = bridge.plan_config(cfg)
     assert planned.slots == 3 and planned.deadline_s == 42.0
-    assert planned.carries == bridge.OPS_CARRY == {"dynamic_shapes": False, "half_pairs": False}
+    assert planned.carries == bridge.OPS_CARRY == {"dynamic_shapes": True, "half_pairs": False}
+    assert planned.default_dynamic_capacity == 4096  # RDMADEV_DYNAMIC_CAPACITY
 
 
 def test_a_plan_with_the_native_wire_layout_is_accepted():
@@ -20,7 +21,8 @@ def test_a_plan_with_the_native_wire_layout_is_accepted():
 @pytest.mark.parametrize("field, value, named", [
     ("seq_offset", 8, "seq_offset"), ("length_offset", 16, "length_offset"),
     ("slot_header_bytes", 128, "slot_header_bytes"), ("alignment", 128, "alignment"),
-    ("length_bytes", 4, "signal_bytes"),
+    ("length_bytes", 4, "signal_bytes"), ("shape_block_offset", 128, "shape_block_offset"),
+    ("shape_dims_offset", 16, "shape_dims_offset"),
 ])
 def test_a_plan_whose_slot_layout_differs_from_the_native_one_is_refused(field, value, named):
     plan = Plan()

@@ -70,8 +70,10 @@ def test_bad_layouts_are_refused_naming_the_field(args, field):
 def test_wire_layout_agrees_with_the_plan():
     wire, plan = _core.wire_layout(), plan_layout.layout_dict()
     assert wire == {"seq_offset": 0, "length_offset": 8, "signal_bytes": 16, "alignment": 64,
-                    "slot_header_bytes": 64}
-    for key in ("seq_offset", "length_offset", "alignment", "slot_header_bytes"):
+                    "slot_header_bytes": 64, "shape_block_offset": 64, "shape_rank_offset": 0,
+                    "shape_dims_offset": 8, "shape_dim_bytes": 8}
+    for key in ("seq_offset", "length_offset", "alignment", "slot_header_bytes",
+                "shape_block_offset", "shape_rank_offset", "shape_dims_offset", "shape_dim_bytes"):
         assert wire[key] == plan[key], key
     assert wire["signal_bytes"] == plan["seq_bytes"] + plan["length_bytes"]
     assert wire["length_offset"] == plan["seq_offset"] + plan["seq_bytes"]
@@ -111,3 +113,42 @@ def test_transfers_land_where_the_plan_says(fabric, secret, capacity, offset):
             rx.release(seq, timeout=10)
         assert not mem[:offset].any() and not mem[offset + lay.bytes:].any()
         del mem
+
+
+@pytest.mark.parametrize("rank_capacity", [1, 4, 7])
+def test_a_dynamic_slots_shape_block_lands_where_the_plan_says(fabric, secret, rank_capacity):
+    """A dynamic channel's sender writes the shape block (u64 rank, u64 dims) and the payload
+    before the signal: once the receiver sees the sequence word, both are in place at the
+    plan's offsets (the write ordering the TF ops rely on, on every fabric)."""
+    wire = plan_layout.layout_dict()
+    slots, capacity = 2, 4096
+    _, payload_offset, lay = _plan_layout(slots, capacity, 0, rank_capacity)
+    block_at = wire["shape_block_offset"]
+    cfg = rdmadev.Config(fabric=fabric, secret=secret)
+    with rdmadev.open_domain("tx", cfg) as a, rdmadev.open_domain("rx", cfg) as b:
+        region = b.allocate(lay.bytes)
+        mem = np.frombuffer(region, np.uint8)
+        ab, ba = a.connect(b.address), b.connect(a.address)
+        credit = a.allocate(rdmadev.CREDIT_BYTES)
+        tx = rdmadev.RingSender(ab, ab.attach(region.descriptor), lay, credit)
+        rx = rdmadev.RingReceiver(region, lay, ba, ba.attach(credit.descriptor))
+        src = a.allocate(capacity)
+        for n in range(1, 6):
+            dims = [n + i for i in range(min(n, rank_capacity))]
+            block = b"".join(v.to_bytes(wire["shape_dim_bytes"], wire["byte_order"])
+                             for v in [len(dims)] + dims)
+            np.frombuffer(src, np.uint8, capacity)[:] = pattern(capacity, n)
+            tx.send(src, 0, capacity, timeout=10, shape_block=block)
+            seq, at, length = rx.acquire(timeout=10)
+            header = at - payload_offset
+            shape = mem[header + block_at:][:len(block)]
+            rank = int.from_bytes(bytes(shape[wire["shape_rank_offset"]:][:8]), wire["byte_order"])
+            got = [int.from_bytes(bytes(shape[wire["shape_dims_offset"] + 8 * i:][:8]),
+                                  wire["byte_order"]) for i in range(rank)]
+            assert (seq, length, rank, got) == (n, capacity, len(dims), dims)
+            assert np.array_equal(mem[at:][:capacity], pattern(capacity, n))
+            rx.release(seq, timeout=10)
+        too_long = bytes(8 * (rank_capacity + 8))
+        with pytest.raises(rdmadev.BoundsError, match="shape block exceeds"):
+            tx.send(src, 0, 8, timeout=10, shape_block=too_long)
+        del mem, shape

@@ -25,8 +25,8 @@ def channel(fabric, secret, request):
     ab, ba = a.connect(b.address), b.connect(a.address)
     names = []
 
-    def bind(name, capacity):
-        layout = ring_layout(SLOTS, capacity)
+    def bind(name, capacity, rank=None):
+        layout = ring_layout(SLOTS, capacity, rank=rank)
         ring = b.allocate(layout.bytes)
         credit = a.allocate(rdmadev.CREDIT_BYTES)
         tx = rdmadev.RingSender(ab, ab.attach(ring.descriptor), layout, credit)
@@ -37,6 +37,7 @@ def channel(fabric, secret, request):
         names.append(key)
         return key, tx, rx
 
+    bind.sender_domain = a  # for a test that writes the ring by hand
     yield bind
     for key in names:
         _core.unbind_channel(key)
@@ -119,6 +120,87 @@ def test_tensor_larger_than_planned_is_refused(channel):
     key, _, _ = channel("small", 16)
     with pytest.raises(tf.errors.InvalidArgumentError, match="larger than planned"):
         ops.send(tf.ones([8]), key)
+
+
+@pytest.mark.parametrize("dtype, shape", [(tf.float32, [0]), (tf.int64, [3, 5]),
+                                          (tf.float32, [17, 16]), (tf.float32, [0, 16]),
+                                          (tf.int32, []), (tf.float64, [2, 3, 4, 5])])
+@pytest.mark.parametrize("planned", ["dims", "rank"])
+def test_a_dynamic_channel_carries_the_shape(channel, dtype, shape, planned):
+    """A dynamic channel's slots carry the shape (planned: the rank with unknown dims, or not
+    even the rank); a tensor larger than a 256-byte slot arrives in chunks, one of 0
+    elements in one empty slot."""
+    key, _, rx = channel("dyn", 256, rank=4)
+    want = None if planned == "rank" else [None] * len(shape)
+    for step in range(3):
+        x = tf.cast(tf.random.stateless_uniform(shape, [step, 2]) * 1000, dtype)
+        y = _through(key, x, dtype, want)
+        assert y.shape == x.shape
+        np.testing.assert_array_equal(x.numpy(), y.numpy())
+    assert rx.held == 0
+
+
+def _through(key, x, dtype, shape, timeout_s=30):
+    """Sends `x` from a thread (a chunked send waits for the receiver's credits) and receives
+    it here."""
+    import threading
+    errors = []
+
+    def send():
+        try:
+            ops.send(x, key, timeout_s=timeout_s)
+        except Exception as e:  # reported below, with the receiver's outcome
+            errors.append(e)
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    y = ops.recv(dtype, shape, key, timeout_s=timeout_s)
+    sender.join(timeout_s)
+    assert not sender.is_alive() and not errors, errors
+    return y
+
+
+def test_a_tensor_many_times_a_slot_streams_through_two(channel):
+    """1 MiB through 4 KiB slots (K=2): 256 chunks, the sender waiting for each credit while
+    the receiver copies them into the output, with shapes changing from step to step."""
+    key, _, rx = channel("stream", 4096, rank=2)
+    for rows in (4096, 1, 1000):
+        x = tf.random.stateless_uniform([rows, 64], [rows, 3])
+        y = _through(key, x, tf.float32, [None, 64], timeout_s=60)
+        np.testing.assert_array_equal(x.numpy(), y.numpy())
+    assert rx.held == 0
+
+
+def test_a_dynamic_tensor_past_the_limit_is_refused_by_the_sender(channel):
+    key, _, _ = channel("limit", 256, rank=1)
+    with pytest.raises(tf.errors.ResourceExhaustedError,
+                       match="4096 bytes exceeds RDMADEV_MAX_TENSOR_BYTES=1024"):
+        ops.send(tf.ones([1024]), key, max_bytes=1024)
+
+
+@pytest.mark.parametrize("claim, error, match", [
+    ([1, 1 << 40], tf.errors.ResourceExhaustedError, "exceeds RDMADEV_MAX_TENSOR_BYTES=1048576"),
+    ([1, 1 << 62], tf.errors.InvalidArgumentError, "overflows"),
+    ([1, (1 << 64) - 5], tf.errors.InvalidArgumentError, "not valid"),  # a negative dim
+    ([40, 1], tf.errors.InvalidArgumentError, "claims rank 40"),
+    ([2, 3, 5], tf.errors.InvalidArgumentError, "does not match the planned"),
+])
+def test_a_peer_claiming_a_huge_shape_cannot_make_the_receiver_allocate_it(
+        channel, claim, error, match):
+    """A sender that writes its own shape block (no TF op in between): the receiver refuses
+    the claim before allocating anything, and the channel carries the next tensor."""
+    import resource
+    import struct
+    key, tx, rx = channel("claim", 256, rank=4)
+    src = channel.sender_domain.allocate(4096)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    tx.send(src, 0, 64, shape_block=struct.pack(f"<{len(claim)}Q", *claim))
+    with pytest.raises(error, match=match):
+        ops.recv(tf.float32, [None], key, max_bytes=1 << 20)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 * 1024  # KiB
+    assert rx.held == 0
+    ops.send(tf.ones([3]), key)
+    np.testing.assert_array_equal(ops.recv(tf.float32, [None], key).numpy(), np.ones(3))
 
 
 def test_unsupported_dtype_and_missing_channel(channel):

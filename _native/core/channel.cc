@@ -98,8 +98,15 @@ std::pair<const std::atomic<uint64_t>*, uint64_t> RingSender::CreditNeeded() con
   return {credit_->Word(credit_off_), n - layout_.slots};
 }
 
-uint64_t RingSender::Send(const void* src, uint64_t len, const Deadline& deadline, uint32_t tag) {
+uint64_t RingSender::Send(const void* src, uint64_t len, const Deadline& deadline, uint32_t tag,
+                          const void* shape, uint64_t shape_len) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (shape_len > layout_.shape_bytes()) {
+    throw Error(ErrorKind::kBounds, "Failed to send: a " + std::to_string(shape_len) +
+                                        "-byte shape block exceeds the channel's " +
+                                        std::to_string(layout_.shape_bytes()),
+                0, "the tensor's rank is larger than planned: re-plan the channel");
+  }
   if (len > layout_.capacity) {
     throw Error(ErrorKind::kBounds, "Failed to send: " + std::to_string(len) +
                                         " bytes exceed the channel's planned slot capacity of " +
@@ -115,6 +122,9 @@ uint64_t RingSender::Send(const void* src, uint64_t len, const Deadline& deadlin
   }
   uint64_t slot = (n - epoch_ - 1) % k;
   Signal sig{layout_.header(slot), n, len | (uint64_t(tag & kMaxTag) << kTagShift)};
+  // Writes of one endpoint land in order, so the signal after the payload covers both.
+  if (shape_len) ep_->Write(shape, *ring_, layout_.header(slot) + kShapeBlockOffset, shape_len,
+                            nullptr, deadline);
   ep_->Write(src, *ring_, layout_.payload(slot), len, &sig, deadline);
   sent_ = n;
   g_sent.fetch_add(1, std::memory_order_relaxed);
@@ -183,8 +193,10 @@ Slot RingReceiver::TakeLocked(uint64_t n, uint64_t seen) {
   }
   acquired_ = n;
   g_received.fetch_add(1, std::memory_order_relaxed);
+  const uint8_t* shape =
+      layout_.shape_bytes() ? ring_->base() + layout_.header(slot) + kShapeBlockOffset : nullptr;
   return Slot{n, ring_->base() + layout_.payload(slot), len,
-              static_cast<uint32_t>(word >> kTagShift)};
+              static_cast<uint32_t>(word >> kTagShift), shape};
 }
 
 bool RingReceiver::Abandon(uint64_t n) {

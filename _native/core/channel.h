@@ -48,6 +48,13 @@ constexpr uint64_t kLengthOffset = 8;
 constexpr uint64_t kSlotHeaderBytes = kCacheLine;
 static_assert(kSeqOffset == 0 && kLengthOffset == 8 && kSignalBytes == 16,
               "a Signal writes seq at its offset and aux 8 bytes after it (fabric.h)");
+// A dynamic channel's slot has a shape block between the header and the payload (the plan's
+// layout, graph_pass/layout.py): u64 rank at +0, then u64 dims, written by the sender before
+// the payload and the signal. Static channels have none (payload_offset == kSlotHeaderBytes).
+constexpr uint64_t kShapeBlockOffset = kSlotHeaderBytes;
+constexpr uint64_t kShapeRankOffset = 0;
+constexpr uint64_t kShapeDimsOffset = 8;
+constexpr uint64_t kShapeDimBytes = 8;
 
 struct RingLayout {
   uint32_t slots = 0;
@@ -57,6 +64,12 @@ struct RingLayout {
   uint64_t base = 0;            // offset of slot 0 in the region (a plan packs several rings)
 
   uint64_t bytes() const { return slot_bytes * slots; }
+  // Bytes of each slot's shape block: 0 for a static channel.
+  uint64_t shape_bytes() const { return payload_offset - kShapeBlockOffset; }
+  // Dims the shape block holds.
+  uint64_t rank_capacity() const {
+    return shape_bytes() > kShapeDimsOffset ? (shape_bytes() - kShapeDimsOffset) / kShapeDimBytes : 0;
+  }
   uint64_t header(uint64_t i) const { return base + i * slot_bytes; }
   uint64_t payload(uint64_t i) const { return header(i) + payload_offset; }
   // Throws kConfig naming the bad field and the fix.
@@ -85,9 +98,11 @@ class RingSender {
   RingSender(std::shared_ptr<Endpoint> to_receiver, std::shared_ptr<RemoteRegion> ring,
              RingLayout layout, std::shared_ptr<Region> credit, uint64_t credit_offset,
              uint64_t epoch, WaitPolicy policy);
-  // Waits for a free slot (credit), writes len bytes from src and signals with the step
-  // `tag` (0: untagged); returns n.
-  uint64_t Send(const void* src, uint64_t len, const Deadline& deadline, uint32_t tag = 0);
+  // Waits for a free slot (credit), writes `shape_len` bytes of a shape block (dynamic
+  // channels; at most layout().shape_bytes()) and len bytes from src, and signals with the
+  // step `tag` (0: untagged); returns n.
+  uint64_t Send(const void* src, uint64_t len, const Deadline& deadline, uint32_t tag = 0,
+                const void* shape = nullptr, uint64_t shape_len = 0);
   uint64_t sent() const { return sent_; }
   // For asynchronous senders: the credit word and the value it must reach before the next
   // Send can go without waiting (target 0: it already can).
@@ -111,6 +126,7 @@ struct Slot {
   const uint8_t* data = nullptr;
   uint64_t length = 0;
   uint32_t tag = 0;  // the sender's step tag (0: untagged)
+  const uint8_t* shape = nullptr;  // the slot's shape block (dynamic channels), else null
 };
 
 class RingReceiver {

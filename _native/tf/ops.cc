@@ -9,11 +9,14 @@
 // step. Channels are released by the process that planned them once TF dropped the function
 // (rdmadev.cluster.instances), when their peer task dies, or with their task. Kernels keep
 // no reference to a channel between executions, so an unbound channel is freed at once.
+#include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "tensorflow/core/framework/cancellation.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
@@ -39,9 +42,12 @@ REGISTER_OP("RdmadevSend")
     .Attr("T: type")
     .Attr("channel: string")
     .Attr("timeout_s: float")
+    .Attr("max_bytes: int = 0")
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
-    .Doc("Writes x into the next slot of rdmadev channel `channel` (one-sided).");
+    .Doc("Writes x into the next slot of rdmadev channel `channel` (one-sided). On a dynamic "
+         "channel the slot's shape block carries x's shape, and a tensor larger than a slot "
+         "goes in slot-sized chunks; max_bytes (0: no limit) bounds what it may send.");
 
 REGISTER_OP("RdmadevRecv")
     .Output("y: dtype")
@@ -50,6 +56,7 @@ REGISTER_OP("RdmadevRecv")
     .Attr("channel: string")
     .Attr("timeout_s: float")
     .Attr("zero_copy: bool = false")
+    .Attr("max_bytes: int = 0")
     .SetIsStateful()
     .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
       tensorflow::PartialTensorShape shape;
@@ -59,7 +66,9 @@ REGISTER_OP("RdmadevRecv")
       c->set_output(0, out);
       return absl::OkStatus();
     })
-    .Doc("Waits for the next transfer on rdmadev channel `channel` and outputs it.");
+    .Doc("Waits for the next transfer on rdmadev channel `channel` and outputs it. On a dynamic "
+         "channel its shape is the one the sender wrote (compatible with `shape`), at most "
+         "max_bytes (0: no limit) bytes, gathered from as many chunks as it was sent in.");
 
 namespace {
 
@@ -121,11 +130,22 @@ class WaitCancel : public std::enable_shared_from_this<WaitCancel> {
   std::atomic<uint64_t> ticket_{0};
 };
 
+// The setting that bounds one dynamic tensor (rdmadev/config.py), for messages.
+constexpr char kMaxTensorSetting[] = "RDMADEV_MAX_TENSOR_BYTES";
+
+// A dynamic channel's shape block for `shape` (channel.h): u64 rank, then u64 dims.
+std::vector<uint64_t> ShapeBlock(const TensorShape& shape) {
+  std::vector<uint64_t> block{static_cast<uint64_t>(shape.dims())};
+  for (int i = 0; i < shape.dims(); ++i) block.push_back(static_cast<uint64_t>(shape.dim_size(i)));
+  return block;
+}
+
 class SendOp : public AsyncOpKernel {
  public:
   explicit SendOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("channel", &channel_));
     OP_REQUIRES_OK(c, c->GetAttr("timeout_s", &timeout_s_));
+    OP_REQUIRES_OK(c, c->GetAttr("max_bytes", &max_bytes_));
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
@@ -144,52 +164,123 @@ class SendOp : public AsyncOpKernel {
       done();
       return;
     }
-    const uint32_t tag = StepTagOf(ctx);
-    auto send = [ctx, x, s, deadline, done, tag]() {
-      try {
-        auto bytes = x.tensor_data();
-        s.ring->Send(bytes.data(), bytes.size(), deadline, tag);
-      } catch (const rdmadev::Error& e) {
-        ctx->SetStatus(ToStatus(e));
-      }
-      done();
-    };
-    auto need = s.ring->CreditNeeded();
-    if (need.second == 0 || need.first->load(std::memory_order_acquire) >= need.second) {
-      send();
-      return;
+    std::vector<uint64_t> block;
+    const rdmadev::RingLayout& lay = s.ring->layout();
+    if (lay.shape_bytes()) {  // a dynamic channel: the shape travels, large tensors in chunks
+      const uint64_t bytes = x.tensor_data().size();
+      OP_REQUIRES_ASYNC(ctx, max_bytes_ <= 0 || bytes <= static_cast<uint64_t>(max_bytes_),
+                        tensorflow::errors::ResourceExhausted(
+                            "rdmadev channel ", channel_, ": a ", x.shape().DebugString(), " ",
+                            tensorflow::DataTypeString(x.dtype()), " tensor of ", bytes,
+                            " bytes exceeds ", kMaxTensorSetting, "=", max_bytes_,
+                            " (the most one tensor of a dynamic shape may carry); raise it on "
+                            "every task"),
+                        done);
+      OP_REQUIRES_ASYNC(ctx, static_cast<uint64_t>(x.dims()) <= lay.rank_capacity(),
+                        tensorflow::errors::InvalidArgument(
+                            "rdmadev channel ", channel_, ": a tensor of rank ", x.dims(),
+                            " does not fit the channel's shape block (", lay.rank_capacity(),
+                            " dims): the plan does not match the graph"),
+                        done);
+      OP_REQUIRES_ASYNC(ctx, lay.capacity > 0 || bytes == 0,
+                        tensorflow::errors::InvalidArgument(
+                            "rdmadev channel ", channel_, " has slots of 0 bytes and cannot carry ",
+                            bytes, " bytes: give it a capacity (capacity_hints)"),
+                        done);
+      block = ShapeBlock(x.shape());
     }
-    auto cancel = std::make_shared<WaitCancel>(ctx->cancellation_manager(), s.domain);
-    if (!cancel->Arm()) {
-      ctx->SetStatus(tensorflow::errors::Cancelled("step cancelled before channel ", channel_, " sent"));
-      done();
-      return;
-    }
-    try {
-      uint64_t ticket = s.domain->progress().Submit(
-          need.first, need.second, deadline, AliveOf(s.ring->endpoint(), s.peer),
-          [ctx, send, done, cancel](const rdmadev::Status& st, uint64_t) {
-            cancel->Disarm();
-            if (!st.ok) {
-              ctx->SetStatus(ToStatus(st));
-              done();
-              return;
-            }
-            send();
-          },
-          nullptr, "a free slot (credit) on channel " + channel_ +
-                       " (the receiver still holds every slot: a zero-copy tensor kept alive?)");
-      cancel->Submitted(ticket);
-    } catch (const rdmadev::Error& e) {
-      cancel->Disarm();
-      ctx->SetStatus(ToStatus(e));
-      done();
-    }
+    std::make_shared<Sending>(ctx, x, std::move(s), deadline, std::move(done), StepTagOf(ctx),
+                              std::move(block), channel_)
+        ->Next();
   }
 
  private:
+  // One execution: writes the tensor in one slot, or on a dynamic channel in as many
+  // slot-sized chunks as it needs (the first carrying the shape), each as soon as the
+  // receiver has given a slot back, waiting for credits on the progress thread.
+  class Sending : public std::enable_shared_from_this<Sending> {
+   public:
+    Sending(OpKernelContext* ctx, Tensor x, rdmadev::ChannelRegistry::Sender s,
+            rdmadev::Deadline deadline, DoneCallback done, uint32_t tag,
+            std::vector<uint64_t> block, const std::string& channel)
+        : ctx_(ctx), x_(std::move(x)), s_(std::move(s)), deadline_(deadline),
+          done_(std::move(done)), tag_(tag), block_(std::move(block)), channel_(channel) {}
+
+    void Next() {
+      const auto data = x_.tensor_data();
+      const uint64_t len = data.size();
+      for (;;) {
+        auto need = s_.ring->CreditNeeded();
+        if (need.second != 0 && need.first->load(std::memory_order_acquire) < need.second) {
+          WaitForCredit(need.first, need.second);
+          return;
+        }
+        try {
+          const bool first = !started_;
+          const uint64_t chunk = block_.empty() ? len : std::min(len - sent_, s_.ring->layout().capacity);
+          s_.ring->Send(data.data() + sent_, chunk, deadline_, tag_,
+                        first ? block_.data() : nullptr,
+                        first ? block_.size() * sizeof(uint64_t) : 0);
+          started_ = true;
+          sent_ += chunk;
+        } catch (const rdmadev::Error& e) {
+          ctx_->SetStatus(ToStatus(e));
+          done_();
+          return;
+        }
+        if (sent_ >= len) {
+          done_();
+          return;
+        }
+      }
+    }
+
+   private:
+    void WaitForCredit(const std::atomic<uint64_t>* word, uint64_t target) {
+      auto cancel = std::make_shared<WaitCancel>(ctx_->cancellation_manager(), s_.domain);
+      if (!cancel->Arm()) {
+        ctx_->SetStatus(tensorflow::errors::Cancelled("step cancelled before channel ", channel_, " sent"));
+        done_();
+        return;
+      }
+      auto self = shared_from_this();
+      try {
+        uint64_t ticket = s_.domain->progress().Submit(
+            word, target, deadline_, AliveOf(s_.ring->endpoint(), s_.peer),
+            [self, cancel](const rdmadev::Status& st, uint64_t) {
+              cancel->Disarm();
+              if (!st.ok) {
+                self->ctx_->SetStatus(ToStatus(st));
+                self->done_();
+                return;
+              }
+              self->Next();
+            },
+            nullptr, "a free slot (credit) on channel " + channel_ +
+                         " (the receiver still holds every slot: a zero-copy tensor kept alive?)");
+        cancel->Submitted(ticket);
+      } catch (const rdmadev::Error& e) {
+        cancel->Disarm();
+        ctx_->SetStatus(ToStatus(e));
+        done_();
+      }
+    }
+
+    OpKernelContext* ctx_;
+    const Tensor x_;
+    rdmadev::ChannelRegistry::Sender s_;
+    const rdmadev::Deadline deadline_;
+    DoneCallback done_;
+    const uint32_t tag_;
+    const std::vector<uint64_t> block_;  // the shape block (dynamic channels), else empty
+    const std::string channel_;
+    uint64_t sent_ = 0;
+    bool started_ = false;
+  };
+
   std::string channel_;
   float timeout_s_ = 0;  // always set from the attr (the plan's deadline)
+  int64_t max_bytes_ = 0;
 };
 
 // A received tensor that aliases its slot; the slot goes back to the sender (credit) when
@@ -227,12 +318,9 @@ class RecvOp : public AsyncOpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("dtype", &dtype_));
     OP_REQUIRES_OK(c, c->GetAttr("timeout_s", &timeout_s_));
     OP_REQUIRES_OK(c, c->GetAttr("zero_copy", &zero_copy_));
-    tensorflow::PartialTensorShape shape;
-    OP_REQUIRES_OK(c, c->GetAttr("shape", &shape));
-    OP_REQUIRES(c, shape.AsTensorShape(&shape_),
-                tensorflow::errors::InvalidArgument("rdmadev channel ", channel_,
-                                                    " needs a static shape, got ",
-                                                    shape.DebugString()));
+    OP_REQUIRES_OK(c, c->GetAttr("max_bytes", &max_bytes_));
+    OP_REQUIRES_OK(c, c->GetAttr("shape", &shape_));
+    fully_defined_ = shape_.AsTensorShape(&static_shape_);
     OP_REQUIRES(c, tensorflow::DataTypeCanUseMemcpy(dtype_),
                 tensorflow::errors::InvalidArgument("rdmadev channel ", channel_,
                                                     " cannot carry ",
@@ -344,26 +432,131 @@ class RecvOp : public AsyncOpKernel {
       }
       try {
         rdmadev::Slot slot = r_.ring->Take(n_);
+        if (gathering_) {
+          auto s = Gather(slot);
+          if (!s.ok() || filled_ == total_) Finish(s);
+          else Wait();
+          return;
+        }
         if (tag_ && slot.tag && slot.tag != tag_) {
           r_.ring->Discard(n_, rdmadev::Deadline::After(60));
           Wait();
           return;
         }
-        Finish(Deliver(slot));
+        auto s = slot.shape ? DeliverDynamic(slot) : Deliver(slot, op_->static_shape_);
+        if (!s.ok() || !gathering_) Finish(s);
+        else Wait();
       } catch (const rdmadev::Error& e) {
         Finish(ToStatus(e));
       }
     }
 
-    // Outputs the slot's tensor: aliased or copied, and the slot released when it can be.
-    tensorflow::Status Deliver(const rdmadev::Slot& slot) {
+    // The shape the sender wrote in `slot`'s shape block, checked against the plan's and the
+    // limit: what a peer claims never makes this process allocate more than max_bytes.
+    tensorflow::Status ShapeOf(const rdmadev::Slot& slot, TensorShape* shape, uint64_t* bytes) {
       const RecvOp& op = *op_;
-      const uint64_t want = op.shape_.num_elements() * tensorflow::DataTypeSize(op.dtype_);
+      const auto& lay = r_.ring->layout();
+      uint64_t rank;
+      std::memcpy(&rank, slot.shape + rdmadev::kShapeRankOffset, sizeof rank);
+      if (rank > lay.rank_capacity()) {
+        return tensorflow::errors::InvalidArgument(
+            "rdmadev channel ", op.channel_, ": the sender claims rank ", rank,
+            ", more than the channel's shape block holds (", lay.rank_capacity(), ")");
+      }
+      for (uint64_t i = 0; i < rank; ++i) {
+        int64_t d;
+        std::memcpy(&d, slot.shape + rdmadev::kShapeDimsOffset + i * rdmadev::kShapeDimBytes, sizeof d);
+        auto s = shape->AddDimWithStatus(d);
+        if (!s.ok()) {
+          return tensorflow::errors::InvalidArgument("rdmadev channel ", op.channel_,
+                                                     ": the sender's shape is not valid: ", s.message());
+        }
+      }
+      if (!op.shape_.IsCompatibleWith(*shape)) {
+        return tensorflow::errors::InvalidArgument(
+            "rdmadev channel ", op.channel_, ": the sender's shape ", shape->DebugString(),
+            " does not match the planned ", op.shape_.DebugString());
+      }
+      const uint64_t size = tensorflow::DataTypeSize(op.dtype_);
+      const uint64_t n = static_cast<uint64_t>(shape->num_elements());
+      if (size && n > std::numeric_limits<uint64_t>::max() / size) {
+        return tensorflow::errors::InvalidArgument("rdmadev channel ", op.channel_,
+                                                   ": the sender's shape ", shape->DebugString(),
+                                                   " overflows 64-bit bytes");
+      }
+      *bytes = n * size;
+      if (op.max_bytes_ > 0 && *bytes > static_cast<uint64_t>(op.max_bytes_)) {
+        return tensorflow::errors::ResourceExhausted(
+            "rdmadev channel ", op.channel_, ": the sender's ", shape->DebugString(), " ",
+            tensorflow::DataTypeString(op.dtype_), " tensor of ", *bytes, " bytes exceeds ",
+            kMaxTensorSetting, "=", op.max_bytes_, " on this task; raise it on every task");
+      }
+      return absl::OkStatus();
+    }
+
+    // The first slot of a dynamic channel's transfer: the whole tensor, or its first chunk
+    // (a full slot) after which Gather takes the rest.
+    tensorflow::Status DeliverDynamic(const rdmadev::Slot& slot) {
+      const RecvOp& op = *op_;
+      TensorShape shape;
+      uint64_t bytes = 0;
+      auto s = ShapeOf(slot, &shape, &bytes);
+      if (s.ok() && bytes == slot.length) return Deliver(slot, shape);
+      if (s.ok() && (bytes < slot.length || slot.length != r_.ring->layout().capacity)) {
+        s = tensorflow::errors::InvalidArgument(
+            "rdmadev channel ", op.channel_, " delivered ", slot.length, " bytes for a ",
+            shape.DebugString(), " ", tensorflow::DataTypeString(op.dtype_), " of ", bytes,
+            ": the sender does not follow the protocol");
+      }
+      if (s.ok()) {
+        Tensor* out = nullptr;
+        s = ctx_->allocate_output(0, shape, &out);
+        if (s.ok()) {
+          dst_ = const_cast<char*>(out->tensor_data().data());
+          std::memcpy(dst_, slot.data, slot.length);
+          filled_ = slot.length;
+          total_ = bytes;
+          gathering_ = true;
+        }
+      }
+      r_.ring->Release(slot.seq, rdmadev::Deadline::After(60));
+      return s;
+    }
+
+    // A later chunk of the tensor being gathered: exactly the next bytes of it.
+    tensorflow::Status Gather(const rdmadev::Slot& slot) {
+      const RecvOp& op = *op_;
+      const uint64_t want = std::min(total_ - filled_, r_.ring->layout().capacity);
+      tensorflow::Status s;
+      if (slot.length != want || (tag_ && slot.tag && slot.tag != tag_)) {
+        s = tensorflow::errors::InvalidArgument(
+            "rdmadev channel ", op.channel_, ": chunk of ", slot.length, " bytes where ", want,
+            " of the tensor's ", total_, " were due (", filled_, " received): the sender does "
+            "not follow the protocol");
+        filled_ = total_;  // the transfer is over either way
+      } else {
+        std::memcpy(dst_ + filled_, slot.data, want);
+        filled_ += want;
+      }
+      r_.ring->Release(slot.seq, rdmadev::Deadline::After(60));
+      return s;
+    }
+
+    // Outputs the slot's tensor: aliased or copied, and the slot released when it can be.
+    tensorflow::Status Deliver(const rdmadev::Slot& slot, const TensorShape& shape) {
+      const RecvOp& op = *op_;
+      if (!slot.shape && !op.fully_defined_) {
+        r_.ring->Release(slot.seq, rdmadev::Deadline::After(60));
+        return tensorflow::errors::InvalidArgument(
+            "rdmadev channel ", op.channel_, " has static slots but the planned shape ",
+            op.shape_.DebugString(), " is not fully defined: the plan does not match the graph");
+      }
+      const uint64_t want = shape.num_elements() * tensorflow::DataTypeSize(op.dtype_);
       if (slot.length != want) {
         r_.ring->Release(slot.seq, rdmadev::Deadline::After(60));
         return tensorflow::errors::InvalidArgument(
             "rdmadev channel ", op.channel_, " delivered ", slot.length, " bytes where ",
-            op.shape_.DebugString(), " ", tensorflow::DataTypeString(op.dtype_), " needs ", want,
+            shape.DebugString(), " ", tensorflow::DataTypeString(op.dtype_), " needs ", want,
             ": the sender's tensor does not match the plan");
       }
       // Aliasing is the planner's decision (zero_copy, which already applies the plan's
@@ -373,13 +566,13 @@ class RecvOp : public AsyncOpKernel {
       // the step. The one run-time guard: alias only while a slot stays free.
       if (op.zero_copy_ && r_.ring->held() < r_.ring->layout().slots) {
         auto* buf = new SlotBuffer(slot, r_.ring);
-        Tensor out(op.dtype_, op.shape_, buf);
+        Tensor out(op.dtype_, shape, buf);
         buf->Unref();
         ctx_->set_output(0, out);
         return absl::OkStatus();
       }
       Tensor* out = nullptr;
-      auto s = ctx_->allocate_output(0, op.shape_, &out);
+      auto s = ctx_->allocate_output(0, shape, &out);
       if (s.ok() && want) std::memcpy(const_cast<char*>(out->tensor_data().data()), slot.data, want);
       r_.ring->Release(slot.seq, rdmadev::Deadline::After(60));
       return s;
@@ -403,13 +596,20 @@ class RecvOp : public AsyncOpKernel {
     bool cancelled_ = false;
     uint64_t gen_ = 0, ticket_ = 0;
     uint64_t n_ = 0;  // the reservation being waited for
+    // A dynamic tensor arriving in chunks: its output buffer, bytes received and due.
+    bool gathering_ = false;
+    char* dst_ = nullptr;
+    uint64_t filled_ = 0, total_ = 0;
   };
 
   std::string channel_;
   DataType dtype_;
-  TensorShape shape_;
+  tensorflow::PartialTensorShape shape_;  // what the plan knows; a dynamic channel carries the rest
+  TensorShape static_shape_;              // shape_ when fully defined
+  bool fully_defined_ = false;
   float timeout_s_ = 0;  // always set from the attr (the plan's deadline)
   bool zero_copy_ = false;
+  int64_t max_bytes_ = 0;  // the most a dynamic tensor may carry (0: no limit)
 };
 
 REGISTER_KERNEL_BUILDER(Name("RdmadevSend").Device(tensorflow::DEVICE_CPU), SendOp);

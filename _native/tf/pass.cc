@@ -52,9 +52,11 @@ struct Rewrite {
   std::string node;    // the _Send/_Recv node's name
   std::string channel;
   int dtype = 0;
-  std::vector<int64_t> shape;
+  std::vector<int64_t> shape;  // -1: a dim the sender's shape block carries
+  bool unknown_rank = false;   // the whole shape travels in the shape block
   bool zero_copy = false;  // decided by the planner (graph_pass.zero_copy)
   double timeout_s = 0;    // the plan's deadline_s, always given by the bridge
+  long long max_bytes = 0;  // RDMADEV_MAX_TENSOR_BYTES for dynamic channels (0: no limit)
 };
 
 std::string TaskOf(const std::string& device) {
@@ -198,13 +200,15 @@ bool CallPlanner(const std::map<std::string, std::string>& parts, const std::str
       int dtype, zero_copy;
       double timeout_s;
       PyObject* shape;
-      if (!PyArg_ParseTuple(t, "ssssiOpd", &kind, &device, &node, &channel, &dtype, &shape,
-                            &zero_copy, &timeout_s)) {
+      long long max_bytes;
+      if (!PyArg_ParseTuple(t, "ssssiOpdL", &kind, &device, &node, &channel, &dtype, &shape,
+                            &zero_copy, &timeout_s, &max_bytes)) {
         ok = false;
         break;
       }
-      Rewrite r{kind, device, node, channel, dtype, {}, zero_copy != 0, timeout_s};
-      for (Py_ssize_t j = 0; j < PySequence_Size(shape); ++j) {
+      Rewrite r{kind, device, node, channel, dtype, {}, shape == Py_None, zero_copy != 0,
+                timeout_s, max_bytes};
+      for (Py_ssize_t j = 0; !r.unknown_rank && j < PySequence_Size(shape); ++j) {
         PyObject* d = PySequence_GetItem(shape, j);
         r.shape.push_back(PyLong_AsLongLong(d));
         Py_XDECREF(d);
@@ -241,10 +245,15 @@ absl::Status Apply(Graph* g, Node* old, const Rewrite& r) {
     b.Input(data->src(), data->src_output());
     b.Attr("T", static_cast<tensorflow::DataType>(r.dtype));
   } else {
+    tensorflow::PartialTensorShape shape;  // unknown rank unless the plan knows it
+    if (!r.unknown_rank) {
+      TF_RETURN_IF_ERROR(tensorflow::PartialTensorShape::BuildPartialTensorShape(r.shape, &shape));
+    }
     b.Attr("dtype", static_cast<tensorflow::DataType>(r.dtype));
-    b.Attr("shape", tensorflow::TensorShape(r.shape));
+    b.Attr("shape", shape);
     b.Attr("zero_copy", r.zero_copy);
   }
+  b.Attr("max_bytes", static_cast<int64_t>(r.max_bytes));
   b.Attr("channel", r.channel).Attr("timeout_s", static_cast<float>(r.timeout_s));
   b.Device(old->requested_device());
   TF_RETURN_IF_ERROR(b.Finalize(g, &fresh));

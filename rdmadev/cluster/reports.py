@@ -53,7 +53,8 @@ class Report:
         if not self.swapped and not self.kept:
             lines[0] = f"{head}: no cross-task transfer (nothing to do)"
         for name, route, dtype, nbytes, fabric in self.swapped:
-            lines.append(f"  {fabric:<8} {route}  {name} {dtype} {nbytes} B")
+            size = "run-time shape" if nbytes is None else f"{nbytes} B"
+            lines.append(f"  {fabric:<8} {route}  {name} {dtype} {size}")
         for name, route, reason in self.kept:
             lines.append(f"  grpc     {route}  {name} ({reason})")
         for task, nbytes in sorted(self.registered.items()):

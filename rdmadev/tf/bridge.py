@@ -5,7 +5,8 @@ tasks' control services (rdmadev.cluster.channels), records a report, and tells 
 side what to replace.
 
 Each rewrite is a tuple (kind, partition, node, channel, dtype enum, shape, zero_copy,
-timeout_s) with kind "send" or "recv".
+timeout_s, max_bytes) with kind "send" or "recv"; shape has -1 for a dim known only at run time
+and is None when the rank is too (a dynamic channel's slots carry the shape).
 """
 import itertools
 import logging
@@ -33,14 +34,16 @@ def _dtype_enum(name):
 
 
 #: What RdmadevSend/RdmadevRecv carry, told to the planner so that its policy decides once:
-#: static shapes only (no shape block in the slot), and only pairs whose both halves are planned
-#: here (a TF1 half pair cannot agree on a size from the attrs alone).
-OPS_CARRY = {"dynamic_shapes": False, "half_pairs": False}
+#: any shape (a dynamic channel's slots carry a shape block, and a tensor larger than a slot
+#: goes in chunks), and only pairs whose both halves are planned here (a TF1 half pair cannot
+#: agree on a size from the attrs alone).
+OPS_CARRY = {"dynamic_shapes": True, "half_pairs": False}
 
 
 def plan_config(config):
     """The planner's settings for this process's rdmadev ``Config``."""
-    return PlanConfig(slots=config.slots, deadline_s=config.deadline_s, carries=dict(OPS_CARRY))
+    return PlanConfig(slots=config.slots, deadline_s=config.deadline_s, carries=dict(OPS_CARRY),
+                      default_dynamic_capacity=config.dynamic_capacity)
 
 
 def check_wire_layout(plan):
@@ -85,9 +88,12 @@ def rewrites(partitions, function="", marked=()):
             kept.append((t.tensor_name, route, t.reason))
             continue
         dtype = _dtype_enum(t.dtype)
-        out.append(("send", t.send_device, t.send_node, t.channel_key, dtype, [], False, timeout))
-        out.append(("recv", t.recv_device, t.recv_node, t.channel_key, dtype, list(t.shape),
-                    bool(t.zero_copy), timeout))
+        limit = rt.config.max_tensor_bytes
+        shape = None if t.shape is None else list(t.shape)  # None: the rank travels too
+        out.append(("send", t.send_device, t.send_node, t.channel_key, dtype, [], False, timeout,
+                    limit))
+        out.append(("recv", t.recv_device, t.recv_node, t.channel_key, dtype, shape,
+                    bool(t.zero_copy), timeout, limit))
         fabric = fabrics[t.channel_key] + ("+zc" if t.zero_copy else "")
         swapped.append((t.tensor_name, route, t.dtype, t.bytes, fabric))
     report = reports.Report(instance, swapped, kept, registered, function=function,

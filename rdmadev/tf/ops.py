@@ -52,21 +52,26 @@ def _deadline(timeout_s):
     return Config.from_env().deadline_s if timeout_s is None else timeout_s
 
 
-def send(x, channel, timeout_s=None):
+def send(x, channel, timeout_s=None, max_bytes=0):
     """Writes tensor `x` into the next slot of `channel` (bound in this process).
 
-    `timeout_s` None: RDMADEV_DEADLINE_S (Config.deadline_s)."""
-    return load().rdmadev_send(x, channel=channel, timeout_s=_deadline(timeout_s))
+    `timeout_s` None: RDMADEV_DEADLINE_S (Config.deadline_s). On a dynamic channel (its
+    slots have a shape block) `x`'s shape travels with it, a tensor larger than a slot goes
+    in slot-sized chunks, and one larger than `max_bytes` (0: no limit) is refused."""
+    return load().rdmadev_send(x, channel=channel, timeout_s=_deadline(timeout_s),
+                               max_bytes=max_bytes)
 
 
-def recv(dtype, shape, channel, timeout_s=None, zero_copy=False):
+def recv(dtype, shape, channel, timeout_s=None, zero_copy=False, max_bytes=0):
     """Waits for the next tensor on `channel` (bound in this process) and returns it.
 
-    `timeout_s` None: RDMADEV_DEADLINE_S (Config.deadline_s).
+    `timeout_s` None: RDMADEV_DEADLINE_S (Config.deadline_s). `shape` may have None dims (or
+    be None) on a dynamic channel: the output has the shape the sender wrote, refused when it
+    does not match `shape` or needs more than `max_bytes` (0: no limit).
 
     With zero_copy=True the tensor aliases its slot, whatever its size (the planner sets it
     for tensors of at least its config's zero_copy_min_bytes); the slot returns to the sender
     only when the tensor is freed: keep such tensors short-lived, or the sender stalls
     (DeadlineExceeded on its credit) once the receiver holds every slot."""
     return load().rdmadev_recv(dtype=dtype, shape=shape, channel=channel, timeout_s=_deadline(timeout_s),
-                               zero_copy=zero_copy)
+                               zero_copy=zero_copy, max_bytes=max_bytes)

@@ -4,6 +4,7 @@
 
 Each run is its own process: TF keeps one remote context per process.
 """
+import hashlib
 import json
 import os
 import sys
@@ -361,6 +362,49 @@ def mixed(mode):
     return {"values": values, "report": fn.report if mode == "rdmadev" else ""}
 
 
+def sparse(mode):
+    """An embedding step, every cross-task tensor of a run-time shape: the worker dedupes its
+    ids (tf.unique) and sends them to ps, ps gathers the rows and sends them back, the
+    worker's IndexedSlices gradient goes to ps. Batches and sequence lengths change from step
+    to step (a ragged last batch, one step with no ids at all, one with the most)."""
+    rng = np.random.default_rng(7)
+    with tf.device(PS):
+        table = tf.Variable(rng.standard_normal((5000, 16)).astype(np.float32))
+        dense = tf.Variable(rng.standard_normal((16, 1)).astype(np.float32))
+
+    def step(ids, labels):
+        with tf.GradientTape() as tape:
+            with tf.device(W0):
+                uniq, idx = tf.unique(tf.reshape(ids, [-1]))
+            with tf.device(PS):
+                rows = tf.gather(table, uniq)
+            with tf.device(W0):
+                emb = tf.reshape(tf.gather(rows, idx), tf.concat([tf.shape(ids), [16]], 0))
+                logits = tf.matmul(tf.reduce_mean(emb, axis=1), dense)[:, 0]
+                n = tf.cast(tf.size(labels), tf.float32)
+                loss = tf.reduce_sum(tf.square(logits - labels)) / (n + 1.0)
+        with tf.device(W0):
+            g_table, g_dense = tape.gradient(loss, [table, dense])
+        with tf.device(PS):
+            table.scatter_sub(tf.IndexedSlices(0.5 * g_table.values, g_table.indices))
+            dense.assign_sub(0.1 * g_dense)
+        return loss, tf.size(uniq)
+
+    spec = [tf.TensorSpec([None, None], tf.int64), tf.TensorSpec([None], tf.float32)]
+    fn = tf.function(step, input_signature=spec)
+    fn = rdmadev.optimize(fn) if mode == "rdmadev" else fn
+    losses, unique = [], []
+    for batch, length in [(32, 4), (32, 7), (64, 16), (0, 5), (17, 3), (32, 1)]:
+        ids = rng.integers(0, 5000, (batch, length))
+        loss, n = fn(tf.constant(ids), tf.constant(rng.standard_normal(batch), tf.float32))
+        losses.append(float(loss))
+        unique.append(int(n))
+    return {"losses": losses, "unique": unique,
+            "table": hashlib.sha256(table.numpy().tobytes()).hexdigest(),
+            "dense": dense.numpy().ravel().tolist(),
+            "report": fn.report if mode == "rdmadev" else ""}
+
+
 def tf1_session(mode, cluster):
     """A TF1 between-graph session: each task partitions (and plans) only its own half."""
     _set_task_pass_mode(cluster, mode == "rdmadev")
@@ -403,7 +447,7 @@ def main():
         tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster))
         result = {"train": train, "noop": noop, "big": big, "retrace": retrace,
                   "train_until_killed": train_until_killed, "mixed": mixed,
-                  "conv": conv}[scenario](mode)
+                  "conv": conv, "sparse": sparse}[scenario](mode)
     print("RESULT " + json.dumps(result))
 
 

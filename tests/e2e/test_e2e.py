@@ -173,14 +173,31 @@ def test_killing_a_task_fails_training_promptly(victim, survivor):
     assert set(os.listdir("/dev/shm")) == before
 
 
-def test_strings_and_dynamic_shapes_stay_on_grpc_and_are_reported(cluster):
+def test_strings_stay_on_grpc_and_dynamic_shapes_move(cluster):
     grpc = run_driver(cluster, "grpc", "mixed")
     rdma = run_driver(cluster, "rdmadev", "mixed")
     assert rdma["values"] == grpc["values"]
     report = rdma["report"]
-    assert "1 transfers swapped" in report
+    assert "2 transfers swapped" in report
     assert "AsString (unsupported_dtype)" in report
-    assert "boolean_mask/GatherV2 (not_carried_dynamic)" in report
+    assert re.search(r"boolean_mask/GatherV2\S* DT_FLOAT run-time shape", report), report
+
+
+@pytest.mark.parametrize("capacity", ["1M", "256"])
+def test_an_embedding_step_with_run_time_shapes_is_bitwise_identical(cluster, capacity):
+    """tf.unique'd ids, gathered rows and IndexedSlices gradients move through rdmadev, batches
+    and sequence lengths changing (ragged, empty); with 256-byte slots every tensor but the
+    smallest arrives in chunks. Nothing of a plain-bytes dtype stays on gRPC but the
+    coordinator's arguments and results."""
+    grpc = run_driver(cluster, "grpc", "sparse")
+    rdma = run_driver(cluster, "rdmadev", "sparse", env={"RDMADEV_DYNAMIC_CAPACITY": capacity})
+    assert rdma["losses"] == grpc["losses"] and rdma["unique"] == grpc["unique"]
+    assert rdma["table"] == grpc["table"] and rdma["dense"] == grpc["dense"]
+    assert 0 in rdma["unique"] and max(rdma["unique"]) * 64 > 4 * 256  # empty and chunked steps
+    report = rdma["report"]
+    kept = re.findall(r"\((\w+)\)\s*$", report, re.M)
+    assert set(kept) <= {"client_task"}, report
+    assert report.count("run-time shape") >= 3, report
 
 
 def test_tf1_session_gives_the_same_values(cluster):

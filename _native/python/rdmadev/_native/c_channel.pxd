@@ -15,6 +15,10 @@ cdef extern from "channel.h" namespace "rdmadev":
     uint64_t kSeqOffset
     uint64_t kLengthOffset
     uint64_t kSlotHeaderBytes
+    uint64_t kShapeBlockOffset
+    uint64_t kShapeRankOffset
+    uint64_t kShapeDimsOffset
+    uint64_t kShapeDimBytes
 
     cdef cppclass RingLayout:
         uint32_t slots
@@ -44,7 +48,8 @@ cdef extern from "channel.h" namespace "rdmadev":
         RingSender(shared_ptr[Endpoint] ep, shared_ptr[RemoteRegion] ring, RingLayout layout,
                    shared_ptr[Region] credit, uint64_t credit_offset, uint64_t epoch,
                    WaitPolicy policy) except +raise_py_error
-        uint64_t Send(const void* src, uint64_t n, const Deadline& d, uint32_t tag) except +raise_py_error nogil
+        uint64_t Send(const void* src, uint64_t n, const Deadline& d, uint32_t tag,
+                      const void* shape, uint64_t shape_len) except +raise_py_error nogil
         uint64_t sent()
 
     cdef cppclass RingReceiver:

@@ -15,7 +15,9 @@ from rdmadev._native.c_channel cimport (BenchStreamRecv, BenchStreamSend, Channe
                                         RingLayout as CLayout,
                                         RingReceiver as CReceiver, RingSender as CSender, Sender,
                                         Slot as CSlot, TransferCounts, kBoth, kCreditBytes,
-                                        kLengthOffset, kRecv, kSend, kSeqOffset, kSlotHeaderBytes)
+                                        kLengthOffset, kRecv, kSend, kSeqOffset, kShapeBlockOffset,
+                                        kShapeDimBytes, kShapeDimsOffset, kShapeRankOffset,
+                                        kSlotHeaderBytes)
 from rdmadev._native.c_common cimport Deadline, as_bytes, deadline_of, kCacheLine
 from rdmadev._native.c_fabric cimport Domain as CDomain, kSignalBytes
 from rdmadev._native.domain cimport Domain
@@ -66,12 +68,15 @@ def wire_layout():
     """The byte positions the native protocol writes in a slot (from the C++ constants).
 
     Returns:
-        {"seq_offset", "length_offset", "signal_bytes", "alignment", "slot_header_bytes"};
+        {"seq_offset", "length_offset", "signal_bytes", "alignment", "slot_header_bytes",
+        "shape_block_offset", "shape_rank_offset", "shape_dims_offset", "shape_dim_bytes"};
         a plan's ``layout`` must agree (the TF bridge refuses one that does not).
     """
     return {"seq_offset": kSeqOffset, "length_offset": kLengthOffset,
             "signal_bytes": kSignalBytes, "alignment": kCacheLine,
-            "slot_header_bytes": kSlotHeaderBytes}
+            "slot_header_bytes": kSlotHeaderBytes, "shape_block_offset": kShapeBlockOffset,
+            "shape_rank_offset": kShapeRankOffset, "shape_dims_offset": kShapeDimsOffset,
+            "shape_dim_bytes": kShapeDimBytes}
 
 
 cdef class RingLayout:
@@ -213,15 +218,19 @@ cdef class RingSender(Handle):
     def closed(self):
         return not self.sp
 
-    def send(self, Region src, uint64_t offset, uint64_t length, timeout=30.0):
-        """Waits for a free slot, writes `length` bytes of `src` and signals; returns seq."""
+    def send(self, Region src, uint64_t offset, uint64_t length, timeout=30.0,
+             bytes shape_block=b""):
+        """Waits for a free slot, writes `shape_block` (a dynamic channel's: u64 rank, u64
+        dims) and `length` bytes of `src`, and signals; returns seq."""
         src._get().CheckRange(offset, length, "send from region")
         cdef CSender* p = self._get()
         cdef const unsigned char* ptr = src.p.get().base() + offset
         cdef Deadline dl = deadline_of(timeout)
         cdef uint64_t n
+        cdef const char* block = shape_block
+        cdef uint64_t block_len = len(shape_block)
         with nogil:
-            n = p.Send(ptr, length, dl, 0)
+            n = p.Send(ptr, length, dl, 0, block, block_len)
         return n
 
     def bench_stream(self, Region src, uint64_t size, uint64_t count, double timeout=120.0):
@@ -374,7 +383,7 @@ def channel_send(key, data, timeout=30.0, uint32_t tag=0):
     cdef const unsigned char* ptr = &view[0] if view.shape[0] else NULL
     with nogil:
         s = ChannelRegistry.Global().FindSender(k, dl)
-        n = s.ring.get().Send(ptr, view.shape[0], dl, tag)
+        n = s.ring.get().Send(ptr, view.shape[0], dl, tag, NULL, 0)
     return n
 
 
