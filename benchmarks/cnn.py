@@ -203,7 +203,7 @@ def summarize_reports(reports):
     swapped = [s for r in reports for s in r.swapped]
     kept = [k for r in reports for k in r.kept]
     return {"swapped": len(swapped), "kept": len(kept),
-            "swapped_bytes_per_step": sum(s[3] for s in swapped),
+            "swapped_bytes_per_step": sum(s[3] or 0 for s in swapped),  # static sizes
             "fabrics": sorted({s[4] for s in swapped}),
             "kept_reasons": sorted({k[2] for k in kept}),
             "registered_bytes": {t: b for r in reports for t, b in r.registered.items()}}

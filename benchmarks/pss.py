@@ -204,7 +204,7 @@ def parse_reports(reports):
     for r in reports:
         out["swapped"] += len(r.swapped)
         out["kept"] += len(r.kept)
-        out["swapped_bytes"] += sum(s[3] for s in r.swapped)
+        out["swapped_bytes"] += sum(s[3] or 0 for s in r.swapped)  # run-time shapes: None
     return out
 
 
