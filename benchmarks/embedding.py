@@ -156,7 +156,6 @@ def start_cluster(args, launch, cnn_netns):
 def run_one(args):
     """One configuration: its own cluster; returns the result dict."""
     import cnn_netns
-    import pss
     os.environ.setdefault("RDMADEV_SECRET", secrets.token_hex(16))
     if args.netns:
         why = cnn_netns.unavailable_reason()
@@ -171,65 +170,72 @@ def run_one(args):
     cluster_cm, host = start_cluster(args, launch, cnn_netns)
     t_start = time.perf_counter()
     with cluster_cm as cluster:
-        tasks = pss.Tasks(cluster.spec)
-        tasks.pass_mode(False)
-        spec = {**cluster.spec, "chief": [f"{host}:{launch.free_ports(1)[0]}"]}
-        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-            tf.train.ClusterSpec(spec), task_type="chief", task_id=0, rpc_layer="grpc")
-        partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
-            min_shard_bytes=MIN_SHARD_BYTES, max_shards=2)
-        strategy = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
-        coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-        with strategy.scope():
-            model = Model(tf, args)
-        where = sorted({s.device for s in model.state()})
-        print(f"model: {len(model.state())} variables ({args.features} tables of {args.vocab} x "
-              f"{args.dim} in {len(model.shards(model.tables[0]))} shards) on {where}",
-              file=sys.stderr, flush=True)
-        py_step = make_step(tf, strategy, model)
-        fns = {"grpc": tf.function(py_step), "rdmadev": rdmadev.optimize(tf.function(py_step))}
-        local = []
-        for k in range(args.workers):
-            device = f"/job:worker/replica:0/task:{k}"
-            with tf.device(device):
-                copy = Model(tf, args)
-                it = iter(make_dataset_fn(tf, args)())
-            local.append((device, tf.function(make_step(tf, None, copy)), it))
-        fns["local"] = local
-        dataset = coordinator.create_per_worker_dataset(make_dataset_fn(tf, args))
-        job = pss.Job(argparse.Namespace(route="optimize", warmup=args.warmup,
-                                         num_workers=args.workers, windows=args.windows,
-                                         steps=args.steps, no_progress=args.no_progress),
-                      tasks, coordinator, fns, iter(dataset))
-        first, planned = job.warm_up()
-        flat = {name: sum(p.values(), []) for name, p in planned.items()}
-        report = pss.parse_reports(flat["rdmadev"])
-        dynamic = sum(1 for r in flat["rdmadev"] for s in r.swapped if s[3] is None)
-        kept = [k for r in flat["rdmadev"] for k in r.kept]
-        print(f"rdmadev planned {report['swapped']} transfers ({dynamic} of run-time shape), "
-              f"{len(kept)} stayed on gRPC: {sorted({k[2] for k in kept}) or 'none'}",
-              file=sys.stderr, flush=True)
-        check = pss.bitwise_check(job, dataset, _StateView(model), _NoOptimizer(),
-                                  args.check_steps) if args.check_steps else None
-        windows, _cpu = job.measure(pss.CpuClock(cluster))
-        result = {
-            "netns": args.netns, "fabric": "tcp" if args.netns else "shm",
-            "workers": args.workers,
-            "config": {k: getattr(args, k) for k in ("features", "vocab", "dim", "hot", "dense",
-                                                     "hidden", "batch", "steps", "windows")},
-            "examples_per_sec": {k: args.batch * statistics.median(v) for k, v in windows.items()},
-            "spread_pct": {k: pss.spread(v) for k, v in windows.items()},
-            "windows_steps_per_sec": windows, "first_steps_s": first,
-            "swapped": report["swapped"], "dynamic_swapped": dynamic,
-            "kept": [f"{k[1]} {k[0]} ({k[2]})" for k in kept],
-            "kept_dynamic": sum(1 for k in kept if k[2] in ("dynamic_unbounded", "not_carried_dynamic")),
-            "check": check,
-        }
-        # Free the functions while the tasks still run (TF unregisters them on the tasks).
-        del fns, local, py_step, job, dataset, coordinator, strategy
+        result = measure(args, tf, rdmadev, launch, cluster, host)
+        # Every function, dataset and variable of the run died with measure()'s frame:
+        # TF unregisters them on the tasks while they still run (no stray lines at exit).
         import gc
         gc.collect()
     result["wall_s"] = time.perf_counter() - t_start
+    return result
+
+
+def measure(args, tf, rdmadev, launch, cluster, host):
+    """The variants on a running cluster: warm-up, the bitwise check, the windows."""
+    import pss
+    tasks = pss.Tasks(cluster.spec)
+    tasks.pass_mode(False)
+    spec = {**cluster.spec, "chief": [f"{host}:{launch.free_ports(1)[0]}"]}
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(spec), task_type="chief", task_id=0, rpc_layer="grpc")
+    partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
+        min_shard_bytes=MIN_SHARD_BYTES, max_shards=2)
+    strategy = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        model = Model(tf, args)
+    where = sorted({s.device for s in model.state()})
+    print(f"model: {len(model.state())} variables ({args.features} tables of {args.vocab} x "
+          f"{args.dim} in {len(model.shards(model.tables[0]))} shards) on {where}",
+          file=sys.stderr, flush=True)
+    py_step = make_step(tf, strategy, model)
+    fns = {"grpc": tf.function(py_step), "rdmadev": rdmadev.optimize(tf.function(py_step))}
+    local = []
+    for k in range(args.workers):
+        device = f"/job:worker/replica:0/task:{k}"
+        with tf.device(device):
+            copy = Model(tf, args)
+            it = iter(make_dataset_fn(tf, args)())
+        local.append((device, tf.function(make_step(tf, None, copy)), it))
+    fns["local"] = local
+    dataset = coordinator.create_per_worker_dataset(make_dataset_fn(tf, args))
+    job = pss.Job(argparse.Namespace(route="optimize", warmup=args.warmup,
+                                     num_workers=args.workers, windows=args.windows,
+                                     steps=args.steps, no_progress=args.no_progress),
+                  tasks, coordinator, fns, iter(dataset))
+    first, planned = job.warm_up()
+    flat = {name: sum(p.values(), []) for name, p in planned.items()}
+    report = pss.parse_reports(flat["rdmadev"])
+    dynamic = sum(1 for r in flat["rdmadev"] for s in r.swapped if s[3] is None)
+    kept = [k for r in flat["rdmadev"] for k in r.kept]
+    print(f"rdmadev planned {report['swapped']} transfers ({dynamic} of run-time shape), "
+          f"{len(kept)} stayed on gRPC: {sorted({k[2] for k in kept}) or 'none'}",
+          file=sys.stderr, flush=True)
+    check = pss.bitwise_check(job, dataset, _StateView(model), _NoOptimizer(),
+                              args.check_steps) if args.check_steps else None
+    windows, _cpu = job.measure(pss.CpuClock(cluster))
+    result = {
+        "netns": args.netns, "fabric": "tcp" if args.netns else "shm",
+        "workers": args.workers,
+        "config": {k: getattr(args, k) for k in ("features", "vocab", "dim", "hot", "dense",
+                                                 "hidden", "batch", "steps", "windows")},
+        "examples_per_sec": {k: args.batch * statistics.median(v) for k, v in windows.items()},
+        "spread_pct": {k: pss.spread(v) for k, v in windows.items()},
+        "windows_steps_per_sec": windows, "first_steps_s": first,
+        "swapped": report["swapped"], "dynamic_swapped": dynamic,
+        "kept": [f"{k[1]} {k[0]} ({k[2]})" for k in kept],
+        "kept_dynamic": sum(1 for k in kept if k[2] in ("dynamic_unbounded", "not_carried_dynamic")),
+        "check": check,
+    }
     return result
 
 
