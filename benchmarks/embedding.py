@@ -23,7 +23,8 @@ grpc (the step as is), rdmadev (`rdmadev.optimize` of the same Python step) and 
 private copy of the tables and MLP on each worker: the compute-only ceiling), driven by one
 coordinator thread per worker for local. examples/sec is the median over windows; the spread
 is (max - min) / median. Before the windows, the rdmadev and grpc steps run `--check_steps`
-steps one at a time from the same weights and must give bitwise the same losses and weights.
+steps one at a time from the same weights on one fixed batch (whichever worker runs a step)
+and must give bitwise the same losses and weights.
 Every process and namespace started here is stopped at the end.
 """
 import argparse
@@ -98,9 +99,12 @@ class Model:
         return [s for t in self.tables for s in self.shards(t)] + [self.w1, self.w2]
 
 
-def make_dataset_fn(tf, args):
+def make_dataset_fn(tf, args, fixed=False):
     """Synthetic examples made on the worker, batch i a function of i only: per feature `hot`
-    skewed ids (u^4 * vocab: a few rows are hot), dense features and a 0/1 label."""
+    skewed ids (u^4 * vocab: a few rows are hot), dense features and a 0/1 label. `fixed`:
+    every element is batch 0 (the bitwise check: ParameterServerStrategy picks the worker of a
+    step and each worker has its own iterator, so only a batch that is the same on every
+    worker at every position makes the check's steps compute the same thing on both paths)."""
     def dataset_fn(_context=None):
         def batch(i):
             u = tf.random.stateless_uniform([args.batch, args.features, args.hot], tf.stack([i, 1]))
@@ -108,7 +112,8 @@ def make_dataset_fn(tf, args):
             x = tf.random.stateless_normal([args.batch, args.dense], tf.stack([i, 2]))
             y = tf.cast(tf.random.stateless_uniform([args.batch], tf.stack([i, 3])) < 0.3, tf.float32)
             return ids, x, y
-        return tf.data.Dataset.range(1 << 40).map(batch).prefetch(2)
+        steps = tf.data.Dataset.range(1 << 40)
+        return (steps.map(lambda i: batch(i * 0)) if fixed else steps.map(batch)).prefetch(2)
     return dataset_fn
 
 
@@ -220,7 +225,8 @@ def measure(args, tf, rdmadev, launch, cluster, host):
     print(f"rdmadev planned {report['swapped']} transfers ({dynamic} of run-time shape), "
           f"{len(kept)} stayed on gRPC: {sorted({k[2] for k in kept}) or 'none'}",
           file=sys.stderr, flush=True)
-    check = pss.bitwise_check(job, dataset, _StateView(model), _NoOptimizer(),
+    check_data = coordinator.create_per_worker_dataset(make_dataset_fn(tf, args, fixed=True))
+    check = pss.bitwise_check(job, check_data, _StateView(model), _NoOptimizer(),
                               args.check_steps) if args.check_steps else None
     windows, _cpu = job.measure(pss.CpuClock(cluster))
     result = {
