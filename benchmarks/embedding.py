@@ -30,7 +30,6 @@ Every process and namespace started here is stopped at the end.
 import argparse
 import json
 import os
-import secrets
 import signal
 import statistics
 import subprocess
@@ -148,31 +147,15 @@ def make_step(tf, strategy, model, lr=0.05):
     return step
 
 
-def start_cluster(args, launch, cnn_netns):
-    env = {"RDMADEV_SECRET": os.environ["RDMADEV_SECRET"],
-           "RDMADEV_FABRIC": "tcp" if args.netns else "shm"}
-    print(f"starting 2 ps + {args.workers} workers "
-          f"({'netns, tcp' if args.netns else '127.0.0.1, shm'}) ...", file=sys.stderr, flush=True)
-    if args.netns:
-        return cnn_netns.NetnsCluster(2, args.workers, env=env), cnn_netns.SUBNET + ".1"
-    return launch.Cluster(num_ps=2, num_workers=args.workers, env=env), launch.HOST
-
-
 def run_one(args):
     """One configuration: its own cluster; returns the result dict."""
-    import cnn_netns
-    os.environ.setdefault("RDMADEV_SECRET", secrets.token_hex(16))
-    if args.netns:
-        why = cnn_netns.unavailable_reason()
-        if why:
-            raise SystemExit(why)
-        os.environ["RDMADEV_FABRIC"] = "tcp"
-        os.environ["RDMADEV_TCP_ADDR"] = f"{cnn_netns.SUBNET}.1:0"
+    import pss
+    pss.coordinator_env(args.netns)
     import tensorflow as tf
     import rdmadev
     from rdmadev.testing import launch
 
-    cluster_cm, host = start_cluster(args, launch, cnn_netns)
+    cluster_cm, host = pss.start_cluster(args.netns, 2, args.workers)
     t_start = time.perf_counter()
     with cluster_cm as cluster:
         result = measure(args, tf, rdmadev, launch, cluster, host)

@@ -444,35 +444,41 @@ def summarize_planned(planned, workers):
     return report, flat
 
 
-def start_cluster(args, launch, cnn_netns):
-    """The cluster of `rdmadev serve` tasks (a context manager) and the spec with the chief."""
-    env = {"RDMADEV_SECRET": os.environ["RDMADEV_SECRET"],
-           "RDMADEV_FABRIC": "tcp" if args.netns else "shm"}
-    n = args.num_workers
-    print(f"starting 1 ps + {n} workers ({'netns, tcp' if args.netns else '127.0.0.1, shm'}) ...",
-          file=sys.stderr, flush=True)
-    if args.netns:
-        return cnn_netns.NetnsCluster(1, n, env=env), cnn_netns.SUBNET + ".1"
-    return launch.Cluster(num_ps=1, num_workers=n, env=env), launch.HOST
-
-
-def run_one(args):
-    """One configuration: its own cluster; returns the result dict."""
+def coordinator_env(netns):
+    """Sets this coordinator's environment for a run: a cluster secret, and with `netns` the
+    tcp fabric on the bridge address. Exits naming why network namespaces are unavailable."""
     import cnn_netns
     os.environ.setdefault("RDMADEV_SECRET", secrets.token_hex(16))
-    if args.netns:
+    if netns:
         why = cnn_netns.unavailable_reason()
         if why:
             raise SystemExit(why)
         os.environ["RDMADEV_FABRIC"] = "tcp"
         os.environ["RDMADEV_TCP_ADDR"] = f"{cnn_netns.SUBNET}.1:0"  # the coordinator's bridge address
+
+
+def start_cluster(netns, num_ps, num_workers):
+    """The cluster of `rdmadev serve` tasks (a context manager) and the coordinator's host."""
+    import cnn_netns
+    from rdmadev.testing import launch
+    env = {"RDMADEV_SECRET": os.environ["RDMADEV_SECRET"], "RDMADEV_FABRIC": "tcp" if netns else "shm"}
+    print(f"starting {num_ps} ps + {num_workers} workers "
+          f"({'netns, tcp' if netns else '127.0.0.1, shm'}) ...", file=sys.stderr, flush=True)
+    if netns:
+        return cnn_netns.NetnsCluster(num_ps, num_workers, env=env), cnn_netns.SUBNET + ".1"
+    return launch.Cluster(num_ps=num_ps, num_workers=num_workers, env=env), launch.HOST
+
+
+def run_one(args):
+    """One configuration: its own cluster; returns the result dict."""
+    coordinator_env(args.netns)
     import tensorflow as tf
     import keras
     import rdmadev
     from rdmadev.testing import launch
 
     n = args.num_workers
-    cluster_cm, host = start_cluster(args, launch, cnn_netns)
+    cluster_cm, host = start_cluster(args.netns, 1, n)
     t_start = time.perf_counter()
     with cluster_cm as cluster:
         tasks = Tasks(cluster.spec)
