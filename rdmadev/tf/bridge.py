@@ -81,14 +81,13 @@ def rewrites(partitions, function="", marked=()):
                                         {r.region_id: r.bytes for r in plan.regions}, function,
                                         marked)
     out, swapped, kept = [], [], []
-    timeout = plan.config.deadline_s
+    timeout, limit = plan.config.deadline_s, rt.config.max_tensor_bytes
     for t in plan.transfers:
         route = f"{t.send_task} -> {t.recv_task}"
         if t.decision != "swap":
             kept.append((t.tensor_name, route, t.reason))
             continue
         dtype = _dtype_enum(t.dtype)
-        limit = rt.config.max_tensor_bytes
         shape = None if t.shape is None else list(t.shape)  # None: the rank travels too
         out.append(("send", t.send_device, t.send_node, t.channel_key, dtype, [], False, timeout,
                     limit))
