@@ -18,7 +18,8 @@ measurement windows (grpc, rdmadev, grpc, ...); `--reference` adds the "no netwo
 the same model with a private copy of its variables on each worker, updated there (no
 cross-task tensor at all). Images/sec is the median over windows of
 batch_size * num_workers * batches / seconds. `--profile` adds the dispatch floor and the
-step's traffic without its compute (grpc_comm, rdmadev_comm) to the alternation; `--netns`
+step's traffic without its compute (grpc_comm, rdmadev_comm) to the alternation, then traces
+rdmadev steps with TF's profiler and tabulates its transfer events per task; `--netns`
 puts every task in its own network namespace behind veth links (tcp fabric,
 benchmarks/cnn_netns.py).
 
@@ -59,7 +60,9 @@ def parse_args(argv=None):
                     help="also measure the no-network limit (variables on each worker itself)")
     ap.add_argument("--profile", action="store_true",
                     help="also time the traffic alone (grpc_comm, rdmadev_comm: reads and "
-                         "gradient-sized writes, no compute) and the dispatch floor")
+                         "gradient-sized writes, no compute) and the dispatch floor, and trace "
+                         "rdmadev steps with TF's profiler: per task, where its transfers' time "
+                         "goes (waiting for data or credits, writing, copying)")
     ap.add_argument("--image_size", type=int, default=32)
     ap.add_argument("--fabric", default="auto", choices=["auto", "shm", "tcp"],
                     help="RDMADEV_FABRIC for every task (auto = shm on one host)")
@@ -199,6 +202,32 @@ def measure(variants, args, images_per_step):
     return rates, losses
 
 
+def trace_transfers(fn, cluster, result, images_per_step):
+    """Runs rdmadev steps while TF's profiler traces every task; returns the per-task summary of
+    the transfer events (rdmadev/tf/profile.py) and the speed while traced."""
+    import tempfile
+
+    from rdmadev.tf import profile
+
+    names = {addr: f"{job}:{i}" for job, i, addr in cluster.tasks()}
+    step_s = images_per_step / result["images_per_sec"]["rdmadev"]
+    seconds = min(max(2.0, 8 * step_s), 30.0)  # several steps, bounded
+    calls = []
+
+    def work():
+        t0 = time.perf_counter()
+        float(fn())
+        calls.append((t0, time.perf_counter()))
+
+    print(f"tracing rdmadev steps for {seconds:.0f} s (TF profiler)", file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory() as logdir:
+        run = profile.capture(list(names), logdir, seconds, work)
+        rows = profile.summarize(profile.read(run.run_dir), names)
+    inside = [b - a for a, b in calls if a >= run.traced_from and b <= run.traced_until]
+    traced = images_per_step / statistics.median(inside) if inside else 0.0
+    return {"rows": rows, "images_per_sec_traced": traced, "steps_traced": len(inside)}
+
+
 def summarize_reports(reports):
     swapped = [s for r in reports for s in r.swapped]
     kept = [k for r in reports for k in r.kept]
@@ -297,6 +326,8 @@ def run(args):
         }
         if "rdmadev" in variants:
             result["report"] = report
+        if args.profile and "rdmadev" in variants:  # where the time goes, from TF's profiler
+            result["trace"] = trace_transfers(variants["rdmadev"], cluster, result, images_per_step)
         if args.profile:  # one copy of the step's swapped bytes at this host's memcpy speed
             from rdmadev import _core
             size = 64 << 20
@@ -330,6 +361,13 @@ def print_result(r):
     if "one_copy_ms" in r:
         print(f"  memcpy {r['memcpy_GBps']:.1f} GB/s (64 MiB): one copy of the swapped bytes = "
               f"{r['one_copy_ms']:.1f} ms per step")
+    if "trace" in r:
+        t = r["trace"]
+        print(f"  where the time goes (TF profiler, {t['steps_traced']} rdmadev steps; traced "
+              f"{t['images_per_sec_traced']:.1f} images/sec, "
+              f"{t['images_per_sec_traced'] / ips['rdmadev']:.2f}x of untraced):")
+        from rdmadev.tf import profile
+        print("    " + profile.table(t["rows"]).replace("\n", "\n    "))
     rep = r.get("report")
     if rep:
         print(f"  rdmadev report: {rep['swapped']} transfers swapped "

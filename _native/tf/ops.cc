@@ -27,6 +27,7 @@
 
 #include "registry.h"
 #include "tf_status.h"
+#include "trace.h"
 
 namespace rdmadev_tf {
 
@@ -149,6 +150,8 @@ class SendOp : public AsyncOpKernel {
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    TransferTrace trace;
+    trace.Begin();
     const Tensor x = ctx->input(0);  // holds a reference until the write is done
     OP_REQUIRES_ASYNC(ctx, tensorflow::DataTypeCanUseMemcpy(x.dtype()),
                       tensorflow::errors::InvalidArgument(
@@ -190,7 +193,7 @@ class SendOp : public AsyncOpKernel {
       block = ShapeBlock(x.shape());
     }
     std::make_shared<Sending>(ctx, x, std::move(s), deadline, std::move(done), StepTagOf(ctx),
-                              std::move(block), channel_)
+                              std::move(block), channel_, std::move(trace))
         ->Next();
   }
 
@@ -202,9 +205,10 @@ class SendOp : public AsyncOpKernel {
    public:
     Sending(OpKernelContext* ctx, Tensor x, rdmadev::ChannelRegistry::Sender s,
             rdmadev::Deadline deadline, DoneCallback done, uint32_t tag,
-            std::vector<uint64_t> block, const std::string& channel)
+            std::vector<uint64_t> block, const std::string& channel, TransferTrace trace)
         : ctx_(ctx), x_(std::move(x)), s_(std::move(s)), deadline_(deadline),
-          done_(std::move(done)), tag_(tag), block_(std::move(block)), channel_(channel) {}
+          done_(std::move(done)), tag_(tag), block_(std::move(block)), channel_(channel),
+          trace_(std::move(trace)) {}
 
     void Next() {
       const auto data = x_.tensor_data();
@@ -218,40 +222,50 @@ class SendOp : public AsyncOpKernel {
         try {
           const bool first = !started_;
           const uint64_t chunk = block_.empty() ? len : std::min(len - sent_, s_.ring->layout().capacity);
+          const int64_t since = trace_.Mark();
           s_.ring->Send(data.data() + sent_, chunk, deadline_, tag_,
                         first ? block_.data() : nullptr,
                         first ? block_.size() * sizeof(uint64_t) : 0);
+          trace_.Phase("rdmadev.write", since);
           started_ = true;
           sent_ += chunk;
+          ++chunks_;
         } catch (const rdmadev::Error& e) {
           ctx_->SetStatus(ToStatus(e));
-          done_();
+          Done();
           return;
         }
         if (sent_ >= len) {
-          done_();
+          Done();
           return;
         }
       }
     }
 
    private:
+    void Done() {
+      trace_.End("rdmadev.send", channel_, s_.peer, x_.tensor_data().size(), chunks_);
+      done_();
+    }
+
     void WaitForCredit(const std::atomic<uint64_t>* word, uint64_t target) {
       auto cancel = std::make_shared<WaitCancel>(ctx_->cancellation_manager(), s_.domain);
       if (!cancel->Arm()) {
         ctx_->SetStatus(tensorflow::errors::Cancelled("step cancelled before channel ", channel_, " sent"));
-        done_();
+        Done();
         return;
       }
       auto self = shared_from_this();
+      credit_since_ = trace_.Mark();
       try {
         uint64_t ticket = s_.domain->progress().Submit(
             word, target, deadline_, AliveOf(s_.ring->endpoint(), s_.peer),
             [self, cancel](const rdmadev::Status& st, uint64_t) {
               cancel->Disarm();
+              self->trace_.Phase("rdmadev.wait_credit", self->credit_since_);
               if (!st.ok) {
                 self->ctx_->SetStatus(ToStatus(st));
-                self->done_();
+                self->Done();
                 return;
               }
               self->Next();
@@ -262,7 +276,7 @@ class SendOp : public AsyncOpKernel {
       } catch (const rdmadev::Error& e) {
         cancel->Disarm();
         ctx_->SetStatus(ToStatus(e));
-        done_();
+        Done();
       }
     }
 
@@ -276,6 +290,9 @@ class SendOp : public AsyncOpKernel {
     const std::string channel_;
     uint64_t sent_ = 0;
     bool started_ = false;
+    TransferTrace trace_;
+    int64_t credit_since_ = 0;  // when the current credit wait began (trace on)
+    uint64_t chunks_ = 0;
   };
 
   std::string channel_;
@@ -354,7 +371,9 @@ class RecvOp : public AsyncOpKernel {
     Receive(const RecvOp* op, OpKernelContext* ctx, DoneCallback done,
             rdmadev::ChannelRegistry::Receiver r, uint32_t tag, rdmadev::Deadline deadline)
         : op_(op), ctx_(ctx), done_(std::move(done)), r_(std::move(r)), tag_(tag),
-          deadline_(deadline), cm_(ctx->cancellation_manager()) {}
+          deadline_(deadline), cm_(ctx->cancellation_manager()) {
+      trace_.Begin();
+    }
 
     void Start() {
       if (cm_) {
@@ -401,6 +420,7 @@ class RecvOp : public AsyncOpKernel {
         return;
       }
       auto self = shared_from_this();
+      wait_since_ = trace_.Mark();
       try {
         ticket = r_.domain->progress().Submit(
             r_.ring->WordFor(n_), n_, deadline_, AliveOf(r_.ring->endpoint(), r_.peer),
@@ -421,6 +441,7 @@ class RecvOp : public AsyncOpKernel {
     }
 
     void OnWait(const rdmadev::Status& st) {
+      trace_.Phase("rdmadev.wait_data", wait_since_);
       if (!st.ok) {
         if (!r_.ring->Abandon(n_)) {
           rdmadev::LogEvent("channel " + op_->channel_ + ": transfer " + std::to_string(n_) +
@@ -513,7 +534,10 @@ class RecvOp : public AsyncOpKernel {
         s = ctx_->allocate_output(0, shape, &out);
         if (s.ok()) {
           dst_ = const_cast<char*>(out->tensor_data().data());
+          const int64_t since = trace_.Mark();
           std::memcpy(dst_, slot.data, slot.length);
+          trace_.Phase("rdmadev.copy", since);
+          Count(slot.length);
           filled_ = slot.length;
           total_ = bytes;
           gathering_ = true;
@@ -535,7 +559,10 @@ class RecvOp : public AsyncOpKernel {
             "not follow the protocol");
         filled_ = total_;  // the transfer is over either way
       } else {
+        const int64_t since = trace_.Mark();
         std::memcpy(dst_ + filled_, slot.data, want);
+        trace_.Phase("rdmadev.copy", since);
+        Count(want);
         filled_ += want;
       }
       r_.ring->Release(slot.seq, rdmadev::Deadline::After(60));
@@ -569,16 +596,29 @@ class RecvOp : public AsyncOpKernel {
         Tensor out(op.dtype_, shape, buf);
         buf->Unref();
         ctx_->set_output(0, out);
+        Count(want);
         return absl::OkStatus();
       }
       Tensor* out = nullptr;
       auto s = ctx_->allocate_output(0, shape, &out);
-      if (s.ok() && want) std::memcpy(const_cast<char*>(out->tensor_data().data()), slot.data, want);
+      if (s.ok() && want) {
+        const int64_t since = trace_.Mark();
+        std::memcpy(const_cast<char*>(out->tensor_data().data()), slot.data, want);
+        trace_.Phase("rdmadev.copy", since);
+      }
+      if (s.ok()) Count(want);
       r_.ring->Release(slot.seq, rdmadev::Deadline::After(60));
       return s;
     }
 
+    // For the trace: a slot's bytes delivered into the output.
+    void Count(uint64_t bytes) {
+      received_ += bytes;
+      ++chunks_;
+    }
+
     void Finish(const tensorflow::Status& s) {
+      trace_.End("rdmadev.recv", op_->channel_, r_.peer, received_, chunks_);
       if (cm_) cm_->TryDeregisterCallback(token_);  // drops the callback's reference to this
       if (!s.ok()) ctx_->SetStatus(s);
       done_();
@@ -600,6 +640,9 @@ class RecvOp : public AsyncOpKernel {
     bool gathering_ = false;
     char* dst_ = nullptr;
     uint64_t filled_ = 0, total_ = 0;
+    TransferTrace trace_;
+    int64_t wait_since_ = 0;  // when the current wait began (trace on)
+    uint64_t received_ = 0, chunks_ = 0;
   };
 
   std::string channel_;

@@ -405,6 +405,46 @@ def sparse(mode):
             "report": fn.report if mode == "rdmadev" else ""}
 
 
+def profile(mode, cluster):
+    """A step whose transfers are known (a 1 MiB variable read ps -> worker, 3.2 MB of
+    tf.unique'd ids worker -> ps on a dynamic channel, so in 1 MiB chunks), run while TF's
+    profiler traces every task; returns what the trace says each channel moved."""
+    from rdmadev.tf import profile as prof
+    import tempfile
+
+    with tf.device(PS):
+        v = tf.Variable(tf.ones([256, 1024]))
+
+    def step(x):
+        with tf.device(W0):
+            uniq = tf.unique(x)[0]
+            read = tf.reduce_sum(v * 2.0)
+        with tf.device(PS):
+            total = tf.reduce_sum(uniq)
+        return read, total
+
+    fn = tf.function(step, input_signature=[tf.TensorSpec([None], tf.int64)])
+    fn = rdmadev.optimize(fn) if mode == "rdmadev" else fn
+    ids = tf.range(400000, dtype=tf.int64)
+    first = [float(t) for t in fn(ids)]
+    names = {addr: f"{job}:{i}" for job, addrs in cluster.items() for i, addr in enumerate(addrs)}
+    with tempfile.TemporaryDirectory() as logdir:
+        run = prof.capture(list(names), logdir, seconds=3, work=lambda: fn(ids))
+        transfers = prof.read(run.run_dir)
+    channels = {}
+    for t in transfers:
+        c = channels.setdefault(f"{names.get(t.task, t.task)} {t.kind} {t.channel}", {
+            "peer": t.peer, "bytes": [], "chunks": [], "n": 0, "phases": {}})
+        c["n"] += 1
+        c["bytes"] = sorted(set(c["bytes"]) | {t.bytes})
+        c["chunks"] = sorted(set(c["chunks"]) | {t.chunks})
+        for p, ns in t.phases.items():
+            c["phases"][p] = c["phases"].get(p, 0) + (ns > 0)
+    rows = prof.summarize(transfers, names)
+    return {"first": first, "channels": channels, "rows": rows, "table": prof.table(rows),
+            "report": fn.report if mode == "rdmadev" else ""}
+
+
 def tf1_session(mode, cluster):
     """A TF1 between-graph session: each task partitions (and plans) only its own half."""
     _set_task_pass_mode(cluster, mode == "rdmadev")
@@ -441,6 +481,9 @@ def main():
         result = keras2_fit(mode, cluster)
     elif scenario.startswith("keras"):
         result = keras_fit(mode, cluster, optimize=scenario == "keras_optimize")
+    elif scenario == "profile":
+        tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster))
+        result = profile(mode, cluster)
     elif scenario == "tf1":
         result = tf1_session(mode, cluster)
     else:

@@ -207,3 +207,36 @@ def test_tf1_session_gives_the_same_values(cluster):
     rdma = run_driver(cluster, "rdmadev", "tf1")
     assert rdma["values"] == grpc["values"] == [16.0, 48.0, 80.0]
     assert rdma["reports"] and all("(not_carried_half_pair)" in r for r in rdma["reports"])
+
+
+def test_every_swapped_transfer_is_on_tfs_profiler_timeline(cluster):
+    """The ops' TraceMe events (trace.h) read back from a real profiler trace of every task:
+    each channel's bytes and chunks as the plan says, its phases on the right side, and the
+    zero-copy receive recorded without a copy; gRPC's run of the same step records none."""
+    grpc = run_driver(cluster, "grpc", "profile")
+    rdma = run_driver(cluster, "rdmadev", "profile")
+    assert rdma["first"] == grpc["first"] == [524288.0, 79999800000.0]
+    assert grpc["channels"] == {}
+    ch = rdma["channels"]
+    by_side = {" ".join(k.split()[:2]): v for k, v in ch.items()}
+    assert sorted(by_side) == ["ps:0 recv", "ps:0 send", "worker:0 recv", "worker:0 send"], ch
+    # The variable read: 1 MiB in one slot, aliased by the worker (the report's shm+zc).
+    assert "shm+zc" in rdma["report"]
+    read_send, read_recv = by_side["ps:0 send"], by_side["worker:0 recv"]
+    assert read_send["bytes"] == read_recv["bytes"] == [1048576]
+    assert read_send["chunks"] == read_recv["chunks"] == [1]
+    assert read_recv["peer"] == "/job:ps/replica:0/task:0"
+    assert read_send["phases"] == {"write": read_send["n"]}
+    assert read_recv["phases"] == {"wait_data": read_recv["n"]}  # no copy: zero-copy
+    # The unique'd ids: 400,000 int64 on a dynamic channel of 1 MiB slots, so 4 chunks, copied.
+    ids_send, ids_recv = by_side["worker:0 send"], by_side["ps:0 recv"]
+    assert ids_send["bytes"] == ids_recv["bytes"] == [3200000]
+    assert ids_send["chunks"] == ids_recv["chunks"] == [4]
+    assert ids_send["phases"]["write"] == ids_send["n"]
+    assert set(ids_send["phases"]) <= {"write", "wait_credit"}
+    assert ids_recv["phases"] == {"wait_data": ids_recv["n"], "copy": ids_recv["n"]}
+    rows = {(r["task"], r["kind"]): r for r in rdma["rows"]}
+    assert min(r["steps"] for r in rows.values()) >= 3, rdma["table"]
+    assert rows[("ps:0", "recv")]["bytes"] == 3200000 and rows[("worker:0", "recv")]["bytes"] == 1048576
+    assert rows[("worker:0", "send")]["chunks"] == 4
+    assert rows[("ps:0", "recv")]["copy_ms"] > 0 and rows[("worker:0", "recv")]["copy_ms"] == 0
