@@ -86,7 +86,8 @@ def _stat_value(plane, stat):
 
 def read(run_dir):
     """The transfers in one trace run: a list of Transfer, `task` being the host:port of the
-    file it came from (TF names each task's file after its address)."""
+    file it came from (TF names each task's file after its address), times in ns since the
+    epoch on every task (comparable across tasks of one host)."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     transfers = []
@@ -97,6 +98,13 @@ def read(run_dir):
         space = xplane_pb2.XSpace()
         with open(path, "rb") as f:
             space.ParseFromString(f.read())
+        # The profiler stores times relative to the task's own start of the trace, which it
+        # records in this plane: adding it back puts every task on one clock (the epoch).
+        origin = 0
+        for plane in space.planes:
+            for s in plane.stats:
+                if plane.stat_metadata[s.metadata_id].name == "profile_start_time":
+                    origin = s.uint64_value or s.int64_value
         for plane in space.planes:
             names = {k: m.name for k, m in plane.event_metadata.items()}
             for line in plane.lines:
@@ -107,7 +115,7 @@ def read(run_dir):
                         continue
                     stats = {plane.stat_metadata[s.metadata_id].name: _stat_value(plane, s)
                              for s in e.stats}
-                    start = (line.timestamp_ns * 1000 + e.offset_ps) // 1000
+                    start = origin + line.timestamp_ns + e.offset_ps // 1000
                     dur = e.duration_ps // 1000
                     if name in KINDS:
                         spans.append((name, stats, start, dur))
@@ -140,6 +148,31 @@ def _union_ns(intervals):
     return total
 
 
+def notice_ns(transfers):
+    """How long each receive took once its data was there: from the end of the matching send
+    (or the receive's start, if the data came first) to the receive's end. This is the
+    receiver's own cost of noticing and delivering a transfer (progress thread wake-up, copy).
+
+    A receive is matched with the last send of its channel that ended before it did, when that
+    send ended after the channel's previous receive (so it is this transfer's); the first
+    receive of each channel in the trace has no such bound and is left out. Returns
+    {index in `transfers`: ns}."""
+    sends = collections.defaultdict(list)
+    recvs = collections.defaultdict(list)
+    for i, t in enumerate(transfers):
+        end = t.start_ns + t.dur_ns
+        (sends if t.kind == "send" else recvs)[t.channel].append((end, i))
+    out = {}
+    for channel, rs in recvs.items():
+        ends = sorted(e for e, _ in sends.get(channel, []))
+        rs.sort()
+        for (prev_end, _), (end, i) in zip(rs, rs[1:]):
+            j = bisect.bisect_right(ends, end) - 1
+            if j >= 0 and ends[j] > prev_end:
+                out[i] = end - max(ends[j], transfers[i].start_ns)
+    return out
+
+
 def summarize(transfers, names=None):
     """Per task and direction, per step: channels, bytes, and milliseconds in each phase.
 
@@ -153,6 +186,9 @@ def summarize(transfers, names=None):
     by = collections.defaultdict(lambda: collections.defaultdict(list))
     for t in transfers:
         by[(names.get(t.task, t.task), t.kind)][t.channel].append(t)
+    notice = collections.defaultdict(list)
+    for i, ns in notice_ns(transfers).items():
+        notice[names.get(transfers[i].task, transfers[i].task)].append(ns / 1e3)
     out = []
     phases = [p[len("rdmadev."):] for p in PHASES]
     for (task, kind), channels in sorted(by.items()):
@@ -169,6 +205,9 @@ def summarize(transfers, names=None):
                "busy_ms": _union_ns((t.start_ns, t.start_ns + t.dur_ns) for t in every) / steps / 1e6}
         for p in phases:
             row[p + "_ms"] = per_step(lambda t, p=p: t.phases.get(p, 0)) / 1e6
+        seen = sorted(notice[task]) if kind == "recv" else []
+        row["notice_us"] = statistics.median(seen) if seen else None
+        row["notice_p90_us"] = seen[len(seen) * 9 // 10] if seen else None
         out.append(row)
     return out
 
@@ -176,14 +215,19 @@ def summarize(transfers, names=None):
 def table(rows):
     """The summary as a fixed-width table (milliseconds and MiB per step)."""
     head = (f"{'task':<10} {'dir':<4} {'steps':>5} {'chans':>6} {'MiB':>8} | {'kernel':>8} "
-            f"{'busy':>8} | {'credit':>8} {'write':>8} | {'wait':>8} {'copy':>8}")
+            f"{'busy':>8} | {'credit':>8} {'write':>8} | {'wait':>8} {'copy':>8} | "
+            f"{'notice us':>13}")
     lines = [head, "-" * len(head)]
     for r in rows:
+        notice = (f"{r['notice_us']:>6.0f} {r['notice_p90_us']:>6.0f}"
+                  if r.get("notice_us") is not None else "")
         lines.append(
             f"{r['task']:<10} {r['kind']:<4} {r['steps']:>5} {r['channels']:>6} "
             f"{r['bytes'] / 2**20:>8.1f} | {r['kernel_ms']:>8.2f} {r['busy_ms']:>8.2f} | "
             f"{r['wait_credit_ms']:>8.2f} {r['write_ms']:>8.2f} | {r['wait_data_ms']:>8.2f} "
-            f"{r['copy_ms']:>8.2f}")
+            f"{r['copy_ms']:>8.2f} | {notice:>13}")
     lines.append("per step, ms summed over a task's transfers (they overlap) except busy: wall "
-                 "time with at least one kernel running; credit/write: sender; wait/copy: receiver")
+                 "time with at least one kernel running; credit/write: sender; wait/copy: "
+                 "receiver; notice: us from the data being there to the receive's end, median "
+                 "and p90")
     return "\n".join(lines)

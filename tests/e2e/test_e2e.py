@@ -240,3 +240,7 @@ def test_every_swapped_transfer_is_on_tfs_profiler_timeline(cluster):
     assert rows[("ps:0", "recv")]["bytes"] == 3200000 and rows[("worker:0", "recv")]["bytes"] == 1048576
     assert rows[("worker:0", "send")]["chunks"] == 4
     assert rows[("ps:0", "recv")]["copy_ms"] > 0 and rows[("worker:0", "recv")]["copy_ms"] == 0
+    # The sends and receives of a channel are matched across the two tasks' traces (one clock).
+    for key in [("ps:0", "recv"), ("worker:0", "recv")]:
+        assert 0 < rows[key]["notice_us"] <= rows[key]["notice_p90_us"], rdma["table"]
+    assert rows[("ps:0", "send")]["notice_us"] is None
