@@ -148,28 +148,35 @@ def _union_ns(intervals):
     return total
 
 
-def notice_ns(transfers):
-    """How long each receive took once its data was there: from the end of the matching send
-    (or the receive's start, if the data came first) to the receive's end. This is the
-    receiver's own cost of noticing and delivering a transfer (progress thread wake-up, copy).
-
-    A receive is matched with the last send of its channel that ended before it did, when that
-    send ended after the channel's previous receive (so it is this transfer's); the first
-    receive of each channel in the trace has no such bound and is left out. Returns
-    {index in `transfers`: ns}."""
+def matched(transfers):
+    """Each receive with the send that carried its data: {receive's index: send's index} in
+    `transfers`. A receive is matched with the last send of its channel that ended before it
+    did, when that send ended after the channel's previous receive (so it is this transfer's);
+    the first receive of each channel in the trace has no such bound and is left out."""
     sends = collections.defaultdict(list)
     recvs = collections.defaultdict(list)
     for i, t in enumerate(transfers):
-        end = t.start_ns + t.dur_ns
-        (sends if t.kind == "send" else recvs)[t.channel].append((end, i))
+        (sends if t.kind == "send" else recvs)[t.channel].append((t.start_ns + t.dur_ns, i))
     out = {}
     for channel, rs in recvs.items():
-        ends = sorted(e for e, _ in sends.get(channel, []))
+        ss = sorted(sends.get(channel, []))
+        ends = [e for e, _ in ss]
         rs.sort()
         for (prev_end, _), (end, i) in zip(rs, rs[1:]):
             j = bisect.bisect_right(ends, end) - 1
             if j >= 0 and ends[j] > prev_end:
-                out[i] = end - max(ends[j], transfers[i].start_ns)
+                out[i] = ss[j][1]
+    return out
+
+
+def notice_ns(transfers):
+    """How long each matched receive took once its data was there: from the end of its send
+    (or its own start, if the data came first) to its end. This is the receiver's own cost of
+    noticing and delivering a transfer (progress thread wake-up, copy). {receive's index: ns}."""
+    out = {}
+    for i, j in matched(transfers).items():
+        r, s = transfers[i], transfers[j]
+        out[i] = r.start_ns + r.dur_ns - max(s.start_ns + s.dur_ns, r.start_ns)
     return out
 
 
