@@ -33,8 +33,8 @@ Transfer.__doc__ = ("One kernel execution: `phases` maps a phase name (without '
 
 
 Capture = collections.namedtuple("Capture", "run_dir traced_from traced_until")
-Capture.__doc__ = ("A trace run: its directory, and the time.perf_counter() interval within "
-                   "which every task was being traced.")
+Capture.__doc__ = ("A trace run: its directory, and a time.perf_counter() interval during which "
+                   "every task was surely being traced (empty if the call took twice `seconds`).")
 
 
 def capture(addresses, logdir, seconds, work, max_calls=100000):
@@ -59,9 +59,8 @@ def capture(addresses, logdir, seconds, work, max_calls=100000):
     runner.start()
     try:
         time.sleep(min(1.0, seconds / 4))  # steps already in flight when the trace starts
-        # The call returns once every task's trace is written: its end is an upper bound of
-        # the traced interval; the start is taken after it (the trace starts when every task
-        # has answered, which the call does not say), so the interval errs on the short side.
+        # The trace covers `seconds` somewhere between the call's start and its return (which
+        # also waits for the files): only [return - seconds, start + seconds] is sure to be in.
         t0 = time.perf_counter()
         tf.profiler.experimental.client.trace(
             ",".join("grpc://" + a for a in addresses), logdir, int(seconds * 1000))
@@ -74,7 +73,7 @@ def capture(addresses, logdir, seconds, work, max_calls=100000):
     runs = sorted(set(glob.glob(os.path.join(logdir, "plugins", "profile", "*"))) - before)
     if not runs:
         raise RuntimeError(f"the profiler wrote no trace under {logdir}")
-    return Capture(runs[-1], max(t0, t1 - seconds), t1)
+    return Capture(runs[-1], t1 - seconds, t0 + seconds)
 
 
 def _stat_value(plane, stat):
@@ -99,7 +98,7 @@ def read(run_dir):
         with open(path, "rb") as f:
             space.ParseFromString(f.read())
         # The profiler stores times relative to the task's own start of the trace, which it
-        # records in this plane: adding it back puts every task on one clock (the epoch).
+        # records in its "Task Environment" plane: adding it back puts every task on one clock.
         origin = 0
         for plane in space.planes:
             for s in plane.stats:
