@@ -150,8 +150,6 @@ class SendOp : public AsyncOpKernel {
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
-    TransferTrace trace;
-    trace.Begin();
     const Tensor x = ctx->input(0);  // holds a reference until the write is done
     OP_REQUIRES_ASYNC(ctx, tensorflow::DataTypeCanUseMemcpy(x.dtype()),
                       tensorflow::errors::InvalidArgument(
@@ -193,7 +191,7 @@ class SendOp : public AsyncOpKernel {
       block = ShapeBlock(x.shape());
     }
     std::make_shared<Sending>(ctx, x, std::move(s), deadline, std::move(done), StepTagOf(ctx),
-                              std::move(block), channel_, std::move(trace))
+                              std::move(block), channel_)
         ->Next();
   }
 
@@ -205,10 +203,11 @@ class SendOp : public AsyncOpKernel {
    public:
     Sending(OpKernelContext* ctx, Tensor x, rdmadev::ChannelRegistry::Sender s,
             rdmadev::Deadline deadline, DoneCallback done, uint32_t tag,
-            std::vector<uint64_t> block, const std::string& channel, TransferTrace trace)
+            std::vector<uint64_t> block, const std::string& channel)
         : ctx_(ctx), x_(std::move(x)), s_(std::move(s)), deadline_(deadline),
-          done_(std::move(done)), tag_(tag), block_(std::move(block)), channel_(channel),
-          trace_(std::move(trace)) {}
+          done_(std::move(done)), tag_(tag), block_(std::move(block)), channel_(channel) {
+      trace_.Begin();
+    }
 
     void Next() {
       const auto data = x_.tensor_data();
@@ -556,9 +555,7 @@ class RecvOp : public AsyncOpKernel {
         s = ctx_->allocate_output(0, shape, &out);
         if (s.ok()) {
           dst_ = const_cast<char*>(out->tensor_data().data());
-          const int64_t since = trace_.Mark();
-          std::memcpy(dst_, slot.data, slot.length);
-          trace_.Phase("rdmadev.copy", since);
+          CopyOut(dst_, slot.data, slot.length);
           Count(slot.length);
           filled_ = slot.length;
           total_ = bytes;
@@ -581,9 +578,7 @@ class RecvOp : public AsyncOpKernel {
             "not follow the protocol");
         filled_ = total_;  // the transfer is over either way
       } else {
-        const int64_t since = trace_.Mark();
-        std::memcpy(dst_ + filled_, slot.data, want);
-        trace_.Phase("rdmadev.copy", since);
+        CopyOut(dst_ + filled_, slot.data, want);
         Count(want);
         filled_ += want;
       }
@@ -623,14 +618,17 @@ class RecvOp : public AsyncOpKernel {
       }
       Tensor* out = nullptr;
       auto s = ctx_->allocate_output(0, shape, &out);
-      if (s.ok() && want) {
-        const int64_t since = trace_.Mark();
-        std::memcpy(const_cast<char*>(out->tensor_data().data()), slot.data, want);
-        trace_.Phase("rdmadev.copy", since);
-      }
+      if (s.ok() && want) CopyOut(const_cast<char*>(out->tensor_data().data()), slot.data, want);
       if (s.ok()) Count(want);
       r_.ring->Release(slot.seq, rdmadev::Deadline::After(60));
       return s;
+    }
+
+    // Copies a slot's payload into the output tensor, timed for the trace.
+    void CopyOut(char* dst, const uint8_t* src, uint64_t n) {
+      const int64_t since = trace_.Mark();
+      std::memcpy(dst, src, n);
+      trace_.Phase("rdmadev.copy", since);
     }
 
     // For the trace: a slot's bytes delivered into the output.
