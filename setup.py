@@ -36,6 +36,13 @@ BINDINGS = os.path.join("_native", "python", "rdmadev", "_native")
 BINDING_FAMILIES = ("handle", "domain", "region", "endpoint", "channel", "crypto", "bench")
 CORE_LIB = "librdmadev_core.so"
 TF_OPS_LIB = "_tf_ops.so"
+TF_PROTOCOL_LIB = "_tf_protocol.so"
+# The loader TensorFlow loads from site-packages/tensorflow-plugins/ at `import tensorflow`
+# (plugin_loader.cc); it registers the grpc+rdmadev protocol and nothing else.
+PLUGIN_LIB = "librdmadev_plugin.so"
+PLUGIN_DIR = "tensorflow-plugins"
+# Extensions that do not link the core: the protocol library and its loader start nothing.
+WITHOUT_CORE = ("rdmadev._tf_protocol", "rdmadev.librdmadev_plugin")
 BUILD_INFO = os.path.join("rdmadev", "_build_info.py")
 
 
@@ -49,6 +56,10 @@ class BuildNative(build_ext):
             return os.path.join(*parts[:-1], CORE_LIB)
         if parts[-1] == "_tf_ops":
             return os.path.join(*parts[:-1], TF_OPS_LIB)
+        if parts[-1] == "_tf_protocol":
+            return os.path.join(*parts[:-1], TF_PROTOCOL_LIB)
+        if parts[-1] == "librdmadev_plugin":
+            return os.path.join(*parts[:-1], PLUGIN_LIB)
         return super().get_ext_filename(fullname)
 
     def run(self):
@@ -56,7 +67,8 @@ class BuildNative(build_ext):
         # _core*.so left in place would shadow the .py (extensions are found first).
         for stale in glob.glob(os.path.join(HERE, "rdmadev", "_core.*.so")):
             os.remove(stale)
-        super().run()
+        super().run()  # (setuptools clears self.inplace while building, then restores it)
+        self.install_plugin()
 
     def build_extensions(self):
         # setuptools compiles with the C compiler's flags; -Wstrict-prototypes is C-only.
@@ -65,7 +77,7 @@ class BuildNative(build_ext):
         core = [e for e in self.extensions if e.name == "rdmadev.librdmadev_core"]
         rest = [e for e in self.extensions if e.name != "rdmadev.librdmadev_core"]
         for ext in core + rest:
-            if ext is not core[0]:
+            if ext is not core[0] and ext.name not in WITHOUT_CORE:
                 libdir = os.path.dirname(self.get_ext_fullpath(core[0].name))
                 ext.library_dirs = [libdir]
                 ext.runtime_library_dirs = []
@@ -75,6 +87,22 @@ class BuildNative(build_ext):
                 ext.extra_link_args = ext.extra_link_args + [
                     "-L" + libdir, "-l:" + CORE_LIB, "-Wl,-rpath," + origin]
             self.build_extension(ext)
+
+    def install_plugin(self):
+        """Puts the loader where `import tensorflow` looks for plugins. A wheel carries it in
+        its root (site-packages/tensorflow-plugins/, removed again by pip uninstall); an
+        in-place (editable) build writes it into this interpreter's site-packages."""
+        built = self.get_ext_fullpath("rdmadev.librdmadev_plugin")
+        if self.inplace:
+            target = os.path.join(sysconfig.get_paths()["platlib"], PLUGIN_DIR)
+        else:
+            target = os.path.join(self.build_lib, PLUGIN_DIR)
+        try:
+            os.makedirs(target, exist_ok=True)
+            self.copy_file(built, os.path.join(target, PLUGIN_LIB))
+        except OSError as e:
+            print(f"rdmadev: could not install the TF plugin into {target} ({e.strerror}); "
+                  "the grpc+rdmadev protocol then needs rdmadev.tf.protocol.load()", file=sys.stderr)
 
 
 def tf_ops_extension():
@@ -97,6 +125,28 @@ def tf_ops_extension():
             "-Wl,-rpath," + tf.sysconfig.get_lib()])
 
 
+def tf_protocol_extensions():
+    """The grpc+rdmadev ServerFactory (protocol.cc, built against the installed TensorFlow like
+    the op library) and the loader that TensorFlow loads from tensorflow-plugins/
+    (plugin_loader.cc: links nothing of TensorFlow, so it can never fail `import tensorflow`)."""
+    import tensorflow as tf
+
+    protocol = Extension(
+        "rdmadev._tf_protocol", [os.path.join("_native", "tf", "protocol.cc")],
+        include_dirs=[sysconfig.get_paths()["include"]], language="c++", depends=HEADERS,
+        extra_compile_args=CXXFLAGS + tf.sysconfig.get_compile_flags() + [
+            "-DNDEBUG", "-Wno-sign-compare", "-Wno-deprecated-declarations"],
+        extra_link_args=tf.sysconfig.get_link_flags() + [
+            "-Wl,-rpath," + tf.sysconfig.get_lib()])
+    loader = Extension(
+        "rdmadev.librdmadev_plugin", [os.path.join("_native", "tf", "plugin_loader.cc")],
+        language="c++", extra_compile_args=CXXFLAGS + [
+            f'-DRDMADEV_BUILT_TF_VERSION="{tf.__version__}"',
+            f'-DRDMADEV_PACKAGE_DIR="{os.path.join(HERE, "rdmadev")}"'],
+        extra_link_args=["-ldl"])
+    return [protocol, loader]
+
+
 def extensions():
     from Cython.Build import cythonize
 
@@ -114,7 +164,7 @@ def extensions():
                    extra_compile_args=CXXFLAGS)
          for family in BINDING_FAMILIES],
         include_path=[pydir], compiler_directives={"language_level": 3}, quiet=True)
-    return [core] + bindings + [tf_ops_extension()]
+    return [core] + bindings + [tf_ops_extension()] + tf_protocol_extensions()
 
 
 setup(ext_modules=extensions(), cmdclass={"build_ext": BuildNative})

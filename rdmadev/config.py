@@ -37,6 +37,7 @@ VARIABLES = (
     ("RDMADEV_SECRET_FILE", "(unset)", "File holding the cluster secret (instead of RDMADEV_SECRET)."),
     ("RDMADEV_TCP_ADDR", "127.0.0.1:0", "host:port the tcp fabric listens on and advertises; host must be an address peers can reach (port 0 = any free port). The verbs fabric's connection side channel listens on the same host (any port)."),
     ("RDMADEV_ENABLED", "1", "0 turns rdmadev off everywhere: optimize() and RDMADEV_AUTO leave every function on TF's gRPC path."),
+    ("RDMADEV_PLUGIN", "1", "0 keeps rdmadev's loader in site-packages/tensorflow-plugins/ inactive: `import tensorflow` then registers no grpc+rdmadev protocol (`rdmadev serve` still loads it)."),
     ("RDMADEV_AUTO", "0", "1 rewrites every function instantiated in the process (in tasks started by `rdmadev serve`: functions they partition, e.g. ParameterServerStrategy steps), so scripts run unchanged."),
     ("RDMADEV_MAX_REGISTERED_BYTES", "(half of RAM)", "Bytes of channel regions a task registers at most (all its peers together; a K/M/G/T suffix counts in 1024s): a setup request past it is refused with a RegionError naming this variable."),
     ("RDMADEV_DYNAMIC_CAPACITY", "1M", "Payload bytes of each slot of a channel whose tensor has a shape known only at run time (ids after tf.unique, gathered rows, sparse gradients; a K/M/G suffix counts in 1024s). The shape travels with the tensor; one larger than a slot goes in slot-sized chunks, so this trades registered memory (slots x this per such channel) for round trips, never correctness."),

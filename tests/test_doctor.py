@@ -1,7 +1,7 @@
 """`rdmadev doctor` checks the op library the way every task loads it."""
 import pytest
 
-from rdmadev.tf import ops
+from rdmadev.tf import ops, protocol
 from rdmadev.tools import doctor
 
 
@@ -21,6 +21,13 @@ def test_doctor_reports_an_op_library_built_for_another_tensorflow(monkeypatch):
         ops.load.cache_clear()
     assert not info["loaded"] and "built against TensorFlow 0.0.0" in info["note"]
     assert "pip install" in info["note"]
+
+
+def test_doctor_says_whether_the_tf_plugin_is_active():
+    on = doctor._tf_plugin()
+    assert on["active"] and on["path"] == protocol.plugin_path(), on
+    off = doctor._tf_plugin({protocol.PLUGIN_SWITCH: "0"})
+    assert not off["active"] and "RDMADEV_PLUGIN=0" in off["note"]
 
 
 @pytest.mark.parametrize("argv", [["--help"], []])

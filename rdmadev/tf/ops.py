@@ -14,7 +14,7 @@ import os
 from ..config import Config
 from ..errors import ConfigError
 
-__all__ = ["load", "send", "recv", "library_path"]
+__all__ = ["load", "check_built", "send", "recv", "library_path"]
 
 
 def library_path():
@@ -22,12 +22,11 @@ def library_path():
     return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_tf_ops.so")
 
 
-@functools.lru_cache(maxsize=None)
-def load():
-    """Loads the op library into this process (once) and returns its op module.
+def check_built():
+    """Checks that rdmadev's TF libraries are built, against the TensorFlow installed now.
 
     Raises:
-        ConfigError: the library is missing or was built against another TensorFlow.
+        ConfigError: a library is missing or was built against another TensorFlow.
     """
     import tensorflow as tf
 
@@ -45,7 +44,19 @@ def load():
             f"{tf.__version__} is installed",
             hint="rebuild it: pip install --force-reinstall --no-deps -e . (or pin "
                  f"tensorflow=={TF_VERSION})")
-    return tf.load_op_library(path)
+
+
+@functools.lru_cache(maxsize=None)
+def load():
+    """Loads the op library into this process (once) and returns its op module.
+
+    Raises:
+        ConfigError: the library is missing or was built against another TensorFlow.
+    """
+    import tensorflow as tf
+
+    check_built()
+    return tf.load_op_library(library_path())
 
 
 def _deadline(timeout_s):

@@ -1,7 +1,10 @@
 """`rdmadev serve` / `python -m rdmadev.server`: start one TF task with rdmadev.
 
-Loads the op library (which registers the partition pass and the write/wait ops), opens
-this task's Domain and control service, starts tf.distribute.Server and serves until killed.
+A thin wrapper over the grpc+rdmadev protocol (rdmadev.tf.protocol): it checks the task's
+configuration first (so a bad one is reported as rdmadev's own error), then starts
+tf.distribute.Server with that protocol, which opens this task's Domain and control service
+and loads the op library and the partition pass, and serves until killed. Unlike a bare
+protocol server, the pass rewrites only rdmadev.optimize's functions unless RDMADEV_AUTO=1.
 
 Example:
     $ RDMADEV_SECRET=... python -m rdmadev.server --cluster '{"ps": ["h:2222"], "worker": ["h:2223"]}' --job ps --task 0
@@ -15,7 +18,7 @@ import time
 from ..cluster import runtime
 from ..cluster.spec import parse_cluster, tf_config_task
 from ..errors import ConfigError, RdmadevError
-from . import api
+from . import protocol
 
 __all__ = ["main"]
 
@@ -41,10 +44,7 @@ def main(argv=None):
                               hint="e.g. rdmadev serve --cluster '{...}' --job worker --task 0")
         spec = parse_cluster(args.cluster)
         rt = runtime.start(spec, job, int(index))
-        api.load_into_process(auto=rt.config.auto)
-        import tensorflow as tf
-        server = tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=job, task_index=int(index),
-                                      protocol="grpc", start=True)
+        server = protocol.start_server(spec, job, int(index), auto=rt.config.auto)
     except RdmadevError as e:
         print(f"rdmadev serve: {e}", file=sys.stderr, flush=True)
         return 2

@@ -15,7 +15,7 @@ from .. import _core
 from ..config import Config
 from ..device import fabric_report
 from ..errors import ConfigError
-from ..tf import ops
+from ..tf import ops, protocol
 
 __all__ = ["collect", "main"]
 
@@ -150,6 +150,25 @@ def _op_library():
             "note": f"loads, built against TensorFlow {built_against} (the one installed)"}
 
 
+def _tf_plugin(env=None):
+    """Whether `import tensorflow` brought in the grpc+rdmadev protocol here (the loader in
+    site-packages/tensorflow-plugins/, protocol.py), and if not, why."""
+    env = os.environ if env is None else env
+    path = protocol.plugin_path()
+    if path is None:
+        return {"active": False, "path": None,
+                "note": "not installed for this interpreter: reinstall rdmadev (pip install -e .)"}
+    if env.get(protocol.PLUGIN_SWITCH, "1") == "0":
+        return {"active": False, "path": path, "note": f"switched off by {protocol.PLUGIN_SWITCH}=0"}
+    import tensorflow  # noqa: F401  (loads the plugins)
+
+    with open("/proc/self/maps") as f:
+        active = os.path.basename(protocol.library_path()) in f.read()
+    return {"active": active, "path": path,
+            "note": f"{protocol.PROTOCOL} registered at import tensorflow" if active else
+                    "installed but inactive: its warning at import tensorflow says why"}
+
+
 def collect(env=None):
     """Everything doctor reports, as a dict (what --json prints)."""
     try:
@@ -165,6 +184,7 @@ def collect(env=None):
         "verbs": dict(_verbs_devices(), ports=_rdma_ports()),
         "tensorflow": _tensorflow(),
         "op_library": _op_library(),
+        "tf_plugin": _tf_plugin(env),
         "recent_events": _core.recent_events(),
     }
 
@@ -203,5 +223,7 @@ def main(argv=None):
     print(f"  tensorflow    : {t.get('version') or t.get('note')}")
     o = info["op_library"]
     print(f"  op library    : {'' if o['loaded'] else 'NOT LOADED: '}{o['note']} ({o['path']})")
+    p = info["tf_plugin"]
+    print(f"  tf plugin     : {p['note']}" + (f" ({p['path']})" if p["path"] else ""))
     print("  healthy" if healthy else "  NOT healthy: see above")
     return 0 if healthy else 1
