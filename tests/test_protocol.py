@@ -97,6 +97,21 @@ def test_import_tensorflow_loads_only_the_inert_protocol():
 
 
 @pytest.mark.tf
+def test_a_tf1_server_with_the_protocol_starts_the_tasks_rdmadev():
+    port = tf_cluster.free_ports(1)[0]
+    code = ("import tensorflow as tf\n"
+            f"s = tf.compat.v1.train.Server({{'ps': ['127.0.0.1:{port}']}}, 'ps', 0, protocol='grpc+rdmadev')\n"
+            "from rdmadev.cluster import control, runtime\n"
+            "rt = runtime.current()\n"
+            f"c = control.ControlClient(control.control_address('127.0.0.1:{port}'), rt.config.secret,\n"
+            "                           timeout=60, name='test')\n"
+            "print('TASK', s.target, rt.task, c.call({'op': 'ping'})['task'])")
+    proc = _run(["-c", code])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"TASK grpc://127.0.0.1:{port} /job:ps/replica:0/task:0 /job:ps/replica:0/task:0" in proc.stdout
+
+
+@pytest.mark.tf
 def test_switched_off_the_protocol_is_unknown_to_tf():
     code = ("import tensorflow as tf\n"
             "tf.distribute.Server({'w': ['127.0.0.1:1']}, 'w', 0, protocol='grpc+rdmadev', start=False)")

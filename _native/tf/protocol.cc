@@ -91,8 +91,18 @@ class RdmadevServerFactory : public tensorflow::ServerFactory {
   }
 };
 
+// A process can load two copies of this library: a virtualenv that also sees the system's
+// site-packages has two tensorflow-plugins/ folders, each with a loader of its own rdmadev.
+// The first copy registers; the factory only calls into this process's rdmadev Python
+// package, so either copy serves. (TF would log an error for a second registration.)
 struct Registrar {
-  Registrar() { tensorflow::ServerFactory::Register("RDMADEV_SERVER", new RdmadevServerFactory()); }
+  Registrar() {
+    tensorflow::ServerDef probe;
+    probe.set_protocol(kProtocol);
+    tensorflow::ServerFactory* registered = nullptr;
+    if (tensorflow::ServerFactory::GetFactory(probe, &registered).ok()) return;
+    tensorflow::ServerFactory::Register("RDMADEV_SERVER", new RdmadevServerFactory());
+  }
 };
 const Registrar registrar;
 
