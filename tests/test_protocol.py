@@ -112,6 +112,20 @@ def test_a_tf1_server_with_the_protocol_starts_the_tasks_rdmadev():
 
 
 @pytest.mark.tf
+def test_a_second_task_in_one_process_is_refused_by_name():
+    ports = tf_cluster.free_ports(2)
+    spec = {"ps": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{ports[1]}"]}
+    code = ("import tensorflow as tf\n"
+            f"tf.distribute.Server({spec!r}, 'ps', 0, protocol='grpc+rdmadev')\n"
+            "print('FIRST STARTED', flush=True)\n"
+            f"tf.distribute.Server({spec!r}, 'worker', 0, protocol='grpc+rdmadev')")
+    proc = _run(["-c", code])
+    assert "FIRST STARTED" in proc.stdout and proc.returncode != 0, proc.stderr[-2000:]
+    assert ("already runs rdmadev as /job:ps/replica:0/task:0, so it cannot also be "
+            "/job:worker/replica:0/task:0") in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.tf
 def test_switched_off_the_protocol_is_unknown_to_tf():
     code = ("import tensorflow as tf\n"
             "tf.distribute.Server({'w': ['127.0.0.1:1']}, 'w', 0, protocol='grpc+rdmadev', start=False)")

@@ -18,8 +18,10 @@ import functools
 import os
 import threading
 
+from graph_pass.devices import task_name
+
 from ..cluster import runtime
-from ..errors import RdmadevError
+from ..errors import ConfigError, RdmadevError
 from . import api, ops
 
 __all__ = ["PROTOCOL", "COORDINATOR_JOBS", "load", "start_task", "library_path", "plugin_path"]
@@ -74,10 +76,20 @@ def start_task(server_def):
     """
     from tensorflow.core.protobuf import tensorflow_server_pb2
 
+    who = "a server"
     try:
         d = tensorflow_server_pb2.ServerDef.FromString(server_def)
+        who = f"/job:{d.job_name}/task:{d.task_index}"
         cluster = {job.name: dict(job.tasks) for job in d.cluster.job}
-        if d.job_name in COORDINATOR_JOBS:
+        coordinator = d.job_name in COORDINATOR_JOBS
+        task = None if coordinator else task_name(d.job_name, d.task_index)
+        current = runtime.current()
+        if current is not None and current.task != task:
+            raise ConfigError(
+                f"this process already runs rdmadev as {current.task or 'a coordinator'}, so it "
+                f"cannot also be {task or 'a coordinator'}",
+                hint=f"start each task in its own process (one {PROTOCOL} server per process)")
+        if coordinator:
             runtime.start(cluster)
         else:
             runtime.start(cluster, d.job_name, d.task_index)
@@ -85,7 +97,7 @@ def start_task(server_def):
         api.load_into_process(auto=True if auto is None else auto)
         return None
     except RdmadevError as e:
-        return f"{PROTOCOL} server for /job:{d.job_name}/task:{d.task_index}: {e}"
+        return f"{PROTOCOL} server for {who}: {e}"
     except Exception as e:  # pylint: disable=broad-except  (reported through TF, never lost)
         return f"{PROTOCOL}: rdmadev could not start: {type(e).__name__}: {e}"
 
