@@ -57,9 +57,28 @@ class Report:
             lines.append(f"  {fabric:<8} {route}  {name} {dtype} {size}")
         for name, route, reason in self.kept:
             lines.append(f"  grpc     {route}  {name} ({reason})")
+        moved, dynamic = self.bytes_per_step()
         for task, nbytes in sorted(self.registered.items()):
-            lines.append(f"  registered on {task}: {nbytes} B")
+            step = f"{moved.get(task, 0)} B a step"
+            if task in dynamic:
+                step += " + tensors of run-time shape"
+            elif moved.get(task):
+                step += f" ({nbytes / moved[task]:.2f}x)"
+            lines.append(f"  registered on {task}: {nbytes} B for {step}")
         return "\n".join(lines)
+
+    def bytes_per_step(self):
+        """``({recv task: bytes}, {recv tasks})``: the bytes one run of the instantiation moves
+        into each receiving task over rdmadev (tensors of static shape), and the tasks that
+        also receive tensors of run-time shape (their size is known only then)."""
+        moved, dynamic = {}, set()
+        for _, route, _, nbytes, _ in self.swapped:
+            task = route.split(" -> ")[-1]
+            if nbytes is None:
+                dynamic.add(task)
+            else:
+                moved[task] = moved.get(task, 0) + nbytes
+        return moved, dynamic
 
 
 def record(report):
