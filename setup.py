@@ -7,6 +7,7 @@ registry of regions and fabrics. Python extensions find it through an $ORIGIN rp
 """
 import glob
 import os
+import shutil
 import sys
 import sysconfig
 
@@ -99,7 +100,10 @@ class BuildNative(build_ext):
             target = os.path.join(self.build_lib, PLUGIN_DIR)
         try:
             os.makedirs(target, exist_ok=True)
-            self.copy_file(built, os.path.join(target, PLUGIN_LIB))
+            # Always copied (copy_file skips an older source): the one there may be another
+            # tree's loader, which points at that tree.
+            shutil.copy(built, os.path.join(target, PLUGIN_LIB))
+            print(f"rdmadev: TF plugin loader installed in {target}")
         except OSError as e:
             print(f"rdmadev: could not install the TF plugin into {target} ({e.strerror}); "
                   "the grpc+rdmadev protocol then needs rdmadev.tf.protocol.load()", file=sys.stderr)
