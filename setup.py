@@ -16,6 +16,9 @@ from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # importing TF for its flags is noisy
+# Importing TF for its flags would load an installed rdmadev plugin into this process, which
+# may be about to replace it.
+os.environ["RDMADEV_PLUGIN"] = "0"
 CORE = os.path.join("_native", "core")
 CORE_SOURCES = [
     os.path.join(CORE, f)
@@ -100,9 +103,18 @@ class BuildNative(build_ext):
             target = os.path.join(self.build_lib, PLUGIN_DIR)
         try:
             os.makedirs(target, exist_ok=True)
-            # Always copied (copy_file skips an older source): the one there may be another
-            # tree's loader, which points at that tree.
-            shutil.copy(built, os.path.join(target, PLUGIN_LIB))
+            # Always replaced (copy_file skips an older source: the one there may be another
+            # tree's loader, which points at that tree), and atomically: running TF processes
+            # have the old file mapped, and overwriting it in place crashes them.
+            # Staged under a name TF does not take for a plugin (no ".so"): TF loads every
+            # shared object in that folder, and a half-written one would fail its import.
+            staged = os.path.join(target, f".rdmadev_plugin_{os.getpid()}.tmp")
+            try:
+                shutil.copy(built, staged)
+                os.replace(staged, os.path.join(target, PLUGIN_LIB))
+            finally:
+                if os.path.exists(staged):
+                    os.remove(staged)
             print(f"rdmadev: TF plugin loader installed in {target}")
         except OSError as e:
             print(f"rdmadev: could not install the TF plugin into {target} ({e.strerror}); "
