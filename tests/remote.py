@@ -1,33 +1,19 @@
 """A peer task for tests: a spawned process (optionally inside a network namespace) with
 its own rdmadev Domain that runs the functions of tests/remote_ops.py on request."""
-import ctypes
 import multiprocessing
 import os
 import signal
 
 from rdmadev.testing import pair
 
-# CLONE_NEWNET from <sched.h>: setns() into a network namespace.
-CLONE_NEWNET = 0x40000000
-
-
-def _enter_netns(name):
-    libc = ctypes.CDLL(None, use_errno=True)
-    fd = os.open(f"/var/run/netns/{name}", os.O_RDONLY)
-    try:
-        if libc.setns(fd, CLONE_NEWNET) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"setns into {name} failed: {os.strerror(err)}")
-    finally:
-        os.close(fd)
-
 
 def _main(conn, name, fabric, secret, tcp_addr, netns):
-    import remote_ops  # noqa: the tests directory is on sys.path in the child too
+    import netns as netns_module  # the tests directory is on sys.path in the child too
+    import remote_ops  # noqa
     from rdmadev import Config, open_domain
 
     if netns:
-        _enter_netns(netns)
+        netns_module.enter(netns)
     state = {"regions": {}, "remotes": {}, "endpoints": {}}
     try:
         state["domain"] = open_domain(name, Config(fabric=fabric, secret=secret), tcp_addr=tcp_addr)
