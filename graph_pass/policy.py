@@ -6,8 +6,9 @@ Rules, first match wins:
 2. an end on a client job (``/job:localhost``, ``/job:chief``) -> keep unless ``plan_client_pairs``.
 3. DT_STRING / DT_VARIANT / DT_RESOURCE, reference or unknown dtypes -> keep.
 4. only one half loaded -> keep when the ops cannot carry half pairs (``carries["half_pairs"]``)
-   or no ``half_pair_capacity`` is set; else swap as a dynamic channel of that capacity. Both
-   halves see the same attrs and config, so they decide alike.
+   or no ``half_pair_capacity`` is set; else swap as a dynamic channel of that capacity (a
+   known size above it fails the plan unless the ops carry dynamic shapes, which send a larger
+   tensor in chunks). Both halves see the same attrs and config, so they decide alike.
 5. a control edge's empty dummy -> swap as a header-only signal.
 6. a static shape -> swap with exact-size slots (keep if below ``min_bytes``).
 7. a dynamic shape -> keep when the ops cannot carry dynamic shapes (``carries["dynamic_shapes"]``);
@@ -68,8 +69,9 @@ def decide(t, config):
         A ``Decision``.
 
     Raises:
-        PlanError: a half pair whose known size exceeds ``half_pair_capacity`` (the other half
-            cannot know it, so the write would fail at run time).
+        PlanError: a half pair whose known size exceeds ``half_pair_capacity`` when the ops
+            carry no dynamic shapes (the other half cannot know the size, and only a dynamic
+            channel sends a tensor larger than its slots, in chunks).
     """
     if t.client_terminated:
         return Decision("client_terminated", f"{t.label}: client_terminated=true")
@@ -84,7 +86,7 @@ def decide(t, config):
         cap = config.half_pair_capacity
         if cap is None:
             return Decision("half_pair", f"{t.label}: only the {t.halves} half is in these graphs")
-        if t.bytes is not None and t.bytes > cap:
+        if t.bytes is not None and t.bytes > cap and not config.carries["dynamic_shapes"]:
             raise PlanError(f"{t.send_op or t.recv_op} node {t.label!r} ({t.tensor_name}) carries {t.bytes} bytes, "
                             f"more than half_pair_capacity={cap}; raise half_pair_capacity to at least "
                             f"{t.bytes} on every task (both halves must use the same value)")

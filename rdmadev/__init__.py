@@ -14,7 +14,7 @@ from ._core import (ANY_PEER, CREDIT_BYTES, Domain, Endpoint, Region, RemoteRegi
                     RingReceiver, RingSender, recent_events)
 from .config import Config
 from .device import fabric_report, open_domain, viable_fabrics
-from .tf.api import counters, enable, optimize
+from .tf.api import counters, enable, optimize, task_reports
 from .errors import (AuthError, BoundsError, ClosedError, ConfigError, DeadlineExceeded,
                      FabricError, PeerLostError, ProtocolError, RdmadevError, RegionError)
 
@@ -23,7 +23,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ANY_PEER", "CREDIT_BYTES", "Domain", "Endpoint", "Region", "RemoteRegion", "RingLayout",
     "RingReceiver", "RingSender", "recent_events", "Config", "fabric_report", "open_domain", "viable_fabrics",
-    "counters", "enable", "optimize",
+    "counters", "enable", "optimize", "task_reports",
     "AuthError", "BoundsError", "ClosedError", "ConfigError", "DeadlineExceeded", "FabricError",
     "PeerLostError", "ProtocolError", "RdmadevError", "RegionError",
 ]

@@ -10,8 +10,13 @@ def test_planner_is_told_what_the_ops_carry_and_the_deadline():
     cfg = rdmadev.Config(slots=3, deadline_s=42.0, dynamic_capacity=4096)
     planned = bridge.plan_config(cfg)
     assert planned.slots == 3 and planned.deadline_s == 42.0
-    assert planned.carries == bridge.OPS_CARRY == {"dynamic_shapes": True, "half_pairs": False}
+    assert bridge.OPS_CARRY == {"dynamic_shapes": True, "half_pairs": True}
+    # Half pairs only where the task's runtime can meet their peers (a TF1 GraphMgr's pass).
+    assert planned.carries == {"dynamic_shapes": True, "half_pairs": False}
+    assert planned.half_pair_capacity is None
     assert planned.default_dynamic_capacity == 4096  # RDMADEV_DYNAMIC_CAPACITY
+    halves = bridge.plan_config(cfg, halves=True)
+    assert halves.carries == bridge.OPS_CARRY and halves.half_pair_capacity == 4096
 
 
 def test_a_plan_with_the_native_wire_layout_is_accepted():

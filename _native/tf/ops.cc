@@ -9,6 +9,11 @@
 // step. Channels are released by the process that planned them once TF dropped the function
 // (rdmadev.cluster.instances), when their peer task dies, or with their task. Kernels keep
 // no reference to a channel between executions, so an unbound channel is freed at once.
+//
+// The exception is a half pair (`owned`): a TF1 task plans only its own partition, so no
+// process planned both halves and none could release them. Those kernels live in the
+// session's OpSegment until the session's graphs are deregistered, and each unbinds its own
+// half when destroyed (rdmadev.cluster.channels: the halves meet by channel key).
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -44,11 +49,13 @@ REGISTER_OP("RdmadevSend")
     .Attr("channel: string")
     .Attr("timeout_s: float")
     .Attr("max_bytes: int = 0")
+    .Attr("owned: bool = false")
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
     .Doc("Writes x into the next slot of rdmadev channel `channel` (one-sided). On a dynamic "
          "channel the slot's shape block carries x's shape, and a tensor larger than a slot "
-         "goes in slot-sized chunks; max_bytes (0: no limit) bounds what it may send.");
+         "goes in slot-sized chunks; max_bytes (0: no limit) bounds what it may send. An "
+         "owned kernel (a half pair) unbinds its half of the channel when destroyed.");
 
 REGISTER_OP("RdmadevRecv")
     .Output("y: dtype")
@@ -58,6 +65,7 @@ REGISTER_OP("RdmadevRecv")
     .Attr("timeout_s: float")
     .Attr("zero_copy: bool = false")
     .Attr("max_bytes: int = 0")
+    .Attr("owned: bool = false")
     .SetIsStateful()
     .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
       tensorflow::PartialTensorShape shape;
@@ -69,7 +77,8 @@ REGISTER_OP("RdmadevRecv")
     })
     .Doc("Waits for the next transfer on rdmadev channel `channel` and outputs it. On a dynamic "
          "channel its shape is the one the sender wrote (compatible with `shape`), at most "
-         "max_bytes (0: no limit) bytes, gathered from as many chunks as it was sent in.");
+         "max_bytes (0: no limit) bytes, gathered from as many chunks as it was sent in. An "
+         "owned kernel (a half pair) unbinds its half of the channel when destroyed.");
 
 namespace {
 
@@ -131,6 +140,11 @@ class WaitCancel : public std::enable_shared_from_this<WaitCancel> {
   std::atomic<uint64_t> ticket_{0};
 };
 
+// Unbinds `half` of `channel` if the kernel owns it (a half pair's kernel; see the top).
+void UnbindOwned(bool owned, const std::string& channel, rdmadev::ChannelRegistry::Half half) {
+  if (owned && !channel.empty()) rdmadev::ChannelRegistry::Global().Unbind(channel, half);
+}
+
 // The setting that bounds one dynamic tensor (rdmadev/config.py), for messages.
 constexpr char kMaxTensorSetting[] = "RDMADEV_MAX_TENSOR_BYTES";
 
@@ -147,7 +161,9 @@ class SendOp : public AsyncOpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("channel", &channel_));
     OP_REQUIRES_OK(c, c->GetAttr("timeout_s", &timeout_s_));
     OP_REQUIRES_OK(c, c->GetAttr("max_bytes", &max_bytes_));
+    OP_REQUIRES_OK(c, c->GetAttr("owned", &owned_));
   }
+  ~SendOp() override { UnbindOwned(owned_, channel_, rdmadev::ChannelRegistry::kSend); }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     const Tensor x = ctx->input(0);  // holds a reference until the write is done
@@ -297,6 +313,7 @@ class SendOp : public AsyncOpKernel {
   std::string channel_;
   float timeout_s_ = 0;  // always set from the attr (the plan's deadline)
   int64_t max_bytes_ = 0;
+  bool owned_ = false;  // a half pair's kernel: unbinds its half when destroyed
 };
 
 // A received tensor that aliases its slot; the slot goes back to the sender (credit) when
@@ -336,12 +353,14 @@ class RecvOp : public AsyncOpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("zero_copy", &zero_copy_));
     OP_REQUIRES_OK(c, c->GetAttr("max_bytes", &max_bytes_));
     OP_REQUIRES_OK(c, c->GetAttr("shape", &shape_));
+    OP_REQUIRES_OK(c, c->GetAttr("owned", &owned_));
     fully_defined_ = shape_.AsTensorShape(&static_shape_);
     OP_REQUIRES(c, tensorflow::DataTypeCanUseMemcpy(dtype_),
                 tensorflow::errors::InvalidArgument("rdmadev channel ", channel_,
                                                     " cannot carry ",
                                                     tensorflow::DataTypeString(dtype_)));
   }
+  ~RecvOp() override { UnbindOwned(owned_, channel_, rdmadev::ChannelRegistry::kRecv); }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     rdmadev::Deadline deadline = rdmadev::Deadline::After(timeout_s_);
@@ -673,6 +692,7 @@ class RecvOp : public AsyncOpKernel {
   float timeout_s_ = 0;  // always set from the attr (the plan's deadline)
   bool zero_copy_ = false;
   int64_t max_bytes_ = 0;  // the most a dynamic tensor may carry (0: no limit)
+  bool owned_ = false;  // a half pair's kernel: unbinds its half when destroyed
 };
 
 REGISTER_KERNEL_BUILDER(Name("RdmadevSend").Device(tensorflow::DEVICE_CPU), SendOp);

@@ -57,6 +57,7 @@ struct Rewrite {
   bool zero_copy = false;  // decided by the planner (graph_pass.zero_copy)
   double timeout_s = 0;    // the plan's deadline_s, always given by the bridge
   long long max_bytes = 0;  // RDMADEV_MAX_TENSOR_BYTES for dynamic channels (0: no limit)
+  bool owned = false;  // a half pair's op: its kernel unbinds the half when TF destroys it
 };
 
 std::string TaskOf(const std::string& device) {
@@ -197,17 +198,17 @@ bool CallPlanner(const std::map<std::string, std::string>& parts, const std::str
     for (Py_ssize_t i = 0; i < PyList_Size(res) && ok; ++i) {
       PyObject* t = PyList_GetItem(res, i);
       const char *kind, *device, *node, *channel;
-      int dtype, zero_copy;
+      int dtype, zero_copy, owned;
       double timeout_s;
       PyObject* shape;
       long long max_bytes;
-      if (!PyArg_ParseTuple(t, "ssssiOpdL", &kind, &device, &node, &channel, &dtype, &shape,
-                            &zero_copy, &timeout_s, &max_bytes)) {
+      if (!PyArg_ParseTuple(t, "ssssiOpdLp", &kind, &device, &node, &channel, &dtype, &shape,
+                            &zero_copy, &timeout_s, &max_bytes, &owned)) {
         ok = false;
         break;
       }
       Rewrite r{kind, device, node, channel, dtype, {}, shape == Py_None, zero_copy != 0,
-                timeout_s, max_bytes};
+                timeout_s, max_bytes, owned != 0};
       for (Py_ssize_t j = 0; !r.unknown_rank && j < PySequence_Size(shape); ++j) {
         PyObject* d = PySequence_GetItem(shape, j);
         r.shape.push_back(PyLong_AsLongLong(d));
@@ -225,12 +226,19 @@ bool CallPlanner(const std::map<std::string, std::string>& parts, const std::str
   return ok;
 }
 
-// Node names must be unique across every graph a TF1 worker registers (it caches stateful
-// kernels by node name): derive them from the channel key.
-std::string NodeName(const Rewrite& r) {
+std::string Sanitized(const std::string& s) {
   std::string safe;
-  for (char c : r.channel) safe += (isalnum(static_cast<unsigned char>(c)) ? c : '_');
-  return "rdmadev_" + r.kind + "_" + safe;
+  for (char c : s) safe += (isalnum(static_cast<unsigned char>(c)) ? c : '_');
+  return safe;
+}
+
+// Node names must be unique across every graph a TF1 worker registers (it caches stateful
+// kernels by node name, per session): derive them from the channel key. A half pair's key is
+// the same in every graph of a session that has that pair; its replaced node's name (unique
+// in the session) keeps each graph's kernel its own.
+std::string NodeName(const Rewrite& r) {
+  std::string name = "rdmadev_" + r.kind + "_" + Sanitized(r.channel);
+  return r.owned ? name + "_" + Sanitized(r.node) : name;
 }
 
 absl::Status Apply(Graph* g, Node* old, const Rewrite& r) {
@@ -254,6 +262,7 @@ absl::Status Apply(Graph* g, Node* old, const Rewrite& r) {
     b.Attr("zero_copy", r.zero_copy);
   }
   b.Attr("max_bytes", static_cast<int64_t>(r.max_bytes));
+  if (r.owned) b.Attr("owned", true);
   b.Attr("channel", r.channel).Attr("timeout_s", static_cast<float>(r.timeout_s));
   b.Device(old->requested_device());
   TF_RETURN_IF_ERROR(b.Finalize(g, &fresh));

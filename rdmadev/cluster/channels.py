@@ -21,7 +21,7 @@ import os
 import threading
 
 from graph_pass.devices import split_task
-from graph_pass.layout import REGION_ALIGNMENT
+from graph_pass.layout import REGION_ALIGNMENT, slot_bytes
 
 from .. import _core
 from ..errors import ConfigError, ProtocolError, RdmadevError, RegionError
@@ -35,7 +35,10 @@ __all__ = ["ChannelTable", "open_channels", "REQUESTS", "CREDIT_BYTES"]
 CREDIT_BYTES = _core.CREDIT_BYTES
 
 #: The control requests ChannelTable serves (the runtime routes them here).
-REQUESTS = ("open_pairs", "attach_senders", "release", "counters")
+REQUESTS = ("open_pairs", "attach_senders", "half_sizes", "attach_halves", "release", "counters")
+
+#: Label of the regions half pairs meet in (in place of an instantiation id: none planned both).
+HALF_PAIRS = "halves"
 
 #: Seconds between two looks for dead peers (their halves are then unbound): how long a dead
 #: task's channels, regions and mappings outlive it here (a step on them fails at once
@@ -131,6 +134,8 @@ class ChannelTable:
         self.reserved = 0  # bytes of regions being allocated (see _reserving)
         self.notices = {"sent": 0, "failed": 0}  # release requests to peers (failed setups)
         self.closing = threading.Event()
+        self.wanted = {}  # key -> bytes (None: run-time shape) of the sending halves planned here
+        self.wanting = threading.Condition(self.lock)  # notified when `wanted` grows
         self.watcher = None
         if call is not None:
             self.watcher = threading.Thread(target=self._watch_peers, daemon=True,
@@ -175,7 +180,7 @@ class ChannelTable:
             self.release({"keys": keys, "half": "recv"})
             self._notify(p["sender"], keys, "send")
 
-    def _open_pair(self, instance, p):
+    def _open_pair(self, instance, p, attach="attach_senders"):
         sender, channels = p["sender"], p["channels"]
         keys = [c["key"] for c in channels]
         label = f"{instance}/{self.task}<-{sender}"
@@ -187,7 +192,7 @@ class ChannelTable:
         try:
             try:
                 sent = self.call(sender, {
-                    "op": "attach_senders", "receiver": self.task, "address": self.domain.address,
+                    "op": attach, "receiver": self.task, "address": self.domain.address,
                     "ring": region.descriptor.hex(), "channels": channels})
             except Exception as e:
                 raise ProtocolError(
@@ -257,6 +262,92 @@ class ChannelTable:
             raise
         return {"address": self.domain.address, "credit": credit.descriptor.hex(),
                 "fabric": ep.fabric}
+
+    # -- half pairs --
+    #
+    # A TF1 task plans only its own partition (each task's GraphMgr runs the pass on what it
+    # was sent), so no process sees both halves of a pair. Both halves derive the same key from
+    # the rendezvous attrs (graph_pass.channel_id) and meet through the receiver, with no step
+    # or pass waiting on the other task (a master registers its own task's partition in line):
+    #
+    #     sender's pass:   want_halves({key: bytes})    (local)
+    #     receiver's pass: offer_halves(sender, ...)    (local), then in a thread:
+    #         half_sizes  -> sender    (answered once its pass wanted every key)
+    #         allocates the region: slots of the sender's known size, else the planned capacity
+    #         attach_halves -> sender  (attach_senders)
+    #
+    # Either pass may run first; a half that never meets its peer fails at the deadline. The
+    # kernels wait for their half to be bound (the registry's deadline) and unbind it when TF
+    # destroys them (the `owned` attr: ops.cc).
+
+    def want_halves(self, sizes):
+        """Records the sending halves this task's pass planned: ``{key: bytes per tensor, or
+        None when its shape is known only at run time}``."""
+        with self.wanting:
+            self.wanted.update(sizes)
+            self.wanting.notify_all()
+
+    def offer_halves(self, sender, channels, on_met=None):
+        """Sets up, in the background, the receiving halves `channels` (entries with "key",
+        "slots", "capacity_bytes" and "rank_capacity") from task `sender`, skipping those bound
+        here already (the session's earlier graph shares them). ``on_met(fabric, bytes)`` is
+        called once they are bound."""
+        bound = set(_core.bound_channels())
+        todo = [c for c in channels if "recv:" + c["key"] not in bound]
+        if todo:
+            threading.Thread(target=self._meet, args=(sender, todo, on_met), daemon=True,
+                             name=f"rdmadev-halves {sender}").start()
+
+    def _meet(self, sender, channels, on_met):
+        try:
+            sizes = self.call(sender, {"op": "half_sizes", "receiver": self.task,
+                                       "keys": [c["key"] for c in channels]})
+            laid, offset = [], 0
+            for c in sorted(channels, key=lambda c: c["key"]):
+                known = sizes.get(c["key"])
+                fits = type(known) is int and 0 <= known <= self.config.max_tensor_bytes
+                capacity = known if fits else c["capacity_bytes"]
+                slot, payload = slot_bytes(capacity, c["rank_capacity"])
+                laid.append({"key": c["key"], "slots": c["slots"], "slot_bytes": slot,
+                             "payload_offset": payload, "capacity_bytes": capacity,
+                             "offset": offset})
+                offset += c["slots"] * slot
+            size = -(-offset // REGION_ALIGNMENT) * REGION_ALIGNMENT
+            done = self._open_pair(HALF_PAIRS, {"sender": sender, "bytes": size, "channels": laid},
+                                   attach="attach_halves")
+            if on_met is not None:
+                on_met(done["fabric"], size)
+        except Exception as e:  # the kernels time out waiting; this says why
+            log.warning("rdmadev: %d half pair(s) from %s to %s stay unbound (first %s), and the "
+                        "steps using them fail at their deadline: %s", len(channels), sender,
+                        self.task, channels[0]["key"], e)
+
+    def _await_wanted(self, keys, receiver):
+        """Waits up to the deadline until this task's pass wanted every key of `keys`."""
+        keys = set(keys)
+        with self.wanting:
+            if not self.wanting.wait_for(lambda: keys <= self.wanted.keys() or self.closing.is_set(),
+                                         timeout=self.config.deadline_s):
+                missing = sorted(keys - self.wanted.keys())
+                raise ProtocolError(
+                    f"task {self.task} never planned the sending half of {len(missing)} "
+                    f"channel(s) {receiver} planned to receive (first {missing[0]}) within "
+                    f"{self.config.deadline_s:g} s",
+                    hint="start every task with the grpc+rdmadev protocol (or RDMADEV_AUTO=1), "
+                         "and run the same rdmadev version in each")
+            if self.closing.is_set():
+                raise ProtocolError(f"task {self.task} is shutting down")
+            return {k: self.wanted[k] for k in keys}
+
+    def half_sizes(self, r):
+        """``{key: bytes or None}`` the sending halves ``r["keys"]`` planned here, once this
+        task's pass planned them all (the receiver sizes its slots from them)."""
+        return self._await_wanted(r["keys"], r["receiver"])
+
+    def attach_halves(self, r):
+        """attach_senders for half pairs this task's pass planned."""
+        self._await_wanted([c["key"] for c in r["channels"]], r["receiver"])
+        return self.attach_senders(r)
 
     # -- release --
 
@@ -342,6 +433,8 @@ class ChannelTable:
         """Stops the watcher and unbinds every channel half of this task (the Domain's close
         frees what remains)."""
         self.closing.set()
+        with self.wanting:
+            self.wanting.notify_all()
         _core.unbind_domain(self.domain)
         if self.watcher is not None and self.watcher is not threading.current_thread():
             self.watcher.join(2 * WATCH_INTERVAL_S)

@@ -47,7 +47,8 @@ class Report:
     def __str__(self):
         if self.error:
             return f"rdmadev: no reports from {self.task}: {self.error}"
-        where = f" ({self.function} on {self.task})" if self.function or self.task else ""
+        at = " ".join(x for x in (self.function, self.task and f"on {self.task}") if x)
+        where = f" ({at})" if at else ""
         head = f"rdmadev instance {self.instance}{where}"
         lines = [f"{head}: {len(self.swapped)} transfers swapped, {len(self.kept)} stayed on gRPC"]
         if not self.swapped and not self.kept:

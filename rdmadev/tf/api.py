@@ -28,7 +28,7 @@ from ..config import Config
 from ..errors import ConfigError, RdmadevError
 from . import ops
 
-__all__ = ["optimize", "enable", "load_into_process", "opt_in_marker", "counters"]
+__all__ = ["optimize", "enable", "load_into_process", "opt_in_marker", "counters", "task_reports"]
 
 #: The pass's modes (pass.cc): off; every function (RDMADEV_AUTO); marked functions only.
 MODE_OFF, MODE_ALL, MODE_MARKED = 0, 1, 2
@@ -144,6 +144,18 @@ def counters(cluster=None):
     "waits", ...}}`` read from every task's control service now."""
     return {task: (str(v) if isinstance(v, Exception) else v)
             for task, v in _gather(_coordinator(cluster), "counters").items()}
+
+
+def task_reports(cluster=None):
+    """``{task: [Report]}``: what every serving task planned itself, oldest first. Tasks plan
+    what their own runtime partitions: the functions a ParameterServerStrategy worker
+    instantiates, and each TF1 session's partition (between-graph replication); a task that
+    did not answer gets one report saying so."""
+    out = {}
+    for task, result in _gather(_coordinator(cluster), "reports").items():
+        out[task] = ([reports.Report.unreachable(task, result)] if isinstance(result, Exception)
+                     else [reports.Report.from_dict(r) for r in result])
+    return out
 
 
 def enable(cluster=None):

@@ -5,9 +5,15 @@ tasks' control services (rdmadev.cluster.channels), records a report, and tells 
 side what to replace.
 
 Each rewrite is a tuple (kind, partition, node, channel, dtype enum, shape, zero_copy,
-timeout_s, max_bytes) with kind "send" or "recv"; shape has -1 for a dim known only at run time
-and is None when the rank is too (a dynamic channel's slots carry the shape).
+timeout_s, max_bytes, owned) with kind "send" or "recv"; shape has -1 for a dim known only at
+run time and is None when the rank is too (a dynamic channel's slots carry the shape); owned is
+True for a half pair, whose kernel unbinds its half when TF destroys it.
+
+Half pairs: a TF1 task's GraphMgr runs the pass on that task's partition alone (the function
+name is empty there), so each half is planned by its own task, as a dynamic channel of
+RDMADEV_DYNAMIC_CAPACITY, and the halves meet through the receiver (ChannelTable.offer_halves).
 """
+import functools
 import itertools
 import logging
 import os
@@ -35,15 +41,17 @@ def _dtype_enum(name):
 
 #: What RdmadevSend/RdmadevRecv carry, told to the planner so that its policy decides once:
 #: any shape (a dynamic channel's slots carry a shape block, and a tensor larger than a slot
-#: goes in chunks), and only pairs whose both halves are planned here (a TF1 half pair cannot
-#: agree on a size from the attrs alone).
-OPS_CARRY = {"dynamic_shapes": True, "half_pairs": False}
+#: goes in chunks), and half pairs where a task's runtime can meet their peers (plan_config).
+OPS_CARRY = {"dynamic_shapes": True, "half_pairs": True}
 
 
-def plan_config(config):
-    """The planner's settings for this process's rdmadev ``Config``."""
-    return PlanConfig(slots=config.slots, deadline_s=config.deadline_s, carries=dict(OPS_CARRY),
-                      default_dynamic_capacity=config.dynamic_capacity)
+def plan_config(config, halves=False):
+    """The planner's settings for this process's rdmadev ``Config``; `halves`: whether half
+    pairs are swapped (as dynamic channels of RDMADEV_DYNAMIC_CAPACITY), else kept."""
+    carries = dict(OPS_CARRY, half_pairs=OPS_CARRY["half_pairs"] and halves)
+    return PlanConfig(slots=config.slots, deadline_s=config.deadline_s, carries=carries,
+                      default_dynamic_capacity=config.dynamic_capacity,
+                      half_pair_capacity=config.dynamic_capacity if halves else None)
 
 
 def check_wire_layout(plan):
@@ -74,10 +82,14 @@ def rewrites(partitions, function="", marked=()):
                     "the function stays on gRPC")
         return []
     instance = f"{os.getpid():x}.{next(_instances)}"
-    plan = graph_pass.plan_partitions(partitions, plan_config(rt.config), instance_id=instance)
+    # Only a TF1 GraphMgr plans with no function name; a task runtime (it has a ChannelTable)
+    # is where halves meet.
+    halves = not function and rt.table is not None
+    plan = graph_pass.plan_partitions(partitions, plan_config(rt.config, halves),
+                                      instance_id=instance)
     check_wire_layout(plan)
     swap = [t for t in plan.transfers if t.decision == "swap"]
-    fabrics, registered = open_channels(rt.call, instance, swap,
+    fabrics, registered = open_channels(rt.call, instance, [t for t in swap if t.halves == "both"],
                                         {r.region_id: r.bytes for r in plan.regions}, function,
                                         marked)
     out, swapped, kept = [], [], []
@@ -89,14 +101,42 @@ def rewrites(partitions, function="", marked=()):
             continue
         dtype = _dtype_enum(t.dtype)
         shape = None if t.shape is None else list(t.shape)  # None: the rank travels too
-        out.append(("send", t.send_device, t.send_node, t.channel_key, dtype, [], False, timeout,
-                    limit))
-        out.append(("recv", t.recv_device, t.recv_node, t.channel_key, dtype, shape,
-                    bool(t.zero_copy), timeout, limit))
-        fabric = fabrics[t.channel_key] + ("+zc" if t.zero_copy else "")
+        owned = t.halves != "both"
+        if t.halves in ("both", "send"):
+            out.append(("send", t.send_device, t.send_node, t.channel_key, dtype, [], False,
+                        timeout, limit, owned))
+        if t.halves in ("both", "recv"):
+            out.append(("recv", t.recv_device, t.recv_node, t.channel_key, dtype, shape,
+                        bool(t.zero_copy), timeout, limit, owned))
+        fabric = fabrics.get(t.channel_key, f"{t.halves} half") + ("+zc" if t.zero_copy else "")
         swapped.append((t.tensor_name, route, t.dtype, t.bytes, fabric))
     report = reports.Report(instance, swapped, kept, registered, function=function,
                             task=rt.task or "coordinator", marked=list(marked))
+    if halves:
+        _meet_halves(rt, [t for t in swap if t.halves != "both"], report)
     reports.record(report)
     log.info("%s", report)
     return out
+
+
+def _meet_halves(rt, halves, report):
+    """Records the sending halves of `halves` (swapped Transfers planned on one side) as
+    wanted here and offers the receiving ones to their senders (ChannelTable.offer_halves);
+    `report` learns each sender's fabric and the bytes registered once they met."""
+    rt.table.want_halves({t.channel_key: t.bytes for t in halves if t.halves == "send"})
+    by_sender = {}
+    for t in halves:
+        if t.halves == "recv":
+            by_sender.setdefault(t.send_task, []).append(
+                {"key": t.channel_key, "slots": t.slots, "capacity_bytes": t.capacity_bytes,
+                 "rank_capacity": t.rank_capacity})
+    for sender, channels in by_sender.items():
+        rt.table.offer_halves(sender, channels, functools.partial(_met, report, sender))
+
+
+def _met(report, sender, fabric, registered):
+    """Completes `report` once the receiving halves from `sender` met theirs."""
+    route = f"{sender} -> {report.task}"
+    report.swapped = [(*s[:4], s[4].replace("recv half", f"{fabric} half", 1) if s[1] == route else s[4])
+                      for s in report.swapped]
+    report.registered[report.task] = report.registered.get(report.task, 0) + registered
