@@ -34,28 +34,62 @@ def _launcher(rpc_layer):
     return launch
 
 
+# Polls every task's counters until no channel half is bound and no region registered (the
+# sessions closed: their kernels unbound their halves), for up to RELEASE_WAIT_S; prints them.
+RELEASED = """
+import json, sys, time
+import rdmadev
+cluster = json.loads(sys.argv[1])
+deadline = time.monotonic() + float(sys.argv[2])
+while True:
+    c = rdmadev.counters(cluster)
+    if all(v["channels"] == 0 and v["registered_bytes"] == 0 for v in c.values()) or \
+            time.monotonic() > deadline:
+        break
+    time.sleep(0.5)
+print("COUNTERS " + json.dumps(c))
+"""
+# Deregistering a closed session's graphs on every task, on a loaded machine.
+RELEASE_WAIT_S = 60
+
+
+def _clients(cluster, workers, env=None):
+    """Runs the clients of `workers` at once; returns each one's CompletedProcess."""
+    procs = [subprocess.Popen(
+        [sys.executable, str(HERE / "between_graph_client.py"), json.dumps(cluster.spec), str(i)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, **ENV, **(env or {})}) for i in workers]
+    done = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=CLIENT_TIMEOUT_S)
+            done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+    finally:
+        for p in procs:
+            p.kill()
+    return done
+
+
 def _job(rpc_layer):
     """Runs both workers' clients at once on a fresh 1 ps + 2 worker cluster serving
-    `rpc_layer`; returns each client's RESULT, by worker index."""
+    `rpc_layer`; returns each client's RESULT, by worker index, and then (rdmadev only) the
+    tasks' counters once the sessions closed."""
     cluster = tf_cluster.Cluster(num_ps=1, num_workers=WORKERS, env=ENV,
                                  launcher=_launcher(rpc_layer))
     cluster.start()
     try:
-        procs = [subprocess.Popen(
-            [sys.executable, str(HERE / "between_graph_client.py"), json.dumps(cluster.spec), str(i)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, **ENV}) for i in range(WORKERS)]
         results = []
-        for p in procs:
-            try:
-                out, err = p.communicate(timeout=CLIENT_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                for q in procs:
-                    q.kill()
-                raise
-            lines = [l for l in out.splitlines() if l.startswith("RESULT ")]
-            assert p.returncode == 0 and lines, (out + err)[-4000:]
+        for p in _clients(cluster, range(WORKERS)):
+            lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+            assert p.returncode == 0 and lines, (p.stdout + p.stderr)[-4000:]
             results.append(json.loads(lines[-1][len("RESULT "):]))
+        if rpc_layer == protocol.PROTOCOL:
+            p = subprocess.run([sys.executable, "-c", RELEASED, json.dumps(cluster.spec),
+                                str(RELEASE_WAIT_S)], capture_output=True, text=True,
+                               timeout=RELEASE_WAIT_S + CLIENT_TIMEOUT_S, env={**os.environ, **ENV})
+            lines = [l for l in p.stdout.splitlines() if l.startswith("COUNTERS ")]
+            assert p.returncode == 0 and lines, (p.stdout + p.stderr)[-4000:]
+            results.append(json.loads(lines[-1][len("COUNTERS "):]))
         return results
     finally:
         cluster.stop()
@@ -63,7 +97,8 @@ def _job(rpc_layer):
 
 @pytest.fixture(scope="module")
 def runs():
-    return {"grpc": _job("grpc"), "ours": _job(protocol.PROTOCOL)}
+    ours = _job(protocol.PROTOCOL)
+    return {"grpc": _job("grpc"), "ours": ours[:WORKERS], "after": ours[WORKERS]}
 
 
 @pytest.mark.tf
@@ -74,11 +109,11 @@ def test_between_graph_training_is_bitwise_equal_to_grpc(runs):
 
 @pytest.mark.tf
 def test_both_halves_of_every_pair_moved_over_rdmadev(runs):
-    last = runs["ours"][-1]["transfers"]
-    assert set(last) == {"/job:ps/replica:0/task:0",
-                         *(f"/job:worker/replica:0/task:{i}" for i in range(WORKERS))}
-    for task, n in last.items():
-        assert n, f"{task}: nothing moved over rdmadev"
+    # Each client reads the counters once its own steps are done (the other worker may not
+    # have started yet): its own task and the ps carried its transfers.
+    for i, ours in enumerate(runs["ours"]):
+        for task in ("/job:ps/replica:0/task:0", f"/job:worker/replica:0/task:{i}"):
+            assert ours["transfers"][task], f"{task}: nothing moved over rdmadev for worker {i}"
     assert all(v is None for v in runs["grpc"][-1]["transfers"].values()), \
         "the gRPC cluster must not run rdmadev at all"
 
@@ -94,3 +129,30 @@ def test_each_tasks_report_shows_its_halves_swapped(runs):
             if line.strip().startswith("grpc "):
                 assert "non_plain_dtype" in line or "unsupported_dtype" in line or \
                        "client" in line, f"{task} kept a pair it should swap: {line}"
+
+
+@pytest.mark.tf
+def test_closing_the_sessions_releases_every_half_on_every_task(runs):
+    for task, c in runs["after"].items():
+        assert c["channels"] == 0 and c["registered_bytes"] == 0 and c["memfd_maps"] == 0, \
+            f"{task} still holds channels after both sessions closed: {c}"
+
+
+def _mixed_launcher(job, index, spec_json):
+    """The ps serves grpc+rdmadev; the workers plain gRPC (a task started without rdmadev)."""
+    return _launcher(protocol.PROTOCOL if job == "ps" else "grpc")(job, index, spec_json)
+
+
+@pytest.mark.tf
+def test_a_half_whose_peer_never_plans_it_fails_at_the_deadline():
+    env = {"RDMADEV_DEADLINE_S": "10"}
+    cluster = tf_cluster.Cluster(num_ps=1, num_workers=1, env={**ENV, **env},
+                                 launcher=_mixed_launcher)
+    cluster.start()
+    try:
+        (p,) = _clients(cluster, [0], env)
+    finally:
+        cluster.stop()
+    assert p.returncode != 0, p.stdout[-2000:]
+    assert "bound for channel" in p.stderr and "the peer task never set up its side" in p.stderr, \
+        p.stderr[-4000:]
