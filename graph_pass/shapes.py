@@ -76,7 +76,8 @@ def transfer_shape(graph, send_key, recv_key):
 
     Returns:
         ``(shape, source)``: shape a tuple (-1 = unknown dim) or None (unknown rank); source says
-        where it came from. A fully defined shape wins over a partial one; the `_Recv`'s first.
+        where it came from. A fully defined shape wins over a partial one; the `_Recv`'s first,
+        then the `_Send`'s own ``_output_shapes``, then its input's declared shape.
     """
     found = []
     if recv_key is not None:
@@ -85,7 +86,11 @@ def transfer_shape(graph, send_key, recv_key):
         if shapes and shapes[0] is not None:
             found.append((shapes[0], f"_output_shapes of {nd.name}"))
     if send_key is not None:
-        src = data_input(graph.nodes[send_key]["node_def"])
+        nd = graph.nodes[send_key]["node_def"]
+        shapes = attr(nd, "_output_shapes")  # rdmadev's pass writes it when TF's shapes know
+        if shapes and shapes[0] is not None:
+            found.append((shapes[0], f"_output_shapes of {nd.name}"))
+        src = data_input(nd)
         key = (send_key[0], src[0]) if src else None
         if key is not None and key in graph:
             found.append(_declared(graph.nodes[key]["node_def"], src[1]))

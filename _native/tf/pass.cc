@@ -95,7 +95,7 @@ constexpr int kShapeRounds = 4;
 // TF's partition graphs no longer carry shapes. Runs TF's own shape functions over every
 // partition, feeding each _Recv the shape its _Send's input got on the other side, until
 // nothing new is learned; then records each fully known shape as `_output_shapes` on the
-// _Recv, which the planner takes as authoritative.
+// _Recv and on the _Send, which the planner takes as authoritative.
 void AnnotateRecvShapes(std::unordered_map<std::string, std::unique_ptr<Graph>>* parts) {
   std::map<std::string, tensorflow::PartialTensorShape> known;
   for (int round = 0; round < kShapeRounds; ++round) {
@@ -135,9 +135,11 @@ void AnnotateRecvShapes(std::unordered_map<std::string, std::unique_ptr<Graph>>*
     }
     if (known.size() == before) break;
   }
+  // A _Send gets the shape too: when its _Recv is in no partition here (a TF1 task plans
+  // only its own half), it is all the planner can know.
   for (auto& kv : *parts) {
     for (Node* n : kv.second->op_nodes()) {
-      if (!IsRecvOp(n)) continue;
+      if (!IsRecvOp(n) && !IsSendOp(n)) continue;
       auto it = known.find(RendezvousKey(n));
       if (it != known.end()) {
         n->AddAttr("_output_shapes", std::vector<tensorflow::PartialTensorShape>{it->second});
