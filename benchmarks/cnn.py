@@ -21,7 +21,9 @@ batch_size * num_workers * batches / seconds. `--profile` adds the dispatch floo
 step's traffic without its compute (grpc_comm, rdmadev_comm) to the alternation, then traces
 rdmadev steps with TF's profiler and tabulates its transfer events per task; `--netns`
 puts every task in its own network namespace behind veth links (tcp fabric,
-benchmarks/cnn_netns.py).
+benchmarks/cnn_netns.py). `--between_graph` runs the job as tf_cnn_benchmarks'
+parameter_server mode does instead: a TF1 client per worker, each applying its own gradients,
+so each task swaps only its own half of every pair (benchmarks/cnn_between_graph.py).
 
 Small image sizes make a CPU-only run communication-bound (the weights and gradients are
 the same size at any image size; the compute shrinks with the pixels), as the GPU workers
@@ -73,6 +75,11 @@ def parse_args(argv=None):
                     help="conv bias as x + b (default, as in BENCHMARKS.md's runs) or "
                          "tf.nn.bias_add (oneDNN fuses its gradient; see models/layers.py)")
     ap.add_argument("--learning_rate", type=float, default=0.001)
+    ap.add_argument("--between_graph", action="store_true",
+                    help="every worker runs its own TF1 client and applies its own gradients, as "
+                         "tf_cnn_benchmarks' parameter_server mode (benchmarks/cnn_between_graph.py)")
+    ap.add_argument("--window_s", type=float, default=10.0,
+                    help="--between_graph: seconds of each measurement window")
     ap.add_argument("--json", help="write the result as JSON here")
     ap.add_argument("--no_progress", action="store_true")
     args = ap.parse_args(argv)
@@ -81,6 +88,11 @@ def parse_args(argv=None):
     if args.image_size < 32:
         ap.error("--image_size must be >= 32")
     args.num_windows = min(args.num_windows, args.num_batches)
+    if args.between_graph and (args.netns or args.reference or args.profile
+                               or args.server_protocol != "both"):
+        ap.error("--between_graph measures grpc against rdmadev on 127.0.0.1 only")
+    if args.between_graph and args.num_warmup_batches < 1:
+        ap.error("--between_graph needs a warm-up step: it registers each session's graph")
     if args.netns:
         if args.fabric not in ("auto", "tcp"):
             ap.error("--netns uses the tcp fabric")
@@ -249,6 +261,9 @@ def run(args):
         if why:
             raise SystemExit(why)
         os.environ["RDMADEV_TCP_ADDR"] = f"{cnn_netns.SUBNET}.1:0"  # the coordinator's bridge address
+    if args.between_graph:
+        import cnn_between_graph
+        return cnn_between_graph.run(args)
     sys.path.insert(0, os.path.dirname(HERE))
     import tensorflow as tf
     import rdmadev
@@ -347,9 +362,11 @@ def run(args):
 
 def print_result(r):
     ips = r["images_per_sec"]
+    how = (f"between-graph (a client per worker), windows of {r['window_s']:g} s"
+           if r.get("between_graph") else "small images: communication-bound CPU run")
     print(f"{r['model']} batch {r['batch_size']} x {r['num_workers']} workers, {r['num_ps']} ps, "
           f"{r['image_size']}px, {r['model_bytes'] / 2**20:.1f} MiB of variables; median of "
-          f"{r['num_windows']} windows (small images: communication-bound CPU run)")
+          f"{r['num_windows']} windows ({how})")
     for name, v in ips.items():
         if name in ("floor", "grpc_comm", "rdmadev_comm"):
             print(f"  {name:<12} {r['step_ms'][name]:9.1f} ms per step (profile)")
@@ -357,6 +374,8 @@ def print_result(r):
         extra = ""
         if name != "grpc" and "grpc" in ips:
             extra = f"  ({v / ips['grpc']:.2f}x grpc)"
+        if "spread" in r:
+            extra += f"  [{r['spread'][name][0]:.1f}-{r['spread'][name][1]:.1f}]"
         print(f"  {name:<12} {v:9.1f} images/sec  {r['step_ms'][name]:7.1f} ms/step{extra}")
     if "one_copy_ms" in r:
         print(f"  memcpy {r['memcpy_GBps']:.1f} GB/s (64 MiB): one copy of the swapped bytes = "
@@ -368,6 +387,9 @@ def print_result(r):
               f"{t['images_per_sec_traced'] / ips['rdmadev']:.2f}x of untraced):")
         from rdmadev.tf import profile
         print("    " + profile.table(t["rows"]).replace("\n", "\n    "))
+    if r.get("between_graph"):
+        print(f"  rdmadev report: {r['halves_swapped']} half pairs swapped on the tasks, "
+              f"{r['kept_on_grpc']} stayed on gRPC")
     rep = r.get("report")
     if rep:
         print(f"  rdmadev report: {rep['swapped']} transfers swapped "

@@ -124,6 +124,21 @@ size_t ChannelRegistry::UnbindPeer(const Domain* domain, const std::string& peer
   });
 }
 
+void ChannelRegistry::Hold(const std::string& key, Half half) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++holders_[{key, half}];
+}
+
+void ChannelRegistry::LetGo(const std::string& key, Half half) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = holders_.find({key, half});
+    if (it == holders_.end() || --it->second > 0) return;
+    holders_.erase(it);
+  }
+  Unbind(key, half);
+}
+
 ChannelRegistry::Counts ChannelRegistry::CountsFor(const Domain* domain) const {
   std::lock_guard<std::mutex> lock(mu_);
   Counts c;

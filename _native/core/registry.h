@@ -64,6 +64,12 @@ class ChannelRegistry {
   // Unbinds every half of `domain` whose peer is task `peer` (it died or restarted).
   size_t UnbindPeer(const Domain* domain, const std::string& peer);
 
+  // A half pair's kernels (the TF ops' `owned` attr) hold `half` of `key` while they live:
+  // several graphs of one session, or two sessions of one graph, share a pair's channel. The
+  // half is unbound when its last holder lets go.
+  void Hold(const std::string& key, Half half);
+  void LetGo(const std::string& key, Half half);
+
   Counts CountsFor(const Domain* domain) const;
   std::vector<std::string> Keys() const;
 
@@ -77,6 +83,7 @@ class ChannelRegistry {
 
   mutable std::mutex mu_;
   std::condition_variable bound_;
+  std::map<std::pair<std::string, int>, int> holders_;  // (key, half) -> kernels holding it
   std::map<std::string, Sender> senders_;
   std::map<std::string, Receiver> receivers_;
 };

@@ -12,8 +12,9 @@
 //
 // The exception is a half pair (`owned`): a TF1 task plans only its own partition, so no
 // process planned both halves and none could release them. Those kernels live in the
-// session's OpSegment until the session's graphs are deregistered, and each unbinds its own
-// half when destroyed (rdmadev.cluster.channels: the halves meet by channel key).
+// session's OpSegment until the session's graphs are deregistered; they hold their half in
+// the registry, and the last one destroyed unbinds it (rdmadev.cluster.channels: the halves
+// meet by channel key, which graphs and sessions of the same pair share).
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -55,7 +56,8 @@ REGISTER_OP("RdmadevSend")
     .Doc("Writes x into the next slot of rdmadev channel `channel` (one-sided). On a dynamic "
          "channel the slot's shape block carries x's shape, and a tensor larger than a slot "
          "goes in slot-sized chunks; max_bytes (0: no limit) bounds what it may send. An "
-         "owned kernel (a half pair) unbinds its half of the channel when destroyed.");
+         "owned kernel (a half pair) holds its half of the channel while it lives; the last "
+         "one destroyed unbinds it.");
 
 REGISTER_OP("RdmadevRecv")
     .Output("y: dtype")
@@ -78,7 +80,8 @@ REGISTER_OP("RdmadevRecv")
     .Doc("Waits for the next transfer on rdmadev channel `channel` and outputs it. On a dynamic "
          "channel its shape is the one the sender wrote (compatible with `shape`), at most "
          "max_bytes (0: no limit) bytes, gathered from as many chunks as it was sent in. An "
-         "owned kernel (a half pair) unbinds its half of the channel when destroyed.");
+         "owned kernel (a half pair) holds its half of the channel while it lives; the last "
+         "one destroyed unbinds it.");
 
 namespace {
 
@@ -140,10 +143,6 @@ class WaitCancel : public std::enable_shared_from_this<WaitCancel> {
   std::atomic<uint64_t> ticket_{0};
 };
 
-// Unbinds `half` of `channel` if the kernel owns it (a half pair's kernel; see the top).
-void UnbindOwned(bool owned, const std::string& channel, rdmadev::ChannelRegistry::Half half) {
-  if (owned && !channel.empty()) rdmadev::ChannelRegistry::Global().Unbind(channel, half);
-}
 
 // The setting that bounds one dynamic tensor (rdmadev/config.py), for messages.
 constexpr char kMaxTensorSetting[] = "RDMADEV_MAX_TENSOR_BYTES";
@@ -162,8 +161,11 @@ class SendOp : public AsyncOpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("timeout_s", &timeout_s_));
     OP_REQUIRES_OK(c, c->GetAttr("max_bytes", &max_bytes_));
     OP_REQUIRES_OK(c, c->GetAttr("owned", &owned_));
+    if (owned_) rdmadev::ChannelRegistry::Global().Hold(channel_, rdmadev::ChannelRegistry::kSend);
   }
-  ~SendOp() override { UnbindOwned(owned_, channel_, rdmadev::ChannelRegistry::kSend); }
+  ~SendOp() override {
+    if (owned_) rdmadev::ChannelRegistry::Global().LetGo(channel_, rdmadev::ChannelRegistry::kSend);
+  }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     const Tensor x = ctx->input(0);  // holds a reference until the write is done
@@ -313,7 +315,7 @@ class SendOp : public AsyncOpKernel {
   std::string channel_;
   float timeout_s_ = 0;  // always set from the attr (the plan's deadline)
   int64_t max_bytes_ = 0;
-  bool owned_ = false;  // a half pair's kernel: unbinds its half when destroyed
+  bool owned_ = false;  // a half pair's kernel: holds its half while it lives
 };
 
 // A received tensor that aliases its slot; the slot goes back to the sender (credit) when
@@ -354,13 +356,16 @@ class RecvOp : public AsyncOpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("max_bytes", &max_bytes_));
     OP_REQUIRES_OK(c, c->GetAttr("shape", &shape_));
     OP_REQUIRES_OK(c, c->GetAttr("owned", &owned_));
+    if (owned_) rdmadev::ChannelRegistry::Global().Hold(channel_, rdmadev::ChannelRegistry::kRecv);
     fully_defined_ = shape_.AsTensorShape(&static_shape_);
     OP_REQUIRES(c, tensorflow::DataTypeCanUseMemcpy(dtype_),
                 tensorflow::errors::InvalidArgument("rdmadev channel ", channel_,
                                                     " cannot carry ",
                                                     tensorflow::DataTypeString(dtype_)));
   }
-  ~RecvOp() override { UnbindOwned(owned_, channel_, rdmadev::ChannelRegistry::kRecv); }
+  ~RecvOp() override {
+    if (owned_) rdmadev::ChannelRegistry::Global().LetGo(channel_, rdmadev::ChannelRegistry::kRecv);
+  }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     rdmadev::Deadline deadline = rdmadev::Deadline::After(timeout_s_);
@@ -692,7 +697,7 @@ class RecvOp : public AsyncOpKernel {
   float timeout_s_ = 0;  // always set from the attr (the plan's deadline)
   bool zero_copy_ = false;
   int64_t max_bytes_ = 0;  // the most a dynamic tensor may carry (0: no limit)
-  bool owned_ = false;  // a half pair's kernel: unbinds its half when destroyed
+  bool owned_ = false;  // a half pair's kernel: holds its half while it lives
 };
 
 REGISTER_KERNEL_BUILDER(Name("RdmadevSend").Device(tensorflow::DEVICE_CPU), SendOp);
