@@ -156,3 +156,48 @@ def test_a_half_whose_peer_never_plans_it_fails_at_the_deadline():
     assert p.returncode != 0, p.stdout[-2000:]
     assert "bound for channel" in p.stderr and "the peer task never set up its side" in p.stderr, \
         p.stderr[-4000:]
+
+
+# Two sessions of one graph in one client share its half pairs (same rendezvous attrs, so the
+# same channel keys): closing the first must leave the second's channels bound.
+TWO_SESSIONS = """
+import json, sys
+import numpy as np
+import tensorflow as tf
+tf.compat.v1.disable_eager_execution()
+cluster = json.loads(sys.argv[1])
+with tf.Graph().as_default() as g:
+    with tf.device("/job:ps/task:0"):
+        v = tf.Variable(tf.reshape(tf.range(4096, dtype=tf.float32), [64, 64]) / 9.0)
+    with tf.device("/job:worker/task:0"):
+        y = tf.reduce_sum(tf.matmul(v, v))
+    with tf.device("/job:ps/task:0"):
+        step = v.assign_add(tf.fill([64, 64], y * 1e-9))
+    init = tf.compat.v1.global_variables_initializer()
+target = "grpc://" + cluster["worker"][0]
+first, second = tf.compat.v1.Session(target, graph=g), tf.compat.v1.Session(target, graph=g)
+first.run(init)
+a = [first.run(step).tobytes().hex(), second.run(step).tobytes().hex()]
+first.close()
+a.append(second.run(step).tobytes().hex())
+second.close()
+print("RESULT " + json.dumps(a))
+"""
+
+
+@pytest.mark.tf
+def test_a_second_session_keeps_the_half_pairs_it_shares_with_a_closed_one():
+    results = {}
+    for rpc_layer in ("grpc", protocol.PROTOCOL):
+        cluster = tf_cluster.Cluster(num_ps=1, num_workers=1, env=ENV, launcher=_launcher(rpc_layer))
+        cluster.start()
+        try:
+            p = subprocess.run([sys.executable, "-c", TWO_SESSIONS, json.dumps(cluster.spec)],
+                               capture_output=True, text=True, timeout=CLIENT_TIMEOUT_S,
+                               env={**os.environ, **ENV})
+        finally:
+            cluster.stop()
+        lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+        assert p.returncode == 0 and lines, (p.stdout + p.stderr)[-4000:]
+        results[rpc_layer] = json.loads(lines[-1][len("RESULT "):])
+    assert results[protocol.PROTOCOL] == results["grpc"]

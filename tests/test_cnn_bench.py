@@ -50,3 +50,20 @@ def test_cnn_bench_smallest_config(tmp_path):
     assert sent == received == rep["swapped_bytes_per_step"], (r["trace"], rep)
     assert all(t["write_ms"] > 0 for (_, kind), t in rows.items() if kind == "send")
     assert "where the time goes (TF profiler" in p.stdout
+
+
+def test_cnn_bench_between_graph_smallest_config(tmp_path):
+    out = tmp_path / "cnn_bg.json"
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "cnn.py"), "--between_graph",
+           "--model", "alexnet", "--batch_size", "2", "--num_workers", "2", "--num_ps", "1",
+           "--num_batches", "1", "--num_windows", "1", "--num_warmup_batches", "1",
+           "--window_s", "2", "--no_progress", "--json", str(out)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert set(r["images_per_sec"]) == {"grpc", "rdmadev"}
+    assert all(v > 0 for v in r["images_per_sec"].values())
+    # Per worker session: 16 variable reads and 16 gradients, each planned as a half on the
+    # worker and on the ps; nothing stays on gRPC.
+    assert r["halves_swapped"] >= 2 * 2 * 32 and r["kept_on_grpc"] == 0, r["reports"]
+    assert "half pairs swapped" in p.stdout

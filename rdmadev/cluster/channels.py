@@ -11,6 +11,9 @@ planner's instances.py, a dead peer, or this table closing).
     planner --open_pairs--> receiver --attach_senders--> sender
             <--------------          <----------------
 
+A TF1 task plans only its own half of each pair; such halves meet through the receiver
+(``want_halves``/``offer_halves``, "half pairs" below), and their kernels own them.
+
 Example:
     >>> fabrics, registered = open_channels(rt.call, instance, swapped, region_bytes)
 """
@@ -277,8 +280,8 @@ class ChannelTable:
     #         attach_halves -> sender  (attach_senders)
     #
     # Either pass may run first; a half that never meets its peer fails at the deadline. The
-    # kernels wait for their half to be bound (the registry's deadline) and unbind it when TF
-    # destroys them (the `owned` attr: ops.cc).
+    # kernels wait for their half to be bound (the registry's deadline) and hold it while they
+    # live; the last one TF destroys unbinds it (the `owned` attr: ops.cc).
 
     def want_halves(self, sizes):
         """Records the sending halves this task's pass planned: ``{key: bytes per tensor, or
