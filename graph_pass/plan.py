@@ -59,7 +59,8 @@ DEFAULT_ZERO_COPY_MIN_BYTES = 64 << 10
 #: fabric's liveness checks, so the deadline only bounds what nothing else notices (never a hang).
 DEFAULT_DEADLINE_S = 300.0
 #: What the runtime's ops can carry, by capability; each False keeps such transfers on gRPC with
-#: their own reason. Today's RdmadevSend/RdmadevRecv carry static shapes with both halves planned.
+#: their own reason. A Config assumes neither unless told; rdmadev's bridge tells what its ops
+#: carry (rdmadev.tf.bridge.OPS_CARRY: both, half pairs where a task's runtime meets them).
 CARRIES = ("dynamic_shapes", "half_pairs")
 
 

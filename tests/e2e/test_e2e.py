@@ -201,12 +201,13 @@ def test_an_embedding_step_with_run_time_shapes_is_bitwise_identical(cluster, ca
 
 
 def test_tf1_session_gives_the_same_values(cluster):
-    """In a TF1 between-graph session each task plans only its own half of a pair; this
-    version keeps such half pairs on gRPC and says so in each task's report."""
+    """In a TF1 session each task plans only its own half of a pair; both halves are
+    swapped, meet through the receiver, and each task's report says so."""
     grpc = run_driver(cluster, "grpc", "tf1")
     rdma = run_driver(cluster, "rdmadev", "tf1")
     assert rdma["values"] == grpc["values"] == [16.0, 48.0, 80.0]
-    assert rdma["reports"] and all("(not_carried_half_pair)" in r for r in rdma["reports"])
+    assert rdma["reports"] and all(" half " in r and "0 stayed on gRPC" in r
+                                   for r in rdma["reports"]), rdma["reports"]
 
 
 def test_every_swapped_transfer_is_on_tfs_profiler_timeline(cluster):
