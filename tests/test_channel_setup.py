@@ -310,3 +310,39 @@ def test_channels_a_killed_planner_opened_are_released_on_every_task(world):
     while now() != before and time.monotonic() < deadline:
         time.sleep(0.1)
     assert now() == before
+
+
+def test_half_pairs_meet_whichever_pass_comes_first_with_slots_the_sender_sized(world):
+    """TF1 half pairs (channels.py, "half pairs"): this task offers the receiving halves
+    before ps:0 planned its sending ones, and the ring is set up once it did; a key the
+    sender knows the size of gets exactly that capacity, one it does not the planned one."""
+    rt, _ = world
+    known, unknown = f"half-known-{os.getpid()}", f"half-unknown-{os.getpid()}"
+    planned = {"slots": SLOTS, "capacity_bytes": 8192, "rank_capacity": 4}
+    met = []
+    rt.table.offer_halves(PS, [{"key": k, **planned} for k in (known, unknown)],
+                          lambda fabric, size: met.append((fabric, size)))
+    time.sleep(2 * channels.HALF_POLL_S)  # the receiver asks, the sender has planned nothing yet
+    assert not met and f"recv:{known}" not in rdmadev._core.bound_channels()
+    rt.call(PS, {"op": "t_want", "sizes": {known: 400, unknown: None}})
+    deadline = time.monotonic() + 60
+    while not met and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert met and met[0][0] in FABRICS, met
+    try:
+        # known: 2 slots of 400 B (+ header and shape block); unknown: 2 of the planned 8192 B
+        assert met[0][1] == 4096 * -(-(SLOTS * (64 + 64 + 448) + SLOTS * (64 + 64 + 8192)) // 4096)
+        for key, size in ((known, 400), (unknown, 8192)):
+            t = dataclasses.make_dataclass("T", ["send_task", "recv_task", "channel_key",
+                                                 "capacity_bytes"])(PS, W1, key, size)
+            assert exchange(rt, t, 3 * SLOTS, seed=7) == []
+    finally:
+        for task in (PS, W1):
+            rt.call(task, {"op": "release", "keys": [known, unknown], "half": "both"})
+
+
+def test_a_receiver_cannot_attach_halves_the_sender_never_planned(world):
+    rt, _ = world
+    with pytest.raises(ProtocolError, match="did not plan the sending half of channel never-planned"):
+        rt.call(PS, {"op": "attach_halves", "receiver": W1, "address": "-", "ring": "",
+                     "channels": [{"key": "never-planned"}]})

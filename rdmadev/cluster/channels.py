@@ -22,6 +22,7 @@ import functools
 import logging
 import os
 import threading
+import time
 
 from graph_pass.devices import split_task
 from graph_pass.layout import REGION_ALIGNMENT, slot_bytes
@@ -47,6 +48,11 @@ HALF_PAIRS = "halves"
 #: task's channels, regions and mappings outlive it here (a step on them fails at once
 #: anyway: the fabric's liveness check names the peer).
 WATCH_INTERVAL_S = 0.5
+
+#: Seconds one ``half_sizes`` request waits at the sender for its pass before answering with
+#: what is still missing; the receiver asks again until its deadline. Short, so the control
+#: connection it holds stays free for other requests in between.
+HALF_POLL_S = 1.0
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
@@ -275,7 +281,7 @@ class ChannelTable:
     #
     #     sender's pass:   want_halves({key: bytes})    (local)
     #     receiver's pass: offer_halves(sender, ...)    (local), then in a thread:
-    #         half_sizes  -> sender    (answered once its pass wanted every key)
+    #         half_sizes  -> sender    (asked every HALF_POLL_S until its pass wanted every key)
     #         allocates the region: slots of the sender's known size, else the planned capacity
     #         attach_halves -> sender  (attach_senders)
     #
@@ -303,8 +309,7 @@ class ChannelTable:
 
     def _meet(self, sender, channels, on_met):
         try:
-            sizes = self.call(sender, {"op": "half_sizes", "receiver": self.task,
-                                       "keys": [c["key"] for c in channels]})
+            sizes = self._sender_sizes(sender, [c["key"] for c in channels])
             laid, offset = [], 0
             for c in sorted(channels, key=lambda c: c["key"]):
                 known = sizes.get(c["key"])
@@ -325,31 +330,41 @@ class ChannelTable:
                         "steps using them fail at their deadline: %s", len(channels), sender,
                         self.task, channels[0]["key"], e)
 
-    def _await_wanted(self, keys, receiver):
-        """Waits up to the deadline until this task's pass wanted every key of `keys`."""
-        keys = set(keys)
-        with self.wanting:
-            if not self.wanting.wait_for(lambda: keys <= self.wanted.keys() or self.closing.is_set(),
-                                         timeout=self.config.deadline_s):
-                missing = sorted(keys - self.wanted.keys())
+    def _sender_sizes(self, sender, keys):
+        """``{key: bytes or None}`` from task `sender` once its pass planned every key of
+        `keys`, asking every HALF_POLL_S until this task's deadline."""
+        deadline = time.monotonic() + self.config.deadline_s
+        while True:
+            got = self.call(sender, {"op": "half_sizes", "keys": keys, "wait_s": HALF_POLL_S})
+            if not got["missing"]:
+                return got["sizes"]
+            if time.monotonic() > deadline or self.closing.is_set():
                 raise ProtocolError(
-                    f"task {self.task} never planned the sending half of {len(missing)} "
-                    f"channel(s) {receiver} planned to receive (first {missing[0]}) within "
-                    f"{self.config.deadline_s:g} s",
+                    f"task {sender} never planned the sending half of {len(got['missing'])} "
+                    f"channel(s) {self.task} planned to receive (first {got['missing'][0]}) "
+                    f"within {self.config.deadline_s:g} s",
                     hint="start every task with the grpc+rdmadev protocol (or RDMADEV_AUTO=1), "
                          "and run the same rdmadev version in each")
-            if self.closing.is_set():
-                raise ProtocolError(f"task {self.task} is shutting down")
-            return {k: self.wanted[k] for k in keys}
 
     def half_sizes(self, r):
-        """``{key: bytes or None}`` the sending halves ``r["keys"]`` planned here, once this
-        task's pass planned them all (the receiver sizes its slots from them)."""
-        return self._await_wanted(r["keys"], r["receiver"])
+        """What this task's pass planned of the sending halves ``r["keys"]``, waiting up to
+        ``r["wait_s"]`` (at most HALF_POLL_S) for all of them: ``{"sizes": {key: bytes or
+        None}, "missing": [keys not planned yet]}``."""
+        keys = set(r["keys"])
+        wait_s = min(float(r.get("wait_s", 0)), HALF_POLL_S)
+        with self.wanting:
+            self.wanting.wait_for(lambda: keys <= self.wanted.keys(), timeout=wait_s)
+            return {"sizes": {k: self.wanted[k] for k in keys & self.wanted.keys()},
+                    "missing": sorted(keys - self.wanted.keys())}
 
     def attach_halves(self, r):
-        """attach_senders for half pairs this task's pass planned."""
-        self._await_wanted([c["key"] for c in r["channels"]], r["receiver"])
+        """attach_senders for half pairs this task's pass planned (half_sizes said so)."""
+        with self.wanting:
+            missing = sorted({c["key"] for c in r["channels"]} - self.wanted.keys())
+        if missing:
+            raise ProtocolError(f"task {self.task} did not plan the sending half of channel "
+                                f"{missing[0]} that {r['receiver']} asks to attach",
+                                hint="run the same rdmadev version in every task")
         return self.attach_senders(r)
 
     # -- release --
