@@ -57,7 +57,7 @@ struct Rewrite {
   bool zero_copy = false;  // decided by the planner (graph_pass.zero_copy)
   double timeout_s = 0;    // the plan's deadline_s, always given by the bridge
   long long max_bytes = 0;  // RDMADEV_MAX_TENSOR_BYTES for dynamic channels (0: no limit)
-  bool owned = false;  // a half pair's op: its kernel unbinds the half when TF destroys it
+  bool owned = false;  // a half pair's op: its kernel holds the half while it lives
 };
 
 std::string TaskOf(const std::string& device) {

@@ -7,11 +7,13 @@ side what to replace.
 Each rewrite is a tuple (kind, partition, node, channel, dtype enum, shape, zero_copy,
 timeout_s, max_bytes, owned) with kind "send" or "recv"; shape has -1 for a dim known only at
 run time and is None when the rank is too (a dynamic channel's slots carry the shape); owned is
-True for a half pair, whose kernel unbinds its half when TF destroys it.
+True for a half pair, whose kernels hold their half while they live (the last one destroyed
+unbinds it).
 
 Half pairs: a TF1 task's GraphMgr runs the pass on that task's partition alone (the function
-name is empty there), so each half is planned by its own task, as a dynamic channel of
-RDMADEV_DYNAMIC_CAPACITY, and the halves meet through the receiver (ChannelTable.offer_halves).
+name is empty there), so each half is planned by its own task as a dynamic channel, and the
+halves meet through the receiver (ChannelTable.offer_halves), which sizes the slots from the
+sender's shapes where it knows them, else RDMADEV_DYNAMIC_CAPACITY.
 """
 import functools
 import itertools
