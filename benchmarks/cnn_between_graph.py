@@ -52,6 +52,7 @@ def _expect(proc, word, timeout_s):
 def run(args):
     """Runs the benchmark for cnn.py's parsed `args`; returns cnn.py's result dict."""
     sys.path.insert(0, os.path.dirname(HERE))
+    import rdmadev
     from graph_pass.devices import task_name
     from rdmadev.cluster import runtime
     from rdmadev.cluster.spec import parse_cluster
@@ -94,7 +95,8 @@ def run(args):
                 _send(c, f"windows {start} {args.window_s} {2 * args.num_windows}")
             per_client = [json.loads(_expect(c, "WINDOWS", CLIENT_SETUP_S + 2 * args.num_windows
                                              * args.window_s * 4)) for c in clients]
-            reports = {t: [str(r) for r in rs] for t, rs in _task_reports(rt, tasks).items()}
+            reports = {t: [str(r) for r in rs]
+                       for t, rs in rdmadev.task_reports(cluster.spec).items()}
         finally:
             for c in clients:
                 c.kill()
@@ -121,11 +123,6 @@ def run(args):
         "windows": rates, "halves_swapped": halves, "kept_on_grpc": kept, "reports": reports,
         "wall_s": time.perf_counter() - t_start,
     }
-
-
-def _task_reports(rt, tasks):
-    from rdmadev.cluster import reports
-    return {t: [reports.Report.from_dict(r) for r in rt.call(t, {"op": "reports"})] for t in tasks}
 
 
 # -- one worker's client (a subprocess of the harness) --

@@ -38,58 +38,49 @@ def free_ports(n):
     return free(n)
 
 
+def _run(args, flag_sets, measured):
+    """Starts tf_cnn_benchmarks once per flag list of `flag_sets` (all at once), waits for the
+    `measured` ones (indexes) and stops the rest; returns ``(outputs, totals)`` of the
+    measured ones, each total its last "total images/sec"."""
+    env = {**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    script = os.path.join(args.dir, "tf_cnn_benchmarks.py")
+    procs = [subprocess.Popen([sys.executable, script, "--local_parameter_device=cpu",
+                               "--device=cpu", "--data_format=NHWC", *flags], cwd=args.dir,
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for flags in flag_sets]
+    try:
+        outs = [procs[i].communicate(timeout=JOB_TIMEOUT_S)[0] for i in measured]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    for out in outs:
+        if not TOTAL.search(out):
+            raise SystemExit(f"a tf_cnn_benchmarks process printed no total images/sec:\n"
+                             f"{out[-3000:]}")
+    return outs, [float(TOTAL.findall(o)[-1]) for o in outs]
+
+
 def job(args, protocol, extra):
     """Runs one tf_cnn_benchmarks job; returns (its images/sec, the rdmadev half pairs the
     workers' logs report swapped)."""
     ps, *workers = [f"127.0.0.1:{p}" for p in free_ports(1 + args.num_workers)]
     common = [f"--ps_hosts={ps}", f"--worker_hosts={','.join(workers)}",
-              f"--server_protocol={protocol}", "--variable_update=parameter_server",
-              "--local_parameter_device=cpu", "--device=cpu", "--data_format=NHWC", *extra]
-    env = {**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
-    script = os.path.join(args.dir, "tf_cnn_benchmarks.py")
-
-    def start(name, index):
-        return subprocess.Popen([sys.executable, script, f"--job_name={name}",
-                                 f"--task_index={index}", *common], cwd=args.dir, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-    procs = [start("ps", 0)] + [start("worker", i) for i in range(args.num_workers)]
-    try:
-        outs = [p.communicate(timeout=JOB_TIMEOUT_S)[0] for p in procs[1:]]
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-    totals = [TOTAL.findall(o) for o in outs]
-    if not all(totals):
-        bad = next(o for o, t in zip(outs, totals) if not t)
-        raise SystemExit(f"a {protocol} worker printed no total images/sec:\n{bad[-3000:]}")
+              f"--server_protocol={protocol}", "--variable_update=parameter_server", *extra]
+    tasks = [("ps", 0)] + [("worker", i) for i in range(args.num_workers)]
+    outs, totals = _run(args, [[f"--job_name={j}", f"--task_index={i}", *common] for j, i in tasks],
+                        range(1, len(tasks)))
     halves = sum(len(re.findall(r"^\s+\S+ half ", o, re.M)) for o in outs)
     # Each worker's "total" is its own rate times the number of workers: their mean is the
     # job's rate.
-    return statistics.mean(float(t[-1]) for t in totals), halves
+    return statistics.mean(totals), halves
 
 
 def local_jobs(args, extra):
     """The no-network reference: num_workers single-process jobs at once (the same flags
     without a cluster: variables local to each), sharing the machine as the workers do;
     returns the sum of their images/sec."""
-    env = {**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
-    script = os.path.join(args.dir, "tf_cnn_benchmarks.py")
-    procs = [subprocess.Popen([sys.executable, script, "--local_parameter_device=cpu",
-                               "--device=cpu", "--data_format=NHWC", *extra], cwd=args.dir,
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for _ in range(args.num_workers)]
-    try:
-        outs = [p.communicate(timeout=JOB_TIMEOUT_S)[0] for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-    totals = [TOTAL.findall(o) for o in outs]
-    if not all(totals):
-        raise SystemExit(f"a local job printed no total images/sec:\n{outs[0][-3000:]}")
-    return sum(float(t[-1]) for t in totals)
+    return sum(_run(args, [extra] * args.num_workers, range(args.num_workers))[1])
 
 
 def main(argv=None):

@@ -25,15 +25,6 @@ CLIENT_TIMEOUT_S = 300
 WORKERS = 2
 
 
-def _launcher(rpc_layer):
-    def launch(job, index, spec_json):
-        tf_config = {"cluster": json.loads(spec_json), "task": {"type": job, "index": index},
-                     "rpc_layer": rpc_layer}
-        return ["env", "TF_CONFIG=" + json.dumps(tf_config), sys.executable,
-                str(HERE / "protocol_task.py")]
-    return launch
-
-
 # Polls every task's counters until no channel half is bound and no region registered (the
 # sessions closed: their kernels unbound their halves), for up to RELEASE_WAIT_S; prints them.
 RELEASED = """
@@ -75,7 +66,7 @@ def _job(rpc_layer):
     `rpc_layer`; returns each client's RESULT, by worker index, and then (rdmadev only) the
     tasks' counters once the sessions closed."""
     cluster = tf_cluster.Cluster(num_ps=1, num_workers=WORKERS, env=ENV,
-                                 launcher=_launcher(rpc_layer))
+                                 launcher=tf_cluster.protocol_launcher(rpc_layer))
     cluster.start()
     try:
         results = []
@@ -143,7 +134,8 @@ def test_closing_the_sessions_releases_every_half_on_every_task(runs):
 
 def _mixed_launcher(job, index, spec_json):
     """The ps serves grpc+rdmadev; the workers plain gRPC (a task started without rdmadev)."""
-    return _launcher(protocol.PROTOCOL if job == "ps" else "grpc")(job, index, spec_json)
+    rpc_layer = protocol.PROTOCOL if job == "ps" else "grpc"
+    return tf_cluster.protocol_launcher(rpc_layer)(job, index, spec_json)
 
 
 @pytest.mark.tf
@@ -192,7 +184,8 @@ print("RESULT " + json.dumps(a))
 def test_a_second_session_keeps_the_half_pairs_it_shares_with_a_closed_one():
     results = {}
     for rpc_layer in ("grpc", protocol.PROTOCOL):
-        cluster = tf_cluster.Cluster(num_ps=1, num_workers=1, env=ENV, launcher=_launcher(rpc_layer))
+        cluster = tf_cluster.Cluster(num_ps=1, num_workers=1, env=ENV,
+                                     launcher=tf_cluster.protocol_launcher(rpc_layer))
         cluster.start()
         try:
             p = subprocess.run([sys.executable, "-c", TWO_SESSIONS, json.dumps(cluster.spec)],

@@ -26,16 +26,11 @@ IMPORT_TIMEOUT_S = 120
 
 
 
-def _task_launcher(job, index, spec_json):
-    tf_config = {"cluster": json.loads(spec_json), "task": {"type": job, "index": index},
-                 "rpc_layer": protocol.PROTOCOL}
-    return ["env", "TF_CONFIG=" + json.dumps(tf_config), sys.executable, str(HERE / "protocol_task.py")]
-
-
 @pytest.fixture(scope="module")
 def cluster():
     """1 ps + 1 worker, each a plain script serving grpc+rdmadev."""
-    c = tf_cluster.Cluster(num_ps=1, num_workers=1, env=ENV, launcher=_task_launcher)
+    c = tf_cluster.Cluster(num_ps=1, num_workers=1, env=ENV,
+                           launcher=tf_cluster.protocol_launcher(protocol.PROTOCOL))
     c.start()
     yield c
     c.stop()

@@ -11,6 +11,7 @@ Example (pytest)::
         tf_cluster.connect(cluster)               # this process becomes the coordinator
 """
 import atexit
+import json
 import sys
 from pathlib import Path
 
@@ -18,10 +19,22 @@ from rdmadev.testing import launch
 from rdmadev.testing.launch import ClusterError, free_ports, rdmadev_launcher  # noqa: F401 (re-exported)
 
 __all__ = ["Cluster", "ClusterError", "free_ports", "shared_cluster", "connect", "SERVER_SCRIPT",
-           "rdmadev_launcher"]
+           "rdmadev_launcher", "protocol_launcher"]
 
 #: The default per-task server program here: a plain tf.distribute.Server (see its docstring).
 SERVER_SCRIPT = Path(__file__).resolve().with_name("tf_server_main.py")
+
+
+def protocol_launcher(rpc_layer):
+    """A launcher whose tasks are tests/protocol_task.py, a user's own server script: TF_CONFIG
+    with `rpc_layer` ("grpc", "grpc+rdmadev") and `tf.distribute.Server`, no rdmadev import."""
+    script = SERVER_SCRIPT.with_name("protocol_task.py")
+
+    def launch(job, index, spec_json):
+        tf_config = {"cluster": json.loads(spec_json), "task": {"type": job, "index": index},
+                     "rpc_layer": rpc_layer}
+        return ["env", "TF_CONFIG=" + json.dumps(tf_config), sys.executable, str(script)]
+    return launch
 
 
 def _plain_launcher(job, index, spec_json):

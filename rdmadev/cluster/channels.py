@@ -451,8 +451,6 @@ class ChannelTable:
         """Stops the watcher and unbinds every channel half of this task (the Domain's close
         frees what remains)."""
         self.closing.set()
-        with self.wanting:
-            self.wanting.notify_all()
         _core.unbind_domain(self.domain)
         if self.watcher is not None and self.watcher is not threading.current_thread():
             self.watcher.join(2 * WATCH_INTERVAL_S)
