@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 import rdmadev
+from rdmadev import _core
 from remote_ops import pattern, ring_layout
 
 SEED = 1000
@@ -95,3 +96,69 @@ def test_out_of_order_release_advances_credit_in_order(fabric, secret):
             rx.release(s1)
         rx.release(s3)
         assert credit.wait(0, 3, timeout=10) == 3
+
+
+def test_a_channel_moves_to_its_successor_ring_between_transfers(fabric, secret):
+    """Growth (channel.h): once successors are bound on both sides, the next send writes the
+    marker on the old ring and its data on the larger one; the receiver follows, writes no
+    credit for the old ring after the marker, and the old halves are gone from the table."""
+    cfg = rdmadev.Config(fabric=fabric, secret=secret)
+    key = f"grow-{fabric}"
+    with rdmadev.open_domain("tx", cfg) as a, rdmadev.open_domain("rx", cfg) as b:
+        ab, ba = a.connect(b.address), b.connect(a.address)
+
+        def ring(capacity):
+            layout = ring_layout(2, capacity)
+            region, credit = b.allocate(layout.bytes), a.allocate(rdmadev.CREDIT_BYTES)
+            return (rdmadev.RingSender(ab, ab.attach(region.descriptor), layout, credit),
+                    rdmadev.RingReceiver(region, layout, ba, ba.attach(credit.descriptor)), credit)
+
+        tx, rx, credit = ring(64)
+        tx.bind(key)
+        rx.bind(key)
+        try:
+            for i in range(3):
+                _core.channel_send(key, bytes([i]) * 64)
+                assert _core.channel_recv(key) == (i + 1, bytes([i]) * 64)
+            big_tx, big_rx, big_credit = ring(4096)
+            big_rx.bind(key, successor=True)  # the receiver's first (channels.py, growth)
+            big_tx.bind(key, successor=True)
+            assert sorted(_core.bound_channels()) == [f"recv:{key}", f"send:{key}"]
+            data = bytes(pattern(4096, SEED))
+            assert _core.channel_send(key, data) == 1  # transfer 1 of the new ring
+            assert _core.channel_recv(key) == (1, data)
+            assert rx.credit_seq == 3 and credit.wait(0, 3, timeout=10) == 3  # marker kept
+            for i in range(5):  # K=2: the new ring's credits come back
+                _core.channel_send(key, data[i:])
+                assert _core.channel_recv(key) == (i + 2, data[i:])
+            assert big_credit.wait(0, 6, timeout=10) == 6
+            with pytest.raises(rdmadev.BoundsError, match="larger than planned"):
+                _core.channel_send(key, bytes(4097))
+            assert _core.channel_counts(a) == {"senders": 1, "receivers": 0}
+            assert _core.channel_counts(b) == {"senders": 0, "receivers": 1}
+        finally:
+            _core.unbind_channel(key)
+
+
+def test_a_marker_without_a_receiving_successor_is_a_clear_error(fabric, secret):
+    """A sender that moved while the receiver had no successor bound (the control plane binds
+    the receiver's first): the receive names the problem instead of reading the new ring."""
+    cfg = rdmadev.Config(fabric=fabric, secret=secret)
+    key = f"grow-unbound-{fabric}"
+    with rdmadev.open_domain("tx", cfg) as a, rdmadev.open_domain("rx", cfg) as b:
+        ab, ba = a.connect(b.address), b.connect(a.address)
+        pairs = []
+        for capacity in (64, 128):
+            layout = ring_layout(2, capacity)
+            region, credit = b.allocate(layout.bytes), a.allocate(rdmadev.CREDIT_BYTES)
+            pairs.append((rdmadev.RingSender(ab, ab.attach(region.descriptor), layout, credit),
+                          rdmadev.RingReceiver(region, layout, ba, ba.attach(credit.descriptor))))
+        pairs[0][0].bind(key)
+        pairs[0][1].bind(key)
+        pairs[1][0].bind(key, successor=True)
+        try:
+            _core.channel_send(key, bytes(100))
+            with pytest.raises(rdmadev.ProtocolError, match="larger ring that is not bound"):
+                _core.channel_recv(key, timeout=10)
+        finally:
+            _core.unbind_channel(key)

@@ -346,3 +346,67 @@ def test_a_receiver_cannot_attach_halves_the_sender_never_planned(world):
     with pytest.raises(ProtocolError, match="did not plan the sending half of channel never-planned"):
         rt.call(PS, {"op": "attach_halves", "receiver": W1, "address": "-", "ring": "",
                      "channels": [{"key": "never-planned"}]})
+
+
+def _wait_grown(rt, before, timeout=30):
+    deadline = time.monotonic() + timeout
+    while rt.table.counters()["grown"] == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return rt.table.counters()["grown"] - before
+
+
+def test_a_channel_whose_tensors_outgrew_its_slots_moves_to_a_larger_ring(world):
+    """Growth (channels.py): the receiving task (this one) records a tensor that came in
+    chunks; its watcher registers a ring whose slots hold it and a quarter more, the sender
+    moves at its next transfer, and the old ring is deregistered. Transfers before and after
+    are intact."""
+    rt, _ = world
+    _, swap, regions = plan([(W0, W1)], sizes=(4096,))
+    t = swap[0]
+    registered = rt.table.domain.region_stats[1]
+    channels.open_channels(rt.call, "grow", swap, regions)
+    try:
+        assert exchange(rt, t, count=3, seed=1) == []
+        grown = rt.table.counters()["grown"]
+        rdmadev._core.channel_want(t.channel_key, 100000)
+        assert _wait_grown(rt, grown) == 1
+        assert rdmadev._core.growing_channels(rt.table.domain) == []
+        big = dataclasses.replace(t, capacity_bytes=100000)
+        assert exchange(rt, big, count=3 * SLOTS, seed=2) == []
+        # 2 slots of 128 KiB (100000 B and a quarter, in 64 KiB steps) in place of the old ring
+        slot, _ = channels.slot_bytes(131072, 0)
+        ring = channels.round_up(SLOTS * slot, channels.REGION_ALIGNMENT)
+        assert rt.table.domain.region_stats[1] == registered + ring
+        assert exchange(rt, t, count=3, seed=3) == []  # smaller ones still fit, no growth
+        assert rt.table.counters()["grown"] == grown + 1
+    finally:
+        for task in (W0, W1):
+            rt.call(task, {"op": "release", "keys": [t.channel_key], "half": "both"})
+    assert rt.table.domain.region_stats[1] == registered
+
+
+def test_a_channel_that_cannot_grow_keeps_its_slots_and_says_why(world, caplog):
+    """Past RDMADEV_MAX_REGISTERED_BYTES the larger ring is refused: one WARNING naming the
+    channel and the setting, and the channel goes on in its own slots."""
+    rt, _ = world
+    _, swap, regions = plan([(W0, W1)], sizes=(4096,))
+    t = swap[0]
+    config = rt.table.config
+    channels.open_channels(rt.call, "nogrow", swap, regions)
+    rt.table.config = dataclasses.replace(config,
+                                          max_registered_bytes=rt.table.domain.region_stats[1])
+    try:
+        with caplog.at_level("WARNING", logger=channels.__name__):
+            rdmadev._core.channel_want(t.channel_key, 100000)
+            deadline = time.monotonic() + 30
+            while t.channel_key not in rt.table.not_grown and time.monotonic() < deadline:
+                time.sleep(0.05)
+        assert t.channel_key in rt.table.not_grown
+        warning = [r.getMessage() for r in caplog.records if t.channel_key in r.getMessage()]
+        assert len(warning) == 1 and "RDMADEV_MAX_REGISTERED_BYTES" in warning[0], warning
+        assert "keeps its 4096-byte slots" in warning[0]
+        assert exchange(rt, t, count=3, seed=4) == []
+    finally:
+        rt.table.config = config
+        for task in (W0, W1):
+            rt.call(task, {"op": "release", "keys": [t.channel_key], "half": "both"})

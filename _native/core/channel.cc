@@ -7,7 +7,7 @@ namespace rdmadev {
 
 namespace {
 
-std::atomic<uint64_t> g_sent{0}, g_received{0}, g_discarded{0}, g_abandoned{0};
+std::atomic<uint64_t> g_sent{0}, g_received{0}, g_discarded{0}, g_abandoned{0}, g_grown{0};
 
 // Rings beyond 2^48 bytes are a corrupted plan, not a real tensor: no host maps that much.
 constexpr uint64_t kMaxRingBytes = uint64_t(1) << 48;
@@ -29,8 +29,8 @@ void RingLayout::Validate() const {
   if (payload_offset % kCacheLine != 0 || payload_offset < kSlotHeaderBytes) {
     BadLayout("payload_offset", payload_offset, "is not a multiple of 64 that is >= 64 (the header)");
   }
-  if (capacity > kMaxPayloadBytes) {
-    BadLayout("capacity_bytes", capacity, "exceeds the protocol's 2^40 bytes per tensor");
+  if (capacity >= kMovedLength) {
+    BadLayout("capacity_bytes", capacity, "reaches the protocol's 2^40 bytes per tensor");
   }
   if (payload_offset + capacity > slot_bytes) {
     BadLayout("capacity_bytes", capacity,
@@ -51,8 +51,11 @@ TransferCounts CountedTransfers() {
   c.received = g_received.load(std::memory_order_relaxed);
   c.discarded = g_discarded.load(std::memory_order_relaxed);
   c.abandoned = g_abandoned.load(std::memory_order_relaxed);
+  c.grown = g_grown.load(std::memory_order_relaxed);
   return c;
 }
+
+void CountGrown() { g_grown.fetch_add(1, std::memory_order_relaxed); }
 
 uint32_t StepTag(uint64_t x) {
   // splitmix64's finalizer: step ids are counters or random, either way spread over 24 bits.
@@ -113,6 +116,19 @@ uint64_t RingSender::Send(const void* src, uint64_t len, const Deadline& deadlin
                                         std::to_string(layout_.capacity),
                 0, "the tensor is larger than planned: re-plan the channel for this size");
   }
+  uint64_t n = PostLocked(src, len, len | (uint64_t(tag & kMaxTag) << kTagShift), shape, shape_len,
+                          deadline);
+  g_sent.fetch_add(1, std::memory_order_relaxed);
+  return n;
+}
+
+uint64_t RingSender::SendMoved(const Deadline& deadline) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return PostLocked(nullptr, 0, kMovedLength, nullptr, 0, deadline);
+}
+
+uint64_t RingSender::PostLocked(const void* src, uint64_t len, uint64_t length_word,
+                                const void* shape, uint64_t shape_len, const Deadline& deadline) {
   uint64_t n = sent_ + 1;
   uint64_t k = layout_.slots;
   if (n - epoch_ > k) {
@@ -121,13 +137,12 @@ uint64_t RingSender::Send(const void* src, uint64_t len, const Deadline& deadlin
              [ep](std::string* why) { return ep->Alive(why); }, "a free slot (credit)");
   }
   uint64_t slot = (n - epoch_ - 1) % k;
-  Signal sig{layout_.header(slot), n, len | (uint64_t(tag & kMaxTag) << kTagShift)};
+  Signal sig{layout_.header(slot), n, length_word};
   // Writes of one endpoint land in order, so the signal after the payload covers both.
   if (shape_len) ep_->Write(shape, *ring_, layout_.header(slot) + kShapeBlockOffset, shape_len,
                             nullptr, deadline);
   ep_->Write(src, *ring_, layout_.payload(slot), len, &sig, deadline);
   sent_ = n;
-  g_sent.fetch_add(1, std::memory_order_relaxed);
   return n;
 }
 
@@ -184,6 +199,13 @@ Slot RingReceiver::TakeLocked(uint64_t n, uint64_t seen) {
   uint64_t slot = (n - epoch_ - 1) % layout_.slots;
   uint64_t word = ring_->Word(layout_.header(slot) + kLengthOffset)->load(std::memory_order_relaxed);
   uint64_t len = word & (kMaxPayloadBytes - 1);
+  if (n == acquired_ + 1 && seen == n && len == kMovedLength) {
+    acquired_ = n;
+    Slot moved;
+    moved.seq = n;
+    moved.moved = true;
+    return moved;
+  }
   if (n != acquired_ + 1 || seen != n || len > layout_.capacity) {
     throw Error(ErrorKind::kProtocol, "Channel out of step: slot " + std::to_string(slot) +
                                           " holds sequence " + std::to_string(seen) + " (" +
@@ -205,6 +227,17 @@ bool RingReceiver::Abandon(uint64_t n) {
   if (n != reserved_ || n != acquired_ + 1) return false;
   reserved_ = n - 1;
   return true;
+}
+
+void RingReceiver::Retire() {
+  std::lock_guard<std::mutex> lock(mu_);
+  retired_ = true;
+}
+
+void RingReceiver::Want(uint64_t bytes) {
+  uint64_t had = wanted_.load(std::memory_order_relaxed);
+  while (bytes > had && !wanted_.compare_exchange_weak(had, bytes, std::memory_order_relaxed)) {
+  }
 }
 
 void RingReceiver::Discard(uint64_t n, const Deadline& deadline) {
@@ -246,7 +279,7 @@ void RingReceiver::Release(uint64_t seq, const Deadline& deadline) {
   // newest one while more than 3/4 of the ring is free. Unreported releases stay below the
   // batch (<= K), so a sender blocked on credit is always eventually unblocked.
   const uint64_t batch = std::max<uint64_t>(1, layout_.slots / 4);
-  if (credit_seq_ != before && credit_seq_ - reported_ >= batch) {
+  if (!retired_ && credit_seq_ != before && credit_seq_ - reported_ >= batch) {
     Signal sig{credit_off_, credit_seq_, 0};
     ep_->Write(nullptr, *credit_, 0, 0, &sig, deadline);
     reported_ = credit_seq_;

@@ -36,6 +36,9 @@ namespace rdmadev {
 constexpr int kTagShift = 40;
 constexpr uint64_t kMaxPayloadBytes = uint64_t(1) << kTagShift;  // 1 TiB per tensor
 constexpr uint32_t kMaxTag = (1u << (64 - kTagShift)) - 1;
+// The length of the marker transfer that moves a channel to its successor ring: above any
+// capacity a layout may have (RingLayout::Validate caps capacity below it).
+constexpr uint64_t kMovedLength = kMaxPayloadBytes - 1;
 // The tag of step `step_id` (never 0): a 24-bit hash, so a stale transfer is mistaken for the
 // current step's with probability 2^-24, and only after a failed step left one behind.
 uint32_t StepTag(uint64_t step_id);
@@ -87,7 +90,10 @@ struct TransferCounts {
   uint64_t received = 0;   // taken, including discarded ones
   uint64_t discarded = 0;  // stale transfers of a failed step, dropped unread
   uint64_t abandoned = 0;  // waits that ended without a transfer
+  uint64_t grown = 0;      // larger rings this process registered for its receivers (growth)
 };
+// Counts one larger ring registered for a receiver (the registry binds its successor).
+void CountGrown();
 TransferCounts CountedTransfers();
 
 // Both halves are safe to call from several threads (TF kernels, the progress thread,
@@ -103,6 +109,9 @@ class RingSender {
   // step `tag` (0: untagged); returns n.
   uint64_t Send(const void* src, uint64_t len, const Deadline& deadline, uint32_t tag = 0,
                 const void* shape = nullptr, uint64_t shape_len = 0);
+  // Writes the marker that moves the channel to its successor ring (nothing follows on
+  // this one), waiting for a credit like Send; returns n.
+  uint64_t SendMoved(const Deadline& deadline);
   uint64_t sent() const { return sent_; }
   // For asynchronous senders: the credit word and the value it must reach before the next
   // Send can go without waiting (target 0: it already can).
@@ -111,6 +120,10 @@ class RingSender {
   const std::shared_ptr<Endpoint>& endpoint() const { return ep_; }
 
  private:
+  // Under mu_: waits for slot n's credit, writes `len` bytes of src (after `shape_len` of a
+  // shape block) and signals n with `length_word`.
+  uint64_t PostLocked(const void* src, uint64_t len, uint64_t length_word, const void* shape,
+                      uint64_t shape_len, const Deadline& deadline);
   mutable std::mutex mu_;
   std::shared_ptr<Endpoint> ep_;
   std::shared_ptr<RemoteRegion> ring_;
@@ -127,6 +140,7 @@ struct Slot {
   uint64_t length = 0;
   uint32_t tag = 0;  // the sender's step tag (0: untagged)
   const uint8_t* shape = nullptr;  // the slot's shape block (dynamic channels), else null
+  bool moved = false;  // the marker: the sender moved to the successor ring (no data)
 };
 
 class RingReceiver {
@@ -156,6 +170,13 @@ class RingReceiver {
   bool Abandon(uint64_t n);
   // Releases taken transfer `n` unread: it belongs to a step whose receive gave up.
   void Discard(uint64_t n, const Deadline& deadline);
+  // The sender moved to the successor ring (this one's marker was taken): releases from now
+  // on write no credit (the sender no longer reads them).
+  void Retire();
+  // Records a tensor of `bytes` that arrived in chunks: the channel wants slots that large.
+  void Want(uint64_t bytes);
+  // The largest tensor that arrived in chunks (0: none); the control plane grows the ring.
+  uint64_t wanted() const { return wanted_.load(std::memory_order_relaxed); }
   const RingLayout& layout() const { return layout_; }
   const std::shared_ptr<Endpoint>& endpoint() const { return ep_; }
 
@@ -172,6 +193,8 @@ class RingReceiver {
   WaitPolicy policy_;
   mutable std::mutex mu_;
   uint64_t reserved_;  // highest sequence handed out by Reserve()
+  bool retired_ = false;
+  std::atomic<uint64_t> wanted_{0};
 };
 
 }  // namespace rdmadev

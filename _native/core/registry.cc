@@ -66,8 +66,64 @@ T ChannelRegistry::Find(std::map<std::string, T>& table, const std::string& key,
   }
 }
 
-ChannelRegistry::Sender ChannelRegistry::FindSender(const std::string& key, const Deadline& d) {
-  return Find(senders_, key, d, "sender");
+ChannelRegistry::Sender ChannelRegistry::FindSender(const std::string& key, const Deadline& d,
+                                                    Sender* moving_from) {
+  Sender s = Find(senders_, key, d, "sender");
+  if (moving_from == nullptr) return s;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto next = next_senders_.find(key);
+  auto current = senders_.find(key);
+  if (next == next_senders_.end() || current == senders_.end()) return s;
+  *moving_from = std::move(current->second);
+  current->second = std::move(next->second);
+  current->second.prior = moving_from->lease;
+  next_senders_.erase(next);
+  return current->second;
+}
+
+void ChannelRegistry::BindSuccessor(const std::string& key, Sender s) {
+  Sender old;
+  std::lock_guard<std::mutex> lock(mu_);
+  old = std::move(next_senders_[key]);
+  next_senders_[key] = std::move(s);
+}
+
+void ChannelRegistry::BindSuccessor(const std::string& key, Receiver r) {
+  Receiver old;
+  std::lock_guard<std::mutex> lock(mu_);
+  old = std::move(next_receivers_[key]);
+  next_receivers_[key] = std::move(r);
+  CountGrown();
+}
+
+ChannelRegistry::Receiver ChannelRegistry::AdvanceReceiver(const std::string& key) {
+  Receiver old;  // goes after unlocking: dropping its lease deregisters the old ring
+  std::lock_guard<std::mutex> lock(mu_);
+  auto next = next_receivers_.find(key);
+  auto current = receivers_.find(key);
+  if (next == next_receivers_.end() || current == receivers_.end()) {
+    throw Error(ErrorKind::kProtocol,
+                "Channel '" + key + "' moved to a larger ring that is not bound here", 0,
+                "the channel was released while it grew; the next instantiation sets it up again");
+  }
+  old = std::move(current->second);
+  current->second = std::move(next->second);
+  next_receivers_.erase(next);
+  return current->second;
+}
+
+std::vector<ChannelRegistry::Growth> ChannelRegistry::Growing(const Domain* domain) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Growth> out;
+  for (const auto& kv : receivers_) {
+    const auto& ring = *kv.second.ring;
+    if (kv.second.domain.get() != domain || ring.wanted() <= ring.layout().capacity ||
+        next_receivers_.count(kv.first)) {
+      continue;
+    }
+    out.push_back(Growth{kv.first, kv.second.peer, ring.wanted(), ring.layout()});
+  }
+  return out;
 }
 
 ChannelRegistry::Receiver ChannelRegistry::FindReceiver(const std::string& key,
@@ -78,7 +134,7 @@ ChannelRegistry::Receiver ChannelRegistry::FindReceiver(const std::string& key,
 namespace {
 
 // Erases the entries of `table` (senders or receivers) for which pred(key, entry) holds,
-// handing their rings and leases to `graveyard`, which the caller destroys after unlocking:
+// handing each entry (ring, leases) to `graveyard`, which the caller destroys after unlocking:
 // freeing a region deregisters it from its fabric, which must not run under the lock.
 template <typename Table, typename Pred>
 size_t EraseWhere(Table& table, Pred pred, std::vector<std::shared_ptr<void>>* graveyard) {
@@ -88,8 +144,7 @@ size_t EraseWhere(Table& table, Pred pred, std::vector<std::shared_ptr<void>>* g
       ++it;
       continue;
     }
-    graveyard->push_back(it->second.ring);
-    graveyard->push_back(it->second.lease);
+    graveyard->push_back(std::make_shared<typename Table::mapped_type>(std::move(it->second)));
     it = table.erase(it);
     ++n;
   }
@@ -105,6 +160,9 @@ size_t ChannelRegistry::UnbindWhere(Half half, Pred pred) {
   size_t n = 0;
   if (half != kRecv) n += EraseWhere(senders_, pred, &graveyard);
   if (half != kSend) n += EraseWhere(receivers_, pred, &graveyard);
+  // Successors are not counted: they belong to the halves that went.
+  if (half != kRecv) EraseWhere(next_senders_, pred, &graveyard);
+  if (half != kSend) EraseWhere(next_receivers_, pred, &graveyard);
   return n;
 }
 

@@ -39,6 +39,9 @@ class ChannelRegistry {
     std::shared_ptr<Domain> domain;
     std::shared_ptr<void> lease;  // the pair's credit region
     std::string peer;             // the receiving task (for release notices)
+    // The credit region of the ring this one succeeded: the receiver may still write a
+    // credit into it until it takes the marker, so it stays registered meanwhile.
+    std::shared_ptr<void> prior;
   };
   struct Receiver {
     std::shared_ptr<RingReceiver> ring;
@@ -49,13 +52,33 @@ class ChannelRegistry {
   struct Counts {
     uint64_t senders = 0, receivers = 0;
   };
+  // A receiving half whose tensors outgrew its slots (RingReceiver::wanted), with no
+  // successor yet: what the control plane needs to set one up.
+  struct Growth {
+    std::string key, peer;
+    uint64_t wanted = 0;
+    RingLayout layout;
+  };
 
   void Bind(const std::string& key, Sender s);
   void Bind(const std::string& key, Receiver r);
   // Waits until `key` is bound (the control plane may still be exchanging descriptors);
   // throws kTimeout naming the key at the deadline.
-  Sender FindSender(const std::string& key, const Deadline& deadline);
+  // With `moving_from`, a sending successor bound for `key` replaces the half first: the
+  // successor is returned and the replaced half put in *moving_from (its ring must carry the
+  // marker); otherwise *moving_from is left empty.
+  Sender FindSender(const std::string& key, const Deadline& deadline,
+                    Sender* moving_from = nullptr);
   Receiver FindReceiver(const std::string& key, const Deadline& deadline);
+
+  // Binds the successor of `key`'s half (growth); it replaces the half when the sender moves.
+  void BindSuccessor(const std::string& key, Sender s);
+  void BindSuccessor(const std::string& key, Receiver r);
+  // The receiver of `key` took the marker: its successor replaces it and is returned.
+  // Throws kProtocol when there is none (it was released meanwhile).
+  Receiver AdvanceReceiver(const std::string& key);
+  // The receiving halves of `domain` that want a larger ring.
+  std::vector<Growth> Growing(const Domain* domain) const;
 
   // Unbinds `half` of `key` (kBoth: both); returns how many halves went.
   size_t Unbind(const std::string& key, Half half = kBoth);
@@ -86,6 +109,8 @@ class ChannelRegistry {
   std::map<std::pair<std::string, int>, int> holders_;  // (key, half) -> kernels holding it
   std::map<std::string, Sender> senders_;
   std::map<std::string, Receiver> receivers_;
+  std::map<std::string, Sender> next_senders_;  // successors (growth)
+  std::map<std::string, Receiver> next_receivers_;
 };
 
 }  // namespace rdmadev

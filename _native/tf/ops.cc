@@ -175,9 +175,9 @@ class SendOp : public AsyncOpKernel {
                           tensorflow::DataTypeString(x.dtype()), " (not a plain-bytes dtype)"),
                       done);
     rdmadev::Deadline deadline = rdmadev::Deadline::After(timeout_s_);
-    rdmadev::ChannelRegistry::Sender s;
+    rdmadev::ChannelRegistry::Sender s, moving_from;
     try {
-      s = rdmadev::ChannelRegistry::Global().FindSender(channel_, deadline);
+      s = rdmadev::ChannelRegistry::Global().FindSender(channel_, deadline, &moving_from);
     } catch (const rdmadev::Error& e) {
       ctx->SetStatus(ToStatus(e));
       done();
@@ -208,22 +208,25 @@ class SendOp : public AsyncOpKernel {
                         done);
       block = ShapeBlock(x.shape());
     }
-    std::make_shared<Sending>(ctx, x, std::move(s), deadline, std::move(done), StepTagOf(ctx),
-                              std::move(block), channel_)
+    std::make_shared<Sending>(ctx, x, std::move(s), std::move(moving_from), deadline,
+                              std::move(done), StepTagOf(ctx), std::move(block), channel_)
         ->Next();
   }
 
  private:
   // One execution: writes the tensor in one slot, or on a dynamic channel in as many
   // slot-sized chunks as it needs (the first carrying the shape), each as soon as the
-  // receiver has given a slot back, waiting for credits on the progress thread.
+  // receiver has given a slot back, waiting for credits on the progress thread. When the
+  // channel moves to a larger ring (growth), the marker goes on the old ring first.
   class Sending : public std::enable_shared_from_this<Sending> {
    public:
     Sending(OpKernelContext* ctx, Tensor x, rdmadev::ChannelRegistry::Sender s,
-            rdmadev::Deadline deadline, DoneCallback done, uint32_t tag,
-            std::vector<uint64_t> block, const std::string& channel)
-        : ctx_(ctx), x_(std::move(x)), s_(std::move(s)), deadline_(deadline),
-          done_(std::move(done)), tag_(tag), block_(std::move(block)), channel_(channel) {
+            rdmadev::ChannelRegistry::Sender moving_from, rdmadev::Deadline deadline,
+            DoneCallback done, uint32_t tag, std::vector<uint64_t> block,
+            const std::string& channel)
+        : ctx_(ctx), x_(std::move(x)), s_(std::move(s)), from_(std::move(moving_from)),
+          deadline_(deadline), done_(std::move(done)), tag_(tag), block_(std::move(block)),
+          channel_(channel) {
       trace_.Begin();
     }
 
@@ -231,12 +234,18 @@ class SendOp : public AsyncOpKernel {
       const auto data = x_.tensor_data();
       const uint64_t len = data.size();
       for (;;) {
-        auto need = s_.ring->CreditNeeded();
+        const auto& ring = from_.ring ? from_.ring : s_.ring;  // the marker's ring first
+        auto need = ring->CreditNeeded();
         if (need.second != 0 && need.first->load(std::memory_order_acquire) < need.second) {
-          WaitForCredit(need.first, need.second);
+          WaitForCredit(ring, need.first, need.second);
           return;
         }
         try {
+          if (from_.ring) {
+            from_.ring->SendMoved(deadline_);
+            from_ = {};  // the old ring's sending half goes (the successor holds its credit)
+            continue;
+          }
           const bool first = !started_;
           const uint64_t chunk = block_.empty() ? len : std::min(len - sent_, s_.ring->layout().capacity);
           const int64_t since = trace_.Mark();
@@ -265,7 +274,8 @@ class SendOp : public AsyncOpKernel {
       done_();
     }
 
-    void WaitForCredit(const std::atomic<uint64_t>* word, uint64_t target) {
+    void WaitForCredit(const std::shared_ptr<rdmadev::RingSender>& ring,
+                       const std::atomic<uint64_t>* word, uint64_t target) {
       auto cancel = std::make_shared<WaitCancel>(ctx_->cancellation_manager(), s_.domain);
       if (!cancel->Arm()) {
         ctx_->SetStatus(tensorflow::errors::Cancelled("step cancelled before channel ", channel_, " sent"));
@@ -276,7 +286,7 @@ class SendOp : public AsyncOpKernel {
       credit_since_ = trace_.Mark();
       try {
         uint64_t ticket = s_.domain->progress().Submit(
-            word, target, deadline_, AliveOf(s_.ring->endpoint(), s_.peer),
+            word, target, deadline_, AliveOf(ring->endpoint(), s_.peer),
             [self, cancel](const rdmadev::Status& st, uint64_t) {
               cancel->Disarm();
               self->trace_.Phase("rdmadev.wait_credit", self->credit_since_);
@@ -300,6 +310,7 @@ class SendOp : public AsyncOpKernel {
     OpKernelContext* ctx_;
     const Tensor x_;
     rdmadev::ChannelRegistry::Sender s_;
+    rdmadev::ChannelRegistry::Sender from_;  // the ring to write the marker on (growth), else empty
     const rdmadev::Deadline deadline_;
     DoneCallback done_;
     const uint32_t tag_;
@@ -415,12 +426,14 @@ class RecvOp : public AsyncOpKernel {
    private:
     void Cancel() {
       uint64_t ticket;
+      std::shared_ptr<rdmadev::Domain> domain;
       {
         std::lock_guard<std::mutex> lock(mu_);
         cancelled_ = true;
         ticket = ticket_;
+        domain = r_.domain;
       }
-      if (ticket) r_.domain->progress().Cancel(ticket);
+      if (ticket) domain->progress().Cancel(ticket);
     }
 
     // Waits for the next transfer of this step. When its sequence word is already there (the
@@ -493,6 +506,13 @@ class RecvOp : public AsyncOpKernel {
       }
       try {
         rdmadev::Slot slot = r_.ring->Take(n_);
+        if (slot.moved) {  // the sender moved to the successor ring: wait there
+          r_.ring->Retire();
+          auto next = rdmadev::ChannelRegistry::Global().AdvanceReceiver(op_->channel_);
+          std::lock_guard<std::mutex> lock(mu_);  // Cancel reads r_ from another thread
+          r_ = std::move(next);
+          return true;
+        }
         if (gathering_) {
           auto s = Gather(slot);
           if (!s.ok() || filled_ == total_) {
@@ -663,6 +683,7 @@ class RecvOp : public AsyncOpKernel {
 
     void Finish(const tensorflow::Status& s) {
       trace_.End("rdmadev.recv", op_->channel_, r_.peer, received_, chunks_);
+      if (s.ok() && gathering_) r_.ring->Want(total_);  // it came in chunks: grow the ring
       if (cm_) cm_->TryDeregisterCallback(token_);  // drops the callback's reference to this
       if (!s.ok()) ctx_->SetStatus(s);
       done_();

@@ -12,7 +12,8 @@ planner's instances.py, a dead peer, or this table closing).
             <--------------          <----------------
 
 A TF1 task plans only its own half of each pair; such halves meet through the receiver
-(``want_halves``/``offer_halves``, "half pairs" below), and their kernels own them.
+(``want_halves``/``offer_halves``, "half pairs" below), and their kernels own them. A
+dynamic channel whose tensors outgrow its slots moves to a larger ring ("growth" below).
 
 Example:
     >>> fabrics, registered = open_channels(rt.call, instance, swapped, region_bytes)
@@ -25,7 +26,7 @@ import threading
 import time
 
 from graph_pass.devices import split_task
-from graph_pass.layout import REGION_ALIGNMENT, slot_bytes
+from graph_pass.layout import REGION_ALIGNMENT, round_up, slot_bytes
 
 from .. import _core
 from ..errors import ConfigError, ProtocolError, RdmadevError, RegionError
@@ -39,10 +40,20 @@ __all__ = ["ChannelTable", "open_channels", "REQUESTS", "CREDIT_BYTES"]
 CREDIT_BYTES = _core.CREDIT_BYTES
 
 #: The control requests ChannelTable serves (the runtime routes them here).
-REQUESTS = ("open_pairs", "attach_senders", "half_sizes", "attach_halves", "release", "counters")
+REQUESTS = ("open_pairs", "attach_senders", "half_sizes", "attach_halves", "attach_grown",
+            "bind_grown", "release", "counters")
 
 #: Label of the regions half pairs meet in (in place of an instantiation id: none planned both).
 HALF_PAIRS = "halves"
+
+#: Label of the regions grown channels move to.
+GROWN = "grown"
+
+#: A grown channel's slots hold the largest tensor that arrived in chunks plus 1/GROWTH_HEADROOM
+#: of it, rounded up to GROWTH_ALIGN bytes: sizes that creep up (sequences of varying length)
+#: then re-register a logarithmic number of times, and a ring wastes at most a quarter.
+GROWTH_HEADROOM = 4
+GROWTH_ALIGN = 64 << 10
 
 #: Seconds between two looks for dead peers (their halves are then unbound): how long a dead
 #: task's channels, regions and mappings outlive it here (a step on them fails at once
@@ -97,20 +108,21 @@ def _let_go(*held):
             h.close()
 
 
-def _bind_halves(channels, half, lease, peer, make, failing):
+def _bind_halves(channels, half, lease, peer, make, failing, successor=False):
     """Builds (``make(i, channel)``) and binds `half` ("send" or "recv") of every channel of
-    one pair, holding `lease`. On any failure the halves bound so far are unbound and the
-    error is raised with ``failing(key)`` before its message."""
+    one pair, holding `lease` (as successors: growth). On any failure the halves bound so far
+    are unbound and the error is raised with ``failing(key)`` before its message."""
     try:
         for i, c in enumerate(channels):
             try:
                 h = make(i, c)
             except Exception as e:
                 raise _naming(e, failing(c["key"])) from None
-            h.bind(c["key"], lease, peer=peer)
+            h.bind(c["key"], lease, peer=peer, successor=successor)
     except BaseException:
-        for c in channels:
-            _core.unbind_channel(c["key"], half)
+        if not successor:  # a grown pair has one channel: nothing of it was bound
+            for c in channels:
+                _core.unbind_channel(c["key"], half)
         raise
 
 
@@ -145,6 +157,8 @@ class ChannelTable:
         self.closing = threading.Event()
         self.wanted = {}  # key -> bytes (None: run-time shape) of the sending halves planned here
         self.wanting = threading.Condition(self.lock)  # notified when `wanted` grows
+        self.grown = {}  # key -> (RingSender, lease, receiver): set up, not bound (growth)
+        self.not_grown = set()  # keys whose growth failed: they keep their slots
         self.watcher = None
         if call is not None:
             self.watcher = threading.Thread(target=self._watch_peers, daemon=True,
@@ -190,6 +204,7 @@ class ChannelTable:
             self._notify(p["sender"], keys, "send")
 
     def _open_pair(self, instance, p, attach="attach_senders"):
+        grown = attach == "attach_grown"
         sender, channels = p["sender"], p["channels"]
         keys = [c["key"] for c in channels]
         label = f"{instance}/{self.task}<-{sender}"
@@ -215,13 +230,18 @@ class ChannelTable:
                     lambda i, c: _core.RingReceiver(region, layouts[i], ep, credit, epoch=0,
                                                     credit_offset=i * CREDIT_BYTES),
                     lambda key: f"receiver task {self.task} could not set up channel {key} "
-                                f"from {sender}")
+                                f"from {sender}", successor=grown)
             except BaseException:
-                self._notify(sender, keys, "send")
+                if grown:
+                    self._drop_grown(sender, keys)
+                else:
+                    self._notify(sender, keys, "send")
                 raise
         except BaseException:
             _let_go(credit, lease, region)
             raise
+        if grown:  # the receiving successor is bound: the sender may move
+            self.call(sender, {"op": "bind_grown", "keys": keys})
         return {"sender": sender, "fabric": sent["fabric"], "registered": p["bytes"]}
 
     @contextlib.contextmanager
@@ -246,9 +266,10 @@ class ChannelTable:
 
     # -- sending task --
 
-    def attach_senders(self, r):
+    def attach_senders(self, r, grown=False):
         """Binds the sending halves of one pair: attaches the receiver's region once and
-        gives every channel a line of one fresh credit region.
+        gives every channel a line of one fresh credit region. `grown`: keeps them for
+        ``bind_grown`` instead (growth).
 
         Returns:
             ``{"address": this domain, "credit": descriptor hex, "fabric": name}``.
@@ -259,13 +280,24 @@ class ChannelTable:
         credit = self.domain.allocate(CREDIT_BYTES * len(channels), label=f"credit<-{receiver}",
                                       grant=[_identity(receiver)])
         lease = _core.RegionLease(credit)
+        def make(i, c):
+            return _core.RingSender(ep, ring, _layout(c), credit, epoch=0,
+                                    credit_offset=i * CREDIT_BYTES)
+
+        def failing(key):
+            return f"sender task {self.task} could not set up channel {key} to {receiver}"
         try:
-            _bind_halves(
-                channels, "send", lease, receiver,
-                lambda i, c: _core.RingSender(ep, ring, _layout(c), credit, epoch=0,
-                                              credit_offset=i * CREDIT_BYTES),
-                lambda key: f"sender task {self.task} could not set up channel {key} to "
-                            f"{receiver}")
+            if grown:
+                made = {}
+                for i, c in enumerate(channels):
+                    try:
+                        made[c["key"]] = (make(i, c), lease, receiver)
+                    except Exception as e:
+                        raise _naming(e, failing(c["key"])) from None
+                with self.lock:
+                    self.grown.update(made)
+            else:
+                _bind_halves(channels, "send", lease, receiver, make, failing)
         except BaseException:
             _let_go(ring, lease, credit)
             raise
@@ -367,12 +399,95 @@ class ChannelTable:
                                 hint="run the same rdmadev version in every task")
         return self.attach_senders(r)
 
+    # -- growth --
+    #
+    # A dynamic channel's tensor larger than its slots arrives in chunks, one round trip
+    # each; the wait kernel records its size (RingReceiver::Want). The receiving task's
+    # watcher then moves the channel to a ring whose slots hold it (channel.h, "Growth"):
+    #
+    #     receiver: allocates the larger ring
+    #     attach_grown -> sender     (attach_senders, kept unbound)
+    #     receiver: binds its successor
+    #     bind_grown   -> sender     (binds the sending successor)
+    #
+    # The write kernel moves at its next tensor (a marker on the old ring), the wait kernel
+    # when it takes the marker; both old halves go then. Counted as "grown" (counters()).
+
+    def _grow_channels(self):
+        """Moves every receiving half here whose tensors outgrew its slots to a larger ring;
+        one that cannot grow keeps its slots (a WARNING says why) and its chunks."""
+        for g in _core.growing_channels(self.domain):
+            if g["key"] in self.not_grown or self.closing.is_set():
+                continue
+            try:
+                self._grow(g)
+            except Exception as e:
+                self.not_grown.add(g["key"])
+                log.warning("rdmadev: channel %s from %s keeps its %d-byte slots, and its "
+                            "tensors of up to %d bytes go in chunks: %s", g["key"], g["peer"],
+                            g["capacity_bytes"], g["wanted"], e)
+
+    def _grow(self, g):
+        wanted, limit = g["wanted"], self.config.max_tensor_bytes
+        capacity = min(round_up(wanted + wanted // GROWTH_HEADROOM, GROWTH_ALIGN), limit)
+        if capacity < wanted:
+            raise ConfigError(f"a slot of {wanted} bytes exceeds RDMADEV_MAX_TENSOR_BYTES={limit}",
+                              hint="raise RDMADEV_MAX_TENSOR_BYTES on every task")
+        slot, payload = slot_bytes(capacity, g["rank_capacity"])
+        channel = {"key": g["key"], "slots": g["slots"], "slot_bytes": slot,
+                   "payload_offset": payload, "capacity_bytes": capacity, "offset": 0}
+        size = round_up(g["slots"] * slot, REGION_ALIGNMENT)
+        self._open_pair(GROWN, {"sender": g["peer"], "bytes": size, "channels": [channel]},
+                        attach="attach_grown")
+        log.info("rdmadev: channel %s from %s moved to %d-byte slots (tensors of %d bytes came "
+                 "in chunks of %d)", g["key"], g["peer"], capacity, wanted, g["capacity_bytes"])
+
+    def attach_grown(self, r):
+        """attach_senders for the larger ring of channels this task sends to
+        ``r["receiver"]``, kept until ``bind_grown``."""
+        bound = set(_core.bound_channels())
+        missing = [c["key"] for c in r["channels"] if "send:" + c["key"] not in bound]
+        if missing:
+            raise ProtocolError(f"task {self.task} has no sending half of channel {missing[0]} "
+                                f"for {r['receiver']} to grow",
+                                hint="run the same rdmadev version in every task")
+        return self.attach_senders(r, grown=True)
+
+    def bind_grown(self, r):
+        """Binds the sending successors of ``r["keys"]`` set up by ``attach_grown`` (with
+        ``"drop"``: drops them; the receiver's setup failed). Returns how many."""
+        with self.lock:
+            held = {k: self.grown.pop(k) for k in r["keys"] if k in self.grown}
+        missing = [k for k in r["keys"] if k not in held]
+        if missing and not r.get("drop"):
+            raise ProtocolError(f"task {self.task} has no grown sending half of channel "
+                                f"{missing[0]} to bind (released meanwhile?)",
+                                hint="the channel keeps its slots until it is set up again")
+        for key, (sender, lease, receiver) in held.items():
+            if r.get("drop"):
+                sender.close()
+            else:
+                sender.bind(key, lease, peer=receiver, successor=True)
+        return len(held)
+
+    def _drop_grown(self, sender, keys):
+        """Best effort: tells `sender` to drop the successors of `keys` it set up."""
+        try:
+            self.call(sender, {"op": "bind_grown", "keys": list(keys), "drop": True})
+        except Exception as e:  # the peer may be gone; what it held went with it
+            log.info("rdmadev: could not tell %s to drop %d grown channel(s): %s", sender,
+                     len(keys), e)
+
     # -- release --
 
     def release(self, r):
         """Unbinds `half` ("send", "recv" or "both") of every channel in ``r["keys"]`` here
         (their regions go with their last half). Returns how many halves went."""
         half = r.get("half", "both")
+        if half != "recv":
+            with self.lock:
+                for key in r["keys"]:
+                    self.grown.pop(key, None)
         planner = session()
         if planner is not None and "instance" in r:
             planner.let_go(("pairs", r["instance"]))
@@ -412,23 +527,26 @@ class ChannelTable:
             ep.close()
 
     def _watch_peers(self):
-        """Unbinds the halves of peers that died, every WATCH_INTERVAL_S until closed."""
+        """Unbinds the halves of peers that died and grows channels whose tensors outgrew
+        their slots, every WATCH_INTERVAL_S until closed."""
         while not self.closing.wait(WATCH_INTERVAL_S):
             try:
                 self._sweep_dead_peers()
+                self._grow_channels()
             except Exception as e:  # never let the watcher die
-                log.info("rdmadev: peer sweep failed: %s", e)
+                log.info("rdmadev: peer sweep or growth failed: %s", e)
 
     def counters(self, r=None):
         """This task's channel resources (the ``counters`` control request).
 
         Returns:
             ``{"channels", "senders", "receivers", "regions", "registered_bytes",
-            "transfers", "sent", "received", "discarded", "abandoned", "waits", "fds",
+            "transfers", "sent", "received", "discarded", "abandoned", "grown", "waits", "fds",
             "memfd_maps", "notices", "peers", "silent_peers", "py_threads"}``: channel halves bound here, regions and their bytes in
             this task's Domain, transfers completed by this process (of the received, those a
             failed step left behind and that were discarded unread; receives that ended
-            without a transfer), waits pending on the progress thread, open file descriptors,
+            without a transfer), larger rings registered for channels whose tensors outgrew
+            their slots (growth), waits pending on the progress thread, open file descriptors,
             mappings of rdmadev memfds (its own regions and peers' mapped here), release
             requests sent to peers and failed, the peer tasks this task has endpoints to and
             those marked silent (liveness.py), Python threads (rdmadev's own: control
@@ -451,6 +569,8 @@ class ChannelTable:
         """Stops the watcher and unbinds every channel half of this task (the Domain's close
         frees what remains)."""
         self.closing.set()
+        with self.lock:
+            self.grown.clear()
         _core.unbind_domain(self.domain)
         if self.watcher is not None and self.watcher is not threading.current_thread():
             self.watcher.join(2 * WATCH_INTERVAL_S)

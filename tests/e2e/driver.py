@@ -405,10 +405,44 @@ def sparse(mode):
             "report": fn.report if mode == "rdmadev" else ""}
 
 
+def growing(mode):
+    """One dynamic tensor worker -> ps whose size grows past its slots twice (the driver runs
+    with RDMADEV_DYNAMIC_CAPACITY=4K): after each first oversized step the driver waits for
+    ps to move the channel to larger slots. Returns each step's sum, and with rdmadev the
+    transfers ps took for each step (chunks) and the channels ps grew after it."""
+    def step(n, scale):
+        with tf.device(W0):
+            x = tf.range(n, dtype=tf.float32) * scale
+        with tf.device(PS):
+            return tf.reduce_sum(x * x)
+
+    spec = [tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.float32)]
+    fn = tf.function(step, input_signature=spec)
+    fn = rdmadev.optimize(fn) if mode == "rdmadev" else fn
+    values, chunks, grown = [], [], []
+    ps = lambda: rdmadev.counters()[PS]  # noqa: E731
+    for i, (n, wait) in enumerate([(3000, True), (3000, False), (2000, False), (100000, True),
+                                   (100000, False), (0, False), (90000, False)]):
+        before = ps() if mode == "rdmadev" else None
+        values.append(float(fn(tf.constant(n), tf.constant(1.0 + i / 8))))
+        if mode != "rdmadev":
+            continue
+        after = ps()
+        deadline = time.monotonic() + 30
+        while wait and after["grown"] == before["grown"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+            after = ps()
+        chunks.append(after["received"] - before["received"])
+        grown.append(after["grown"] - before["grown"])
+    return {"values": values, "chunks": chunks, "grown": grown,
+            "report": fn.report if mode == "rdmadev" else ""}
+
+
 def profile(mode, cluster):
     """A step whose transfers are known (a 1 MiB variable read ps -> worker, 3.2 MB of
-    tf.unique'd ids worker -> ps on a dynamic channel, so in 1 MiB chunks), run while TF's
-    profiler traces every task; returns what the trace says each channel moved."""
+    tf.unique'd ids worker -> ps on a dynamic channel: in 1 MiB chunks the first time, then in
+    one slot once ps grew the channel), run while TF's profiler traces every task; returns
+    what the trace says each channel moved."""
     from rdmadev.tf import profile as prof
     import tempfile
 
@@ -426,7 +460,17 @@ def profile(mode, cluster):
     fn = tf.function(step, input_signature=[tf.TensorSpec([None], tf.int64)])
     fn = rdmadev.optimize(fn) if mode == "rdmadev" else fn
     ids = tf.range(400000, dtype=tf.int64)
+    before = rdmadev.counters()[PS] if mode == "rdmadev" else None
     first = [float(t) for t in fn(ids)]
+    first_chunks = grown = 0
+    if mode == "rdmadev":  # the ids came in 4 chunks: ps moves their channel to larger slots
+        after = rdmadev.counters()[PS]
+        first_chunks = after["received"] - before["received"]
+        deadline = time.monotonic() + 30
+        while after["grown"] == before["grown"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+            after = rdmadev.counters()[PS]
+        grown = after["grown"] - before["grown"]
     names = {addr: f"{job}:{i}" for job, addrs in cluster.items() for i, addr in enumerate(addrs)}
     with tempfile.TemporaryDirectory() as logdir:
         run = prof.capture(list(names), logdir, seconds=3, work=lambda: fn(ids))
@@ -442,6 +486,7 @@ def profile(mode, cluster):
             c["phases"][p] = c["phases"].get(p, 0) + (ns > 0)
     rows = prof.summarize(transfers, names)
     return {"first": first, "channels": channels, "rows": rows, "table": prof.table(rows),
+            "first_chunks": first_chunks, "grown": grown,
             "report": fn.report if mode == "rdmadev" else ""}
 
 
@@ -490,7 +535,7 @@ def main():
         tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster))
         result = {"train": train, "noop": noop, "big": big, "retrace": retrace,
                   "train_until_killed": train_until_killed, "mixed": mixed,
-                  "conv": conv, "sparse": sparse}[scenario](mode)
+                  "conv": conv, "sparse": sparse, "growing": growing}[scenario](mode)
     print("RESULT " + json.dumps(result))
 
 

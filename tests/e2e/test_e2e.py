@@ -200,6 +200,19 @@ def test_an_embedding_step_with_run_time_shapes_is_bitwise_identical(cluster, ca
     assert report.count("run-time shape") >= 3, report
 
 
+def test_a_channel_grows_past_its_capacity_mid_training(cluster):
+    """A dynamic tensor larger than its 4 KiB slots arrives in chunks once; ps then moves the
+    channel to slots that hold it (a re-registration, counted as grown) and later steps of up
+    to that size take one transfer; a much larger one chunks and grows once more, a tensor of
+    0 elements moves too, and smaller ones never grow it again. Bitwise equal to gRPC."""
+    grpc = run_driver(cluster, "grpc", "growing")
+    rdma = run_driver(cluster, "rdmadev", "growing", env={"RDMADEV_DYNAMIC_CAPACITY": "4K"})
+    assert rdma["values"] == grpc["values"]
+    # 12000 B in 4 KiB slots: 3 chunks, then 64 KiB slots; 400000 B in those: 7 chunks.
+    assert rdma["chunks"] == [3, 1, 1, 7, 1, 1, 1], rdma["chunks"]
+    assert rdma["grown"] == [1, 0, 0, 1, 0, 0, 0], rdma["grown"]
+
+
 def test_tf1_session_gives_the_same_values(cluster):
     """In a TF1 session each task plans only its own half of a pair; both halves are
     swapped, meet through the receiver, and each task's report says so."""
@@ -229,17 +242,19 @@ def test_every_swapped_transfer_is_on_tfs_profiler_timeline(cluster):
     assert read_recv["peer"] == "/job:ps/replica:0/task:0"
     assert read_send["phases"] == {"write": read_send["n"]}
     assert read_recv["phases"] == {"wait_data": read_recv["n"]}  # no copy: zero-copy
-    # The unique'd ids: 400,000 int64 on a dynamic channel of 1 MiB slots, so 4 chunks, copied.
+    # The unique'd ids: 400,000 int64 on a dynamic channel of 1 MiB slots, so 4 chunks the
+    # first time; ps then grew the channel (before the trace), so one slot each, copied.
+    assert rdma["first_chunks"] == 4 and rdma["grown"] == 1
     ids_send, ids_recv = by_side["worker:0 send"], by_side["ps:0 recv"]
     assert ids_send["bytes"] == ids_recv["bytes"] == [3200000]
-    assert ids_send["chunks"] == ids_recv["chunks"] == [4]
+    assert ids_send["chunks"] == ids_recv["chunks"] == [1]
     assert ids_send["phases"]["write"] == ids_send["n"]
     assert set(ids_send["phases"]) <= {"write", "wait_credit"}
     assert ids_recv["phases"] == {"wait_data": ids_recv["n"], "copy": ids_recv["n"]}
     rows = {(r["task"], r["kind"]): r for r in rdma["rows"]}
     assert min(r["steps"] for r in rows.values()) >= 3, rdma["table"]
     assert rows[("ps:0", "recv")]["bytes"] == 3200000 and rows[("worker:0", "recv")]["bytes"] == 1048576
-    assert rows[("worker:0", "send")]["chunks"] == 4
+    assert rows[("worker:0", "send")]["chunks"] == 1
     assert rows[("ps:0", "recv")]["copy_ms"] > 0 and rows[("worker:0", "recv")]["copy_ms"] == 0
     # The sends and receives of a channel are matched across the two tasks' traces (one clock).
     for key in [("ps:0", "recv"), ("worker:0", "recv")]:

@@ -27,6 +27,7 @@ cdef extern from "channel.h" namespace "rdmadev":
         uint64_t capacity
         uint64_t base
         uint64_t bytes()
+        uint64_t rank_capacity()
         uint64_t header(uint64_t i)
         uint64_t payload(uint64_t i)
         void Validate() except +raise_py_error
@@ -35,12 +36,14 @@ cdef extern from "channel.h" namespace "rdmadev":
         uint64_t seq
         const unsigned char* data
         uint64_t length
+        bool moved
 
     cdef cppclass TransferCounts:
         uint64_t sent
         uint64_t received
         uint64_t discarded
         uint64_t abandoned
+        uint64_t grown
 
     TransferCounts CountedTransfers()
 
@@ -50,6 +53,7 @@ cdef extern from "channel.h" namespace "rdmadev":
                    WaitPolicy policy) except +raise_py_error
         uint64_t Send(const void* src, uint64_t n, const Deadline& d, uint32_t tag,
                       const void* shape, uint64_t shape_len) except +raise_py_error nogil
+        uint64_t SendMoved(const Deadline& d) except +raise_py_error nogil
         uint64_t sent()
 
     cdef cppclass RingReceiver:
@@ -58,6 +62,8 @@ cdef extern from "channel.h" namespace "rdmadev":
                      WaitPolicy policy) except +raise_py_error
         Slot Acquire(const Deadline& d) except +raise_py_error nogil
         void Release(uint64_t seq, const Deadline& d) except +raise_py_error nogil
+        void Retire() nogil
+        void Want(uint64_t n) nogil
         uint64_t acquired()
         uint64_t credit()
         uint64_t held()
@@ -83,6 +89,12 @@ cdef extern from "registry.h" namespace "rdmadev":
         shared_ptr[void] lease
         string peer
 
+    cdef cppclass Growth "rdmadev::ChannelRegistry::Growth":
+        string key
+        string peer
+        uint64_t wanted
+        RingLayout layout
+
     cdef cppclass Counts "rdmadev::ChannelRegistry::Counts":
         uint64_t senders
         uint64_t receivers
@@ -92,7 +104,11 @@ cdef extern from "registry.h" namespace "rdmadev":
         ChannelRegistry& Global() nogil
         void Bind(const string& key, Sender s)
         void Bind(const string& key, Receiver r)
-        Sender FindSender(const string& key, const Deadline& d) except +raise_py_error nogil
+        void BindSuccessor(const string& key, Sender s)
+        void BindSuccessor(const string& key, Receiver r)
+        vector[Growth] Growing(const Domain* domain)
+        Sender FindSender(const string& key, const Deadline& d, Sender* moving_from) except +raise_py_error nogil
+        Receiver AdvanceReceiver(const string& key) except +raise_py_error nogil
         Receiver FindReceiver(const string& key, const Deadline& d) except +raise_py_error nogil
         size_t Unbind(const string& key, Half half)
         size_t UnbindDomain(const Domain* domain)

@@ -11,7 +11,7 @@ from libcpp.vector cimport vector
 
 from rdmadev._native.handle cimport Handle
 from rdmadev._native.c_channel cimport (BenchStreamRecv, BenchStreamSend, ChannelRegistry,
-                                        Counts, CountedTransfers, Half, LeaseRegion, Receiver,
+                                        Counts, CountedTransfers, Growth, Half, LeaseRegion, Receiver,
                                         RingLayout as CLayout,
                                         RingReceiver as CReceiver, RingSender as CSender, Sender,
                                         Slot as CSlot, TransferCounts, kBoth, kCreditBytes,
@@ -194,12 +194,14 @@ cdef class RingSender(Handle):
             raise _errors.ClosedError("Failed to use RingSender: it is closed")
         return self.sp.get()
 
-    def bind(self, key, RegionLease lease=None, peer=""):
+    def bind(self, key, RegionLease lease=None, peer="", successor=False):
         """Publishes this sender under channel `key` for the TF write kernel.
 
         Args:
             lease: held while bound (the pair's credit region goes with its last half).
             peer: the receiving task (a dead peer's halves are unbound, unbind_peer()).
+            successor: bind it as the successor of `key`'s sender (growth: the write kernel
+                moves to it before its next tensor).
         """
         cdef Sender entry
         self._get()
@@ -208,7 +210,10 @@ cdef class RingSender(Handle):
         if lease is not None:
             entry.lease = lease.p
         entry.peer = as_bytes(peer)
-        ChannelRegistry.Global().Bind(as_bytes(key), entry)
+        if successor:
+            ChannelRegistry.Global().BindSuccessor(as_bytes(key), entry)
+        else:
+            ChannelRegistry.Global().Bind(as_bytes(key), entry)
 
     @property
     def sent(self):
@@ -274,12 +279,14 @@ cdef class RingReceiver(Handle):
             raise _errors.ClosedError("Failed to use RingReceiver: it is closed")
         return self.sp.get()
 
-    def bind(self, key, RegionLease lease=None, peer=""):
+    def bind(self, key, RegionLease lease=None, peer="", successor=False):
         """Publishes this receiver under channel `key` for the TF wait kernel.
 
         Args:
             lease: held while bound (the pair's ring region goes with its last half).
             peer: the sending task (a dead peer's halves are unbound, unbind_peer()).
+            successor: bind it as the successor of `key`'s receiver (growth: the wait kernel
+                moves to it when it takes the sender's marker).
         """
         cdef Receiver entry
         self._get()
@@ -288,7 +295,10 @@ cdef class RingReceiver(Handle):
         if lease is not None:
             entry.lease = lease.p
         entry.peer = as_bytes(peer)
-        ChannelRegistry.Global().Bind(as_bytes(key), entry)
+        if successor:
+            ChannelRegistry.Global().BindSuccessor(as_bytes(key), entry)
+        else:
+            ChannelRegistry.Global().Bind(as_bytes(key), entry)
 
     @property
     def held(self):
@@ -359,18 +369,30 @@ def channel_counts(Domain domain=None):
 
 
 def transfer_counts():
-    """{"sent", "received", "discarded", "abandoned"}: transfers completed by every channel of
-    this process; of the received, those discarded unread (left by a failed step), and
-    receives that ended without a transfer (cancelled, timed out)."""
+    """{"sent", "received", "discarded", "abandoned", "grown"}: transfers completed by every
+    channel of this process; of the received, those discarded unread (left by a failed step),
+    and receives that ended without a transfer (cancelled, timed out); larger rings
+    registered for this process's receivers (growth: each a re-registration)."""
     cdef TransferCounts c = CountedTransfers()
     return {"sent": c.sent, "received": c.received, "discarded": c.discarded,
-            "abandoned": c.abandoned}
+            "abandoned": c.abandoned, "grown": c.grown}
+
+
+def growing_channels(Domain domain):
+    """The receiving halves bound through `domain` whose tensors outgrew their slots and
+    have no successor yet: ``[{"key", "peer", "wanted", "slots", "capacity_bytes",
+    "rank_capacity"}]`` (wanted: the largest tensor that arrived in chunks, in bytes)."""
+    cdef vector[Growth] found = ChannelRegistry.Global().Growing(domain.p.get())
+    return [{"key": g.key.decode(), "peer": g.peer.decode(), "wanted": g.wanted,
+             "slots": g.layout.slots, "capacity_bytes": g.layout.capacity,
+             "rank_capacity": g.layout.rank_capacity()} for g in found]
 
 
 def channel_send(key, data, timeout=30.0, uint32_t tag=0):
     """Sends `data` (bytes-like) on the sending half bound under `key` in this process (what
     the TF write kernel does, without TF: for tests and checks), with step tag `tag` (0:
-    untagged, as an eager op). Returns the sequence number.
+    untagged, as an eager op); moves to the half's successor first if one is bound (the
+    marker on the old ring). Returns the sequence number.
 
     Raises:
         DeadlineExceeded: no half bound under `key`, or no free slot, within `timeout`.
@@ -378,18 +400,21 @@ def channel_send(key, data, timeout=30.0, uint32_t tag=0):
     cdef const unsigned char[::1] view = memoryview(data).cast("B")
     cdef string k = as_bytes(key)
     cdef Deadline dl = deadline_of(timeout)
-    cdef Sender s
+    cdef Sender s, moving_from
     cdef uint64_t n
     cdef const unsigned char* ptr = &view[0] if view.shape[0] else NULL
     with nogil:
-        s = ChannelRegistry.Global().FindSender(k, dl)
+        s = ChannelRegistry.Global().FindSender(k, dl, &moving_from)
+        if moving_from.ring:
+            moving_from.ring.get().SendMoved(dl)
         n = s.ring.get().Send(ptr, view.shape[0], dl, tag, NULL, 0)
     return n
 
 
 def channel_recv(key, timeout=30.0):
     """Receives the next transfer on the receiving half bound under `key` in this process
-    (what the TF wait kernel does, without TF). Returns (seq, bytes)."""
+    (what the TF wait kernel does, without TF), following the sender to the successor ring
+    when it moved. Returns (seq, bytes)."""
     cdef string k = as_bytes(key)
     cdef Deadline dl = deadline_of(timeout)
     cdef Receiver r
@@ -397,11 +422,25 @@ def channel_recv(key, timeout=30.0):
     with nogil:
         r = ChannelRegistry.Global().FindReceiver(k, dl)
         s = r.ring.get().Acquire(dl)
+        while s.moved:
+            r.ring.get().Retire()
+            r = ChannelRegistry.Global().AdvanceReceiver(k)
+            s = r.ring.get().Acquire(dl)
     try:
         return s.seq, bytes((<const char*>s.data)[:s.length])
     finally:
         with nogil:
             r.ring.get().Release(s.seq, dl)
+
+
+def channel_want(key, uint64_t nbytes):
+    """Records on the receiving half bound under `key` in this process that a tensor of
+    `nbytes` arrived in chunks (what the TF wait kernel does after gathering one, without
+    TF): its task's control plane then grows the channel (growing_channels())."""
+    cdef string k = as_bytes(key)
+    cdef Deadline dl = deadline_of(0)
+    cdef Receiver r = ChannelRegistry.Global().FindReceiver(k, dl)
+    r.ring.get().Want(nbytes)
 
 
 def bound_channels():
