@@ -389,7 +389,8 @@ def print_result(r):
         print("    " + profile.table(t["rows"]).replace("\n", "\n    "))
     if r.get("between_graph"):
         print(f"  rdmadev report: {r['halves_swapped']} half pairs swapped on the tasks, "
-              f"{r['kept_on_grpc']} stayed on gRPC")
+              f"{r['kept_on_grpc']} stayed on gRPC; {r['grown']} channels grew their slots "
+              "(tensors larger than their first slots)")
     rep = r.get("report")
     if rep:
         print(f"  rdmadev report: {rep['swapped']} transfers swapped "

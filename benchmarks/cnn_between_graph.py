@@ -97,6 +97,8 @@ def run(args):
                                              * args.window_s * 4)) for c in clients]
             reports = {t: [str(r) for r in rs]
                        for t, rs in rdmadev.task_reports(cluster.spec).items()}
+            grown = sum(c["grown"] for c in rdmadev.counters(cluster.spec).values()
+                        if isinstance(c, dict))
         finally:
             for c in clients:
                 c.kill()
@@ -120,7 +122,8 @@ def run(args):
         "images_per_sec": {k: statistics.median(v) for k, v in rates.items() if v},
         "spread": {k: [min(v), max(v)] for k, v in rates.items() if v},
         "step_ms": {k: 1e3 * images_per_step / statistics.median(v) for k, v in rates.items() if v},
-        "windows": rates, "halves_swapped": halves, "kept_on_grpc": kept, "reports": reports,
+        "windows": rates, "halves_swapped": halves, "kept_on_grpc": kept, "grown": grown,
+        "reports": reports,
         "wall_s": time.perf_counter() - t_start,
     }
 

@@ -4,11 +4,15 @@ batch size and worker count, as CSV, JSON, a markdown table and bar charts.
     python benchmarks/compare.py                     # the default matrix, ~10-15 min on 2 cores
     python benchmarks/compare.py --models alexnet --batch_sizes 8 16 32 --num_workers 1 2
     python benchmarks/compare.py --plot_only         # redraw from benchmarks/results/cnn_results.json
+    python benchmarks/compare.py --between_graph     # a TF1 client per worker (issue 15), no reference
 
 Each configuration is one `benchmarks/cnn.py --server_protocol both --reference` process (its
 own cluster of `rdmadev serve` tasks on 127.0.0.1), in which grpc and rdmadev windows
 alternate over the same variables; `--repeats` runs each configuration again (medians of the
-per-run medians are reported). Writes benchmarks/results/cnn_results.{csv,json,md} and
+per-run medians are reported). With `--between_graph` each configuration is one
+`cnn.py --between_graph` process instead (a TF1 client per worker, as tf_cnn_benchmarks'
+parameter_server mode; windows of `--window_s` seconds; no no-network reference), written to
+benchmarks/results/cnn_between_graph_*. Writes benchmarks/results/cnn_results.{csv,json,md} and
 cnn_<model>.png, cnn_summary.png. CPU-only with small images (32 px by default): the
 weights and gradients keep their full size while the compute shrinks with the pixels, so
 these runs are communication-bound, as the GPU workers of the tf_cnn_benchmarks papers were.
@@ -52,8 +56,11 @@ def run_one(args, model, batch, workers):
                "--batch_size", str(batch), "--num_workers", str(workers), "--num_ps", str(args.num_ps),
                "--image_size", str(args.image_size), "--num_batches", str(args.num_batches),
                "--num_windows", str(args.num_windows), "--num_warmup_batches", str(args.num_warmup_batches),
-               "--fabric", args.fabric] + (["--netns"] if args.netns else []) + ["--server_protocol", "both", "--reference", "--no_progress",
-               "--json", out]
+               "--fabric", args.fabric, "--no_progress", "--json", out]
+        if args.between_graph:
+            cmd += ["--between_graph", "--window_s", str(args.window_s)]
+        else:
+            cmd += (["--netns"] if args.netns else []) + ["--server_protocol", "both", "--reference"]
         t0 = time.perf_counter()
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
@@ -98,6 +105,9 @@ def aggregate(model, batch, workers, runs):
         row["rdmadev_of_local"] = row["rdmadev"] / row["local"]
     rep = first.get("report") or {}
     row["swapped"], row["kept"] = rep.get("swapped"), rep.get("kept")
+    if first.get("between_graph"):  # every task's halves (cnn_between_graph.py)
+        row["swapped"], row["kept"] = first["halves_swapped"], first["kept_on_grpc"]
+        row["grown"] = first["grown"]
     row["swapped_MiB_per_step"] = (rep.get("swapped_bytes_per_step") or 0) / 2**20
     row["fabrics"] = ",".join(rep.get("fabrics", []))
     return row
@@ -114,11 +124,14 @@ def markdown(rows):
             continue
         sp = (f"**{r['speedup']:.2f}x** ({r['speedup_min']:.2f}-{r['speedup_max']:.2f})"
               if r.get("speedup") else "-")
+        local = f"{r['local']:.1f}" if r.get("local") else "-"
+        of_local = f"{r['rdmadev_of_local']:.2f}" if r.get("rdmadev_of_local") else "-"
+        moved = (f"{r['swapped']} ({r['swapped_MiB_per_step']:.0f}, {r['fabrics']})"
+                 if r["fabrics"] else
+                 f"{r['swapped']} halves, {r['kept']} on gRPC, {r['grown']} grown")
         lines.append(
             f"| {r['model']} | {r['batch_size']} | {r['num_workers']} | {r['model_MiB']:.0f} | "
-            f"{r['grpc']:.1f} | {r['rdmadev']:.1f} | {sp} | {r['local']:.1f} | "
-            f"{r['rdmadev_of_local']:.2f} | {r['swapped']} ({r['swapped_MiB_per_step']:.0f}, "
-            f"{r['fabrics']}) |")
+            f"{r['grpc']:.1f} | {r['rdmadev']:.1f} | {sp} | {local} | {of_local} | {moved} |")
     return "\n".join(lines) + "\n"
 
 
@@ -132,14 +145,17 @@ def plot(rows, image_size, prefix, netns=False):
     groups = {}
     for r in good:
         groups.setdefault((r["model"], r["num_workers"]), []).append(r)
+    variants = [v for v in VARIANTS if any(r.get(v) for r in good)]  # no local: between-graph
     where = "one netns per task, tcp fabric over veth" if netns else "127.0.0.1, shm fabric"
+    if "local" not in variants:
+        where += ", a TF1 client per worker (between-graph)"
     note = (f"{where}; CPU-only, {image_size}px synthetic images: communication-bound "
             f"(see BENCHMARKS.md)")
 
     def bars(ax, items, labels):
-        width = 0.27
-        for j, v in enumerate(VARIANTS):
-            xs = [i + (j - 1) * width for i in range(len(items))]
+        width = 0.8 / len(variants)
+        for j, v in enumerate(variants):
+            xs = [i + (j - (len(variants) - 1) / 2) * width for i in range(len(items))]
             ys = [r.get(v) or 0 for r in items]
             name = "no network (vars on worker)" if v == "local" else v
             ax.bar(xs, ys, width, label=name, color=COLORS[v])
@@ -187,7 +203,7 @@ def write(rows, meta, prefix):
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
     keys = ["model", "batch_size", "num_workers", "num_ps", "image_size", "model_MiB", "grpc", "rdmadev",
             "local", "speedup", "speedup_min", "speedup_max", "rdmadev_of_local", "swapped", "kept",
-            "swapped_MiB_per_step", "fabrics", "runs", "windows", "batches", "error"]
+            "swapped_MiB_per_step", "fabrics", "grown", "runs", "windows", "batches", "error"]
     with open(prefix + "results.csv", "w", newline="") as f:
         w = csv.DictWriter(f, keys, extrasaction="ignore")
         w.writeheader()
@@ -208,11 +224,19 @@ def main(argv=None):
     ap.add_argument("--num_warmup_batches", type=int, default=2)
     ap.add_argument("--fabric", default="auto", choices=["auto", "shm", "tcp"])
     ap.add_argument("--netns", action="store_true", help="pass --netns to cnn.py (tcp fabric over veth)")
+    ap.add_argument("--between_graph", action="store_true",
+                    help="run cnn.py --between_graph (a TF1 client per worker; no reference)")
+    ap.add_argument("--window_s", type=float, default=10.0,
+                    help="--between_graph: seconds of each measurement window")
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--prefix", default=os.path.join(RESULTS, "cnn_"),
-                    help="output path prefix (default benchmarks/results/cnn_)")
+    ap.add_argument("--prefix", help="output path prefix (default benchmarks/results/cnn_, "
+                                     "with --between_graph cnn_between_graph_)")
     ap.add_argument("--plot_only", action="store_true")
     args = ap.parse_args(argv)
+    if args.between_graph and args.netns:
+        ap.error("--between_graph runs on 127.0.0.1 only (cnn.py)")
+    if args.prefix is None:
+        args.prefix = os.path.join(RESULTS, "cnn_between_graph_" if args.between_graph else "cnn_")
     os.makedirs(os.path.dirname(os.path.abspath(args.prefix)), exist_ok=True)
     if args.plot_only:
         with open(args.prefix + "results.json") as f:
@@ -222,7 +246,8 @@ def main(argv=None):
         return 0
     matrix = configs(args)
     meta = {k: getattr(args, k) for k in ("num_ps", "image_size", "num_batches", "num_windows",
-                                          "num_warmup_batches", "fabric", "repeats", "netns")}
+                                          "num_warmup_batches", "fabric", "repeats", "netns",
+                                          "between_graph", "window_s")}
     meta.update({"host": os.uname().nodename, "cpus": os.cpu_count(),
                  "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())})
     runs = {c: [] for c in matrix}
@@ -238,9 +263,9 @@ def main(argv=None):
                 msg = f"FAILED: {r['error'][:300]}"
             else:
                 ips = r["images_per_sec"]
+                local = f"  local {ips['local']:.1f}" if "local" in ips else ""
                 msg = (f"grpc {ips['grpc']:.1f}  rdmadev {ips['rdmadev']:.1f} "
-                       f"({ips['rdmadev'] / ips['grpc']:.2f}x)  local {ips['local']:.1f}  "
-                       f"[{r['run_s']:.0f} s]")
+                       f"({ips['rdmadev'] / ips['grpc']:.2f}x){local}  [{r['run_s']:.0f} s]")
             print(f"[{rep + 1}/{args.repeats} {i + 1}/{len(matrix)} {time.perf_counter() - t0:6.0f} s] "
                   f"{model} batch {batch} x {workers} workers: {msg}", flush=True)
     rows = [aggregate(m, b, w, runs[(m, b, w)]) for m, b, w in matrix]
