@@ -95,7 +95,7 @@ def aggregate(model, batch, workers, runs):
     first = ok[0]
     row.update({"num_ps": first["num_ps"], "image_size": first["image_size"],
                 "model_MiB": first["model_bytes"] / 2**20, "variables": first["variables"],
-                "windows": first["num_windows"], "batches": first["num_batches"]})
+                "windows": first["num_windows"], "batches": first.get("num_batches")})
     if row.get("grpc") and row.get("rdmadev"):
         row["speedup"] = row["rdmadev"] / row["grpc"]
         # per-window ratios of the same run, the noise band of the speedup
@@ -107,7 +107,7 @@ def aggregate(model, batch, workers, runs):
     row["swapped"], row["kept"] = rep.get("swapped"), rep.get("kept")
     if first.get("between_graph"):  # every task's halves (cnn_between_graph.py)
         row["swapped"], row["kept"] = first["halves_swapped"], first["kept_on_grpc"]
-        row["grown"] = first["grown"]
+        row["grown"] = first.get("grown")
     row["swapped_MiB_per_step"] = (rep.get("swapped_bytes_per_step") or 0) / 2**20
     row["fabrics"] = ",".join(rep.get("fabrics", []))
     return row
@@ -147,13 +147,12 @@ def plot(rows, image_size, prefix, netns=False):
         groups.setdefault((r["model"], r["num_workers"]), []).append(r)
     variants = [v for v in VARIANTS if any(r.get(v) for r in good)]  # no local: between-graph
     where = "one netns per task, tcp fabric over veth" if netns else "127.0.0.1, shm fabric"
-    if "local" not in variants:
-        where += ", a TF1 client per worker (between-graph)"
+    how = "" if "local" in variants else ", a TF1 client per worker"
     note = (f"{where}; CPU-only, {image_size}px synthetic images: communication-bound "
             f"(see BENCHMARKS.md)")
 
     def bars(ax, items, labels):
-        width = 0.8 / len(variants)
+        width = 0.27
         for j, v in enumerate(variants):
             xs = [i + (j - (len(variants) - 1) / 2) * width for i in range(len(items))]
             ys = [r.get(v) or 0 for r in items]
@@ -173,8 +172,8 @@ def plot(rows, image_size, prefix, netns=False):
         items.sort(key=lambda r: r["batch_size"])
         fig, ax = plt.subplots(figsize=(6.5, 4))
         bars(ax, items, [f"batch {r['batch_size']}" for r in items])
-        ax.set_title(f"{model}, 1 ps + {workers} workers: grpc vs rdmadev (speedup labelled)",
-                     fontsize=10)
+        ax.set_title(f"{model}, 1 ps + {workers} workers{how}: grpc vs rdmadev (speedup "
+                     "labelled)", fontsize=9 if how else 10)
         fig.text(0.5, 0.01, note, ha="center", fontsize=7)
         fig.tight_layout(rect=(0, 0.04, 1, 1))
         path = f"{prefix}{model}_w{workers}.png"
@@ -187,8 +186,8 @@ def plot(rows, image_size, prefix, netns=False):
         fig, ax = plt.subplots(figsize=(8, 4))
         bars(ax, summary, [f"{r['model']}\n{r['num_workers']}w" for r in summary])
         ax.set_yscale("log")
-        ax.set_title(f"every model, batch {summary[0]['batch_size']} per worker: grpc vs rdmadev "
-                     f"(speedup labelled)", fontsize=10)
+        ax.set_title(f"every model, batch {summary[0]['batch_size']} per worker{how}: grpc vs "
+                     f"rdmadev (speedup labelled)", fontsize=10)
         fig.text(0.5, 0.01, note, ha="center", fontsize=7)
         fig.tight_layout(rect=(0, 0.04, 1, 1))
         path = f"{prefix}summary.png"

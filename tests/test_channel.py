@@ -162,3 +162,38 @@ def test_a_marker_without_a_receiving_successor_is_a_clear_error(fabric, secret)
                 _core.channel_recv(key, timeout=10)
         finally:
             _core.unbind_channel(key)
+
+
+def test_a_marker_that_could_not_be_written_is_written_by_the_next_send(fabric, secret):
+    """The move's marker waits for a credit on the old ring like any transfer; a send whose
+    marker times out (the receiver holds every old slot) leaves the move pending, and the
+    next send writes the marker before its data: nothing reaches the larger ring first."""
+    cfg = rdmadev.Config(fabric=fabric, secret=secret)
+    key = f"grow-retry-{fabric}"
+    with rdmadev.open_domain("tx", cfg) as a, rdmadev.open_domain("rx", cfg) as b:
+        ab, ba = a.connect(b.address), b.connect(a.address)
+        pairs = []
+        for capacity in (64, 4096):
+            layout = ring_layout(2, capacity)
+            region, credit = b.allocate(layout.bytes), a.allocate(rdmadev.CREDIT_BYTES)
+            pairs.append((rdmadev.RingSender(ab, ab.attach(region.descriptor), layout, credit),
+                          rdmadev.RingReceiver(region, layout, ba, ba.attach(credit.descriptor))))
+        (tx, rx), (big_tx, big_rx) = pairs
+        tx.bind(key)
+        rx.bind(key)
+        try:
+            for i in range(2):
+                _core.channel_send(key, bytes([i]) * 64)
+            held = [rx.acquire(timeout=10)[0] for _ in range(2)]  # both old slots held
+            big_rx.bind(key, successor=True)
+            big_tx.bind(key, successor=True)
+            with pytest.raises(rdmadev.DeadlineExceeded, match="credit"):
+                _core.channel_send(key, bytes(4096), timeout=0.3)
+            for seq in held:
+                rx.release(seq)
+            data = bytes(pattern(4096, SEED))
+            assert _core.channel_send(key, data) == 1
+            assert _core.channel_recv(key) == (1, data)
+            assert _core.channel_counts(a) == {"senders": 1, "receivers": 0}
+        finally:
+            _core.unbind_channel(key)

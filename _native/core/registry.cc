@@ -71,14 +71,28 @@ ChannelRegistry::Sender ChannelRegistry::FindSender(const std::string& key, cons
   Sender s = Find(senders_, key, d, "sender");
   if (moving_from == nullptr) return s;
   std::lock_guard<std::mutex> lock(mu_);
-  auto next = next_senders_.find(key);
   auto current = senders_.find(key);
-  if (next == next_senders_.end() || current == senders_.end()) return s;
-  *moving_from = std::move(current->second);
-  current->second = std::move(next->second);
-  current->second.prior = moving_from->lease;
-  next_senders_.erase(next);
+  if (current == senders_.end()) return s;  // unbound meanwhile: the send fails on its own
+  auto next = next_senders_.find(key);
+  if (next != next_senders_.end()) {
+    Sender& replaced = moving_senders_[key];  // a pending marker's ring stays the one to mark
+    if (!replaced.ring) replaced = current->second;
+    current->second = std::move(next->second);
+    current->second.prior = replaced.lease;
+    next_senders_.erase(next);
+  }
+  auto moving = moving_senders_.find(key);
+  if (moving != moving_senders_.end()) *moving_from = moving->second;
   return current->second;
+}
+
+void ChannelRegistry::Moved(const std::string& key) {
+  Sender old;  // goes after unlocking
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = moving_senders_.find(key);
+  if (it == moving_senders_.end()) return;
+  old = std::move(it->second);
+  moving_senders_.erase(it);
 }
 
 void ChannelRegistry::BindSuccessor(const std::string& key, Sender s) {
@@ -162,6 +176,7 @@ size_t ChannelRegistry::UnbindWhere(Half half, Pred pred) {
   if (half != kSend) n += EraseWhere(receivers_, pred, &graveyard);
   // Successors are not counted: they belong to the halves that went.
   if (half != kRecv) EraseWhere(next_senders_, pred, &graveyard);
+  if (half != kRecv) EraseWhere(moving_senders_, pred, &graveyard);
   if (half != kSend) EraseWhere(next_receivers_, pred, &graveyard);
   return n;
 }

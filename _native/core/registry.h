@@ -64,11 +64,14 @@ class ChannelRegistry {
   void Bind(const std::string& key, Receiver r);
   // Waits until `key` is bound (the control plane may still be exchanging descriptors);
   // throws kTimeout naming the key at the deadline.
-  // With `moving_from`, a sending successor bound for `key` replaces the half first: the
-  // successor is returned and the replaced half put in *moving_from (its ring must carry the
-  // marker); otherwise *moving_from is left empty.
+  // With `moving_from`, a sending successor bound for `key` replaces the half first, and
+  // the replaced half, until Moved(key), is put in *moving_from: its ring must carry the
+  // marker before anything goes on the successor (a send whose marker failed leaves it for
+  // the next one). Otherwise *moving_from is left empty.
   Sender FindSender(const std::string& key, const Deadline& deadline,
                     Sender* moving_from = nullptr);
+  // The marker is on the replaced ring of `key`: its sending half goes.
+  void Moved(const std::string& key);
   Receiver FindReceiver(const std::string& key, const Deadline& deadline);
 
   // Binds the successor of `key`'s half (growth); it replaces the half when the sender moves.
@@ -111,6 +114,7 @@ class ChannelRegistry {
   std::map<std::string, Receiver> receivers_;
   std::map<std::string, Sender> next_senders_;  // successors (growth)
   std::map<std::string, Receiver> next_receivers_;
+  std::map<std::string, Sender> moving_senders_;  // replaced, their marker not yet written
 };
 
 }  // namespace rdmadev

@@ -243,7 +243,8 @@ class SendOp : public AsyncOpKernel {
         try {
           if (from_.ring) {
             from_.ring->SendMoved(deadline_);
-            from_ = {};  // the old ring's sending half goes (the successor holds its credit)
+            from_ = {};
+            rdmadev::ChannelRegistry::Global().Moved(channel_);  // the old sending half goes
             continue;
           }
           const bool first = !started_;

@@ -109,6 +109,7 @@ cdef extern from "registry.h" namespace "rdmadev":
         vector[Growth] Growing(const Domain* domain)
         Sender FindSender(const string& key, const Deadline& d, Sender* moving_from) except +raise_py_error nogil
         Receiver AdvanceReceiver(const string& key) except +raise_py_error nogil
+        void Moved(const string& key) nogil
         Receiver FindReceiver(const string& key, const Deadline& d) except +raise_py_error nogil
         size_t Unbind(const string& key, Half half)
         size_t UnbindDomain(const Domain* domain)

@@ -407,6 +407,7 @@ def channel_send(key, data, timeout=30.0, uint32_t tag=0):
         s = ChannelRegistry.Global().FindSender(k, dl, &moving_from)
         if moving_from.ring:
             moving_from.ring.get().SendMoved(dl)
+            ChannelRegistry.Global().Moved(k)
         n = s.ring.get().Send(ptr, view.shape[0], dl, tag, NULL, 0)
     return n
 
