@@ -280,6 +280,7 @@ class ChannelTable:
         credit = self.domain.allocate(CREDIT_BYTES * len(channels), label=f"credit<-{receiver}",
                                       grant=[_identity(receiver)])
         lease = _core.RegionLease(credit)
+
         def make(i, c):
             return _core.RingSender(ep, ring, _layout(c), credit, epoch=0,
                                     credit_offset=i * CREDIT_BYTES)
@@ -484,9 +485,10 @@ class ChannelTable:
         """Unbinds `half` ("send", "recv" or "both") of every channel in ``r["keys"]`` here
         (their regions go with their last half). Returns how many halves went."""
         half = r.get("half", "both")
-        if half != "recv":
-            with self.lock:
-                for key in r["keys"]:
+        with self.lock:
+            for key in r["keys"]:
+                self.not_grown.discard(key)
+                if half != "recv":
                     self.grown.pop(key, None)
         planner = session()
         if planner is not None and "instance" in r:
