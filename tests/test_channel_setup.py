@@ -410,3 +410,29 @@ def test_a_channel_that_cannot_grow_keeps_its_slots_and_says_why(world, caplog):
         rt.table.config = config
         for task in (W0, W1):
             rt.call(task, {"op": "release", "keys": [t.channel_key], "half": "both"})
+
+
+def test_slots_grow_to_at_most_growth_max_slot(world):
+    """A tensor far larger than GROWTH_MAX_SLOT grows the channel to that size once; later
+    ones go on in chunks of it (cache-resident slots), with no further growth or warning."""
+    rt, _ = world
+    _, swap, regions = plan([(W0, W1)], sizes=(4096,))
+    t = swap[0]
+    channels.open_channels(rt.call, "grow-max", swap, regions)
+    try:
+        grown = rt.table.counters()["grown"]
+        rdmadev._core.channel_want(t.channel_key, 10 * channels.GROWTH_MAX_SLOT)
+        assert _wait_grown(rt, grown) == 1
+        big = dataclasses.replace(t, capacity_bytes=channels.GROWTH_MAX_SLOT)
+        assert exchange(rt, big, count=SLOTS + 1, seed=6) == []
+        rdmadev._core.channel_want(t.channel_key, 10 * channels.GROWTH_MAX_SLOT)
+        deadline = time.monotonic() + 30
+        while t.channel_key not in rt.table.not_grown and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert t.channel_key in rt.table.not_grown
+        assert rt.table.counters()["grown"] == grown + 1
+        assert rdmadev._core.growing_channels(rt.table.domain)[0]["capacity_bytes"] == \
+            channels.GROWTH_MAX_SLOT
+    finally:
+        for task in (W0, W1):
+            rt.call(task, {"op": "release", "keys": [t.channel_key], "half": "both"})

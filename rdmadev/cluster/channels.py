@@ -54,6 +54,14 @@ GROWN = "grown"
 #: then re-register a logarithmic number of times, and a ring wastes at most a quarter.
 GROWTH_HEADROOM = 4
 GROWTH_ALIGN = 64 << 10
+#: Slots grow to at most this many bytes; larger tensors keep going in chunks of it. The
+#: receiver copies a chunked tensor out of its slots: two slots of a few MiB stay in the
+#: last-level cache (32 MiB here) while chunks stream through them, and a channel does not
+#: register twice its largest tensor (alexnet's 150 MB gradient at 224 px: 380 MB per worker
+#: on the ps). Against unbounded growth, the same hour, neither tf_cnn_benchmarks alexnet
+#: (1.27x against 1.23x gRPC) nor cnn.py --between_graph alexnet (1.89x against 1.95x) moved
+#: beyond the noise (BENCHMARKS.md, "Between-graph").
+GROWTH_MAX_SLOT = 4 << 20
 
 #: Seconds between two looks for dead peers (their halves are then unbound): how long a dead
 #: task's channels, regions and mappings outlive it here (a step on them fails at once
@@ -415,10 +423,14 @@ class ChannelTable:
     # when it takes the marker; both old halves go then. Counted as "grown" (counters()).
 
     def _grow_channels(self):
-        """Moves every receiving half here whose tensors outgrew its slots to a larger ring;
-        one that cannot grow keeps its slots (a WARNING says why) and its chunks."""
+        """Moves every receiving half here whose tensors outgrew its slots to a larger ring
+        (up to GROWTH_MAX_SLOT); one that cannot grow keeps its slots (a WARNING says why)
+        and its chunks."""
         for g in _core.growing_channels(self.domain):
             if g["key"] in self.not_grown or self.closing.is_set():
+                continue
+            if g["capacity_bytes"] >= GROWTH_MAX_SLOT:  # chunks of its size are as fast
+                self.not_grown.add(g["key"])
                 continue
             try:
                 self._grow(g)
@@ -430,8 +442,9 @@ class ChannelTable:
 
     def _grow(self, g):
         wanted, limit = g["wanted"], self.config.max_tensor_bytes
-        capacity = min(round_up(wanted + wanted // GROWTH_HEADROOM, GROWTH_ALIGN), limit)
-        if capacity < wanted:
+        capacity = min(round_up(wanted + wanted // GROWTH_HEADROOM, GROWTH_ALIGN),
+                       GROWTH_MAX_SLOT, limit)
+        if capacity < min(wanted, GROWTH_MAX_SLOT):
             raise ConfigError(f"a slot of {wanted} bytes exceeds RDMADEV_MAX_TENSOR_BYTES={limit}",
                               hint="raise RDMADEV_MAX_TENSOR_BYTES on every task")
         slot, payload = slot_bytes(capacity, g["rank_capacity"])
