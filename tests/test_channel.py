@@ -25,6 +25,14 @@ def _send(tx, src, length):
     assert tx.send(src, 0, length) == seq
 
 
+def _ring(a, b, ab, ba, capacity):
+    """(sender, receiver, sender's credit region) of a 2-slot ring from domain a to b."""
+    layout = ring_layout(2, capacity)
+    region, credit = b.allocate(layout.bytes), a.allocate(rdmadev.CREDIT_BYTES)
+    return (rdmadev.RingSender(ab, ab.attach(region.descriptor), layout, credit),
+            rdmadev.RingReceiver(region, layout, ba, ba.attach(credit.descriptor)), credit)
+
+
 @pytest.mark.parametrize("slots", [2, 3, 8])
 def test_thousands_of_transfers_arrive_intact(domain, peer, slots):
     count, capacity = 3000, 4096 + 64
@@ -106,21 +114,14 @@ def test_a_channel_moves_to_its_successor_ring_between_transfers(fabric, secret)
     key = f"grow-{fabric}"
     with rdmadev.open_domain("tx", cfg) as a, rdmadev.open_domain("rx", cfg) as b:
         ab, ba = a.connect(b.address), b.connect(a.address)
-
-        def ring(capacity):
-            layout = ring_layout(2, capacity)
-            region, credit = b.allocate(layout.bytes), a.allocate(rdmadev.CREDIT_BYTES)
-            return (rdmadev.RingSender(ab, ab.attach(region.descriptor), layout, credit),
-                    rdmadev.RingReceiver(region, layout, ba, ba.attach(credit.descriptor)), credit)
-
-        tx, rx, credit = ring(64)
+        tx, rx, credit = _ring(a, b, ab, ba, 64)
         tx.bind(key)
         rx.bind(key)
         try:
             for i in range(3):
                 _core.channel_send(key, bytes([i]) * 64)
                 assert _core.channel_recv(key) == (i + 1, bytes([i]) * 64)
-            big_tx, big_rx, big_credit = ring(4096)
+            big_tx, big_rx, big_credit = _ring(a, b, ab, ba, 4096)
             big_rx.bind(key, successor=True)  # the receiver's first (channels.py, growth)
             big_tx.bind(key, successor=True)
             assert sorted(_core.bound_channels()) == [f"recv:{key}", f"send:{key}"]
@@ -147,12 +148,7 @@ def test_a_marker_without_a_receiving_successor_is_a_clear_error(fabric, secret)
     key = f"grow-unbound-{fabric}"
     with rdmadev.open_domain("tx", cfg) as a, rdmadev.open_domain("rx", cfg) as b:
         ab, ba = a.connect(b.address), b.connect(a.address)
-        pairs = []
-        for capacity in (64, 128):
-            layout = ring_layout(2, capacity)
-            region, credit = b.allocate(layout.bytes), a.allocate(rdmadev.CREDIT_BYTES)
-            pairs.append((rdmadev.RingSender(ab, ab.attach(region.descriptor), layout, credit),
-                          rdmadev.RingReceiver(region, layout, ba, ba.attach(credit.descriptor))))
+        pairs = [_ring(a, b, ab, ba, capacity)[:2] for capacity in (64, 128)]
         pairs[0][0].bind(key)
         pairs[0][1].bind(key)
         pairs[1][0].bind(key, successor=True)
@@ -172,12 +168,7 @@ def test_a_marker_that_could_not_be_written_is_written_by_the_next_send(fabric, 
     key = f"grow-retry-{fabric}"
     with rdmadev.open_domain("tx", cfg) as a, rdmadev.open_domain("rx", cfg) as b:
         ab, ba = a.connect(b.address), b.connect(a.address)
-        pairs = []
-        for capacity in (64, 4096):
-            layout = ring_layout(2, capacity)
-            region, credit = b.allocate(layout.bytes), a.allocate(rdmadev.CREDIT_BYTES)
-            pairs.append((rdmadev.RingSender(ab, ab.attach(region.descriptor), layout, credit),
-                          rdmadev.RingReceiver(region, layout, ba, ba.attach(credit.descriptor))))
+        pairs = [_ring(a, b, ab, ba, capacity)[:2] for capacity in (64, 4096)]
         (tx, rx), (big_tx, big_rx) = pairs
         tx.bind(key)
         rx.bind(key)
