@@ -17,6 +17,7 @@ in it divided by the time it spent. Every process started here is stopped at the
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -111,7 +112,7 @@ def run(args):
                 sum(args.batch_size * r["steps"] / r["seconds"] for r in rows))
     images_per_step = args.batch_size * args.num_workers
     lines = [line for rs in reports.values() for r in rs for line in r.splitlines()]
-    halves = sum(" half " in line for line in lines)
+    halves = sum(bool(re.search(r" half(\+zc)? ", line)) for line in lines)
     kept = sum(line.lstrip().startswith("grpc ") for line in lines)
     return {
         "model": args.model, "batch_size": args.batch_size, "num_workers": args.num_workers,

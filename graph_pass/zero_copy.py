@@ -4,10 +4,13 @@ A received tensor that aliases its slot returns the slot to the sender only when
 it, and credits return in order: a tensor that outlives its step (returned to the caller,
 forwarded into a variable -- AssignVariableOp shares its input buffer -- or kept by any
 op whose output may alias its input) stalls the channel K transfers later. So a transfer
-is marked zero-copy only when it carries at least ``plan.config.zero_copy_min_bytes`` (see
-``graph_pass.plan.DEFAULT_ZERO_COPY_MIN_BYTES`` for why) and every consumer of the received tensor is an op that reads it
-and keeps nothing: its outputs are fresh allocations (TF does not forward a buffer it does
+is marked zero-copy only when every consumer of the received tensor (seen through the ops
+that forward it, ``FORWARDING_OPS``) is an op that reads it and keeps nothing: its outputs are fresh allocations (TF does not forward a buffer it does
 not own, and slot buffers do not own their memory) and it stores nothing past the step.
+The size threshold, ``plan.config.zero_copy_min_bytes`` (see
+``graph_pass.plan.DEFAULT_ZERO_COPY_MIN_BYTES`` for why), is applied here to a static
+channel, whose bytes are known, and by the receiving op to each tensor of a dynamic or half
+pair channel (the bridge passes it along); a dynamic tensor that came in chunks is copied.
 
 Results go on the Transfer (``zero_copy``) and on the receiving node under ``data["rdmadev"]``.
 """
@@ -15,14 +18,14 @@ import logging
 
 from .load import NS
 
-__all__ = ["mark_zero_copy", "NON_RETAINING_OPS"]
+__all__ = ["mark_zero_copy", "NON_RETAINING_OPS", "FORWARDING_OPS"]
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
 
 # Ops that read a tensor input and neither return it, nor alias it, nor store it.
-# Deliberately absent: Identity, Reshape, Slice/StridedSlice, Cast, ExpandDims, Squeeze,
-# _Retval, AssignVariableOp, Enter/Switch/Merge, TensorList*/TensorArray* (alias or retain).
+# Deliberately absent: Slice/StridedSlice, Cast, ExpandDims, Squeeze, _Retval,
+# AssignVariableOp, Enter/Switch/Merge, TensorList*/TensorArray* (alias or retain).
 NON_RETAINING_OPS = frozenset({
     "MatMul", "BatchMatMulV2", "_MklMatMul", "_MklNativeMatMul", "_MklFusedMatMul",
     "_MklNativeFusedMatMul", "_FusedMatMul",
@@ -33,7 +36,37 @@ NON_RETAINING_OPS = frozenset({
     "AssignAddVariableOp", "AssignSubVariableOp",
     "ResourceApplyGradientDescent", "ResourceApplyMomentum", "ResourceApplyKerasMomentum",
     "ResourceApplyAdam", "ResourceApplyAdagrad", "ResourceApplyRMSProp",
+    # oneDNN's input gradient of a conv, which reads the filter (TF's CPU build rewrites
+    # Conv2DBackpropInput to it before the pass sees the graph; tests/e2e: the conv scenario
+    # with RDMADEV_ZERO_COPY_MIN_BYTES=1).
+    "_MklNativeConv2DBackpropInput",
+    # Embedding lookups and their sparse updates: each allocates its output (gathered or
+    # stitched rows) or writes into a variable, reading the received ids, rows or gradient
+    # values only (tests/e2e: the sparse scenario with RDMADEV_ZERO_COPY_MIN_BYTES=1).
+    "GatherV2", "ResourceGather", "ParallelDynamicStitch", "ResourceScatterSub",
 })
+
+# Ops whose output is their input's buffer: safe exactly when what consumes that output is
+# (TF1 graphs read a received variable value through an Identity).
+FORWARDING_OPS = frozenset({"Identity"})
+#: Forwarding ops followed from one received tensor before giving up (a chain of Identities).
+MAX_FORWARDS = 4
+
+
+def _keeps_nothing(graph, key, forwards=0):
+    """True when every data consumer of `key`'s output keeps nothing of it, looking through
+    up to MAX_FORWARDS forwarding ops; False without consumers (the tensor is a result)."""
+    consumers = [dst for _, dst, e in graph.out_edges(key, data=True) if not e.get("control")]
+    if not consumers:
+        return False
+    for dst in consumers:
+        op = graph.nodes[dst]["op"]
+        if op in FORWARDING_OPS and forwards < MAX_FORWARDS:
+            if not _keeps_nothing(graph, dst, forwards + 1):
+                return False
+        elif op not in NON_RETAINING_OPS:
+            return False
+    return True
 
 
 def mark_zero_copy(plan, graph):
@@ -51,17 +84,16 @@ def mark_zero_copy(plan, graph):
             recvs.setdefault(key[1], []).append(key)
     for t in plan.transfers:
         t.zero_copy = False
-        if t.decision != "swap" or t.rank_capacity is not None or not t.recv_node \
-                or (t.bytes or 0) < plan.config.zero_copy_min_bytes:
+        if t.decision != "swap" or not t.recv_node or t.capacity_bytes == 0:
+            continue
+        if t.rank_capacity is None and t.bytes < plan.config.zero_copy_min_bytes:
             continue
         keys = [k for k in recvs.get(t.recv_node, ()) if graph.nodes[k].get("device") in ("", t.recv_device)
                 or k[0] == t.recv_device] or recvs.get(t.recv_node, [])
         if len(keys) != 1:
             continue
-        consumers = [graph.nodes[dst]["op"] for _, dst, e in graph.out_edges(keys[0], data=True)
-                     if not e.get("control")]
-        t.zero_copy = bool(consumers) and all(op in NON_RETAINING_OPS for op in consumers)
+        t.zero_copy = _keeps_nothing(graph, keys[0])
         graph.nodes[keys[0]].setdefault(NS, {})["zero_copy"] = t.zero_copy
         if t.zero_copy:
-            log.debug("zero-copy: %s (consumers %s)", t.tensor_name, consumers)
+            log.debug("zero-copy: %s", t.tensor_name)
     return plan

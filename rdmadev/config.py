@@ -41,6 +41,7 @@ VARIABLES = (
     ("RDMADEV_AUTO", "0", "1 rewrites every function instantiated in the process (in tasks started by `rdmadev serve`: functions they partition, e.g. ParameterServerStrategy steps), so scripts run unchanged."),
     ("RDMADEV_MAX_REGISTERED_BYTES", "(half of RAM)", "Bytes of channel regions a task registers at most (all its peers together; a K/M/G/T suffix counts in 1024s): a setup request past it is refused with a RegionError naming this variable."),
     ("RDMADEV_DYNAMIC_CAPACITY", "1M", "Payload bytes each slot of a channel whose tensor has a shape known only at run time starts with (ids after tf.unique, gathered rows, sparse gradients; a K/M/G suffix counts in 1024s). The shape travels with the tensor; one larger than a slot goes in slot-sized chunks, and the receiving task then moves the channel to slots that hold it and a quarter more, up to 4 MiB (`grown` in rdmadev.counters()), within RDMADEV_MAX_REGISTERED_BYTES. A starting size, never a limit."),
+    ("RDMADEV_ZERO_COPY_MIN_BYTES", "64K", "Bytes a received tensor must carry for its receive to hand TF the slot itself instead of a copy (K/M/G/T suffix), where the planner found that every consumer of the tensor keeps nothing (`+zc` in the report); the slot goes back to the sender when TF frees the tensor. A tensor that came in chunks is always copied; a value above every tensor (e.g. 1T) turns aliasing off."),
     ("RDMADEV_MAX_TENSOR_BYTES", "2G", "Bytes one tensor of a run-time shape may carry (K/M/G/T suffix): a larger one fails its step with an error naming this variable, and a peer claiming more cannot make the receiver allocate it. Set the same value on every task."),
     ("RDMADEV_CONTROL_PORT_OFFSET", "10000", "rdmadev's control service of a task listens at the task's TF port + this offset (minus it when that passes 65535), on the host of its cluster-spec address."),
     ("RDMADEV_DEVICE", "(auto)", "RDMA device for the verbs fabric (e.g. mlx5_0, rxe0); default: the first device with an ACTIVE port."),
@@ -135,6 +136,9 @@ class Config:
     max_registered_bytes: int = DEFAULT_MAX_REGISTERED_BYTES
     dynamic_capacity: int = DEFAULT_DYNAMIC_CAPACITY
     max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES
+    # None: the planner's default (graph_pass.plan.DEFAULT_ZERO_COPY_MIN_BYTES, where it is
+    # explained; not imported here, which would load the planner with every Config).
+    zero_copy_min_bytes: object = None
 
     @classmethod
     def from_env(cls, env=None):
@@ -189,6 +193,7 @@ class Config:
                                        DEFAULT_MAX_REGISTERED_BYTES),
             dynamic_capacity=_size(env, "RDMADEV_DYNAMIC_CAPACITY", DEFAULT_DYNAMIC_CAPACITY),
             max_tensor_bytes=_size(env, "RDMADEV_MAX_TENSOR_BYTES", DEFAULT_MAX_TENSOR_BYTES),
+            zero_copy_min_bytes=_size(env, "RDMADEV_ZERO_COPY_MIN_BYTES", None),
         )
 
     def fabric_options(self):

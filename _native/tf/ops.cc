@@ -66,6 +66,7 @@ REGISTER_OP("RdmadevRecv")
     .Attr("channel: string")
     .Attr("timeout_s: float")
     .Attr("zero_copy: bool = false")
+    .Attr("zero_copy_min_bytes: int = 0")
     .Attr("max_bytes: int = 0")
     .Attr("owned: bool = false")
     .SetIsStateful()
@@ -79,8 +80,9 @@ REGISTER_OP("RdmadevRecv")
     })
     .Doc("Waits for the next transfer on rdmadev channel `channel` and outputs it. On a dynamic "
          "channel its shape is the one the sender wrote (compatible with `shape`), at most "
-         "max_bytes (0: no limit) bytes, gathered from as many chunks as it was sent in. An "
-         "owned kernel (a half pair) holds its half of the channel while it lives; the last "
+         "max_bytes (0: no limit) bytes, gathered from as many chunks as it was sent in. With "
+         "zero_copy a tensor of at least zero_copy_min_bytes that came in one slot aliases it "
+         "(the slot goes back to the sender when the tensor is freed). An owned kernel (a half pair) holds its half of the channel while it lives; the last "
          "one destroyed unbinds it.");
 
 namespace {
@@ -365,6 +367,7 @@ class RecvOp : public AsyncOpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("dtype", &dtype_));
     OP_REQUIRES_OK(c, c->GetAttr("timeout_s", &timeout_s_));
     OP_REQUIRES_OK(c, c->GetAttr("zero_copy", &zero_copy_));
+    OP_REQUIRES_OK(c, c->GetAttr("zero_copy_min_bytes", &zero_copy_min_bytes_));
     OP_REQUIRES_OK(c, c->GetAttr("max_bytes", &max_bytes_));
     OP_REQUIRES_OK(c, c->GetAttr("shape", &shape_));
     OP_REQUIRES_OK(c, c->GetAttr("owned", &owned_));
@@ -648,12 +651,14 @@ class RecvOp : public AsyncOpKernel {
             shape.DebugString(), " ", tensorflow::DataTypeString(op.dtype_), " needs ", want,
             ": the sender's tensor does not match the plan");
       }
-      // Aliasing is the planner's decision (zero_copy, which already applies the plan's
-      // zero_copy_min_bytes): credits return in order, so a received tensor that stays
-      // alive (returned, stored, forwarded into a variable) stops the sender K transfers
-      // later, and only the planner can tell that every consumer is done with it within
-      // the step. The one run-time guard: alias only while a slot stays free.
-      if (op.zero_copy_ && r_.ring->held() < r_.ring->layout().slots) {
+      // Aliasing is the planner's decision (zero_copy): credits return in order, so a
+      // received tensor that stays alive (returned, stored, forwarded into a variable)
+      // stops the sender K transfers later, and only the planner can tell that every
+      // consumer is done with it within the step. Its size threshold (the plan's
+      // zero_copy_min_bytes) applies here, where a dynamic channel's size is known, and one
+      // run-time guard: alias only while a slot stays free.
+      if (op.zero_copy_ && want >= static_cast<uint64_t>(op.zero_copy_min_bytes_) &&
+          r_.ring->held() < r_.ring->layout().slots) {
         auto* buf = new SlotBuffer(slot, r_.ring);
         Tensor out(op.dtype_, shape, buf);
         buf->Unref();
@@ -718,6 +723,7 @@ class RecvOp : public AsyncOpKernel {
   bool fully_defined_ = false;
   float timeout_s_ = 0;  // always set from the attr (the plan's deadline)
   bool zero_copy_ = false;
+  int64_t zero_copy_min_bytes_ = 0;  // alias only tensors of at least this many bytes
   int64_t max_bytes_ = 0;  // the most a dynamic tensor may carry (0: no limit)
   bool owned_ = false;  // a half pair's kernel: holds its half while it lives
 };

@@ -55,6 +55,7 @@ struct Rewrite {
   std::vector<int64_t> shape;  // -1: a dim the sender's shape block carries
   bool unknown_rank = false;   // the whole shape travels in the shape block
   bool zero_copy = false;  // decided by the planner (graph_pass.zero_copy)
+  long long zero_copy_min_bytes = 0;  // the plan's threshold, applied to each tensor
   double timeout_s = 0;    // the plan's deadline_s, always given by the bridge
   long long max_bytes = 0;  // RDMADEV_MAX_TENSOR_BYTES for dynamic channels (0: no limit)
   bool owned = false;  // a half pair's op: its kernel holds the half while it lives
@@ -203,14 +204,14 @@ bool CallPlanner(const std::map<std::string, std::string>& parts, const std::str
       int dtype, zero_copy, owned;
       double timeout_s;
       PyObject* shape;
-      long long max_bytes;
-      if (!PyArg_ParseTuple(t, "ssssiOpdLp", &kind, &device, &node, &channel, &dtype, &shape,
-                            &zero_copy, &timeout_s, &max_bytes, &owned)) {
+      long long max_bytes, zero_copy_min_bytes;
+      if (!PyArg_ParseTuple(t, "ssssiOpLdLp", &kind, &device, &node, &channel, &dtype, &shape,
+                            &zero_copy, &zero_copy_min_bytes, &timeout_s, &max_bytes, &owned)) {
         ok = false;
         break;
       }
       Rewrite r{kind, device, node, channel, dtype, {}, shape == Py_None, zero_copy != 0,
-                timeout_s, max_bytes, owned != 0};
+                zero_copy_min_bytes, timeout_s, max_bytes, owned != 0};
       for (Py_ssize_t j = 0; !r.unknown_rank && j < PySequence_Size(shape); ++j) {
         PyObject* d = PySequence_GetItem(shape, j);
         r.shape.push_back(PyLong_AsLongLong(d));
@@ -262,6 +263,7 @@ absl::Status Apply(Graph* g, Node* old, const Rewrite& r) {
     b.Attr("dtype", static_cast<tensorflow::DataType>(r.dtype));
     b.Attr("shape", shape);
     b.Attr("zero_copy", r.zero_copy);
+    if (r.zero_copy) b.Attr("zero_copy_min_bytes", static_cast<int64_t>(r.zero_copy_min_bytes));
   }
   b.Attr("max_bytes", static_cast<int64_t>(r.max_bytes));
   if (r.owned) b.Attr("owned", true);

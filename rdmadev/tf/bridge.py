@@ -5,8 +5,9 @@ tasks' control services (rdmadev.cluster.channels), records a report, and tells 
 side what to replace.
 
 Each rewrite is a tuple (kind, partition, node, channel, dtype enum, shape, zero_copy,
-timeout_s, max_bytes, owned) with kind "send" or "recv"; shape has -1 for a dim known only at
-run time and is None when the rank is too (a dynamic channel's slots carry the shape); owned is
+zero_copy_min_bytes, timeout_s, max_bytes, owned) with kind "send" or "recv"; shape has -1 for
+a dim known only at run time and is None when the rank is too (a dynamic channel's slots carry
+the shape); the receive aliases a tensor of at least zero_copy_min_bytes when zero_copy; owned is
 True for a half pair, whose kernels hold their half while they live (the last one destroyed
 unbinds it).
 
@@ -51,9 +52,11 @@ def plan_config(config, halves=False):
     """The planner's settings for this process's rdmadev ``Config``; `halves`: whether half
     pairs are swapped (as dynamic channels of RDMADEV_DYNAMIC_CAPACITY), else kept."""
     carries = dict(OPS_CARRY, half_pairs=OPS_CARRY["half_pairs"] and halves)
+    zero_copy = {} if config.zero_copy_min_bytes is None else \
+        {"zero_copy_min_bytes": config.zero_copy_min_bytes}
     return PlanConfig(slots=config.slots, deadline_s=config.deadline_s, carries=carries,
                       default_dynamic_capacity=config.dynamic_capacity,
-                      half_pair_capacity=config.dynamic_capacity if halves else None)
+                      half_pair_capacity=config.dynamic_capacity if halves else None, **zero_copy)
 
 
 def check_wire_layout(plan):
@@ -105,11 +108,11 @@ def rewrites(partitions, function="", marked=()):
         shape = None if t.shape is None else list(t.shape)  # None: the rank travels too
         owned = t.halves != "both"
         if t.halves in ("both", "send"):
-            out.append(("send", t.send_device, t.send_node, t.channel_key, dtype, [], False,
+            out.append(("send", t.send_device, t.send_node, t.channel_key, dtype, [], False, 0,
                         timeout, limit, owned))
         if t.halves in ("both", "recv"):
             out.append(("recv", t.recv_device, t.recv_node, t.channel_key, dtype, shape,
-                        bool(t.zero_copy), timeout, limit, owned))
+                        bool(t.zero_copy), plan.config.zero_copy_min_bytes, timeout, limit, owned))
         fabric = fabrics.get(t.channel_key, f"{t.halves} half") + ("+zc" if t.zero_copy else "")
         swapped.append((t.tensor_name, route, t.dtype, t.bytes, fabric))
     report = reports.Report(instance, swapped, kept, registered, function=function,

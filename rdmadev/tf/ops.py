@@ -73,16 +73,18 @@ def send(x, channel, timeout_s=None, max_bytes=0):
                                max_bytes=max_bytes)
 
 
-def recv(dtype, shape, channel, timeout_s=None, zero_copy=False, max_bytes=0):
+def recv(dtype, shape, channel, timeout_s=None, zero_copy=False, max_bytes=0, zero_copy_min_bytes=0):
     """Waits for the next tensor on `channel` (bound in this process) and returns it.
 
     `timeout_s` None: RDMADEV_DEADLINE_S (Config.deadline_s). `shape` may have None dims (or
     be None) on a dynamic channel: the output has the shape the sender wrote, refused when it
     does not match `shape` or needs more than `max_bytes` (0: no limit).
 
-    With zero_copy=True the tensor aliases its slot, whatever its size (the planner sets it
-    for tensors of at least its config's zero_copy_min_bytes); the slot returns to the sender
+    With zero_copy=True a tensor of at least `zero_copy_min_bytes` that arrived in one slot
+    aliases it (the planner sets zero_copy where every consumer keeps nothing, and passes its
+    config's zero_copy_min_bytes); the slot returns to the sender
     only when the tensor is freed: keep such tensors short-lived, or the sender stalls
     (DeadlineExceeded on its credit) once the receiver holds every slot."""
     return load().rdmadev_recv(dtype=dtype, shape=shape, channel=channel, timeout_s=_deadline(timeout_s),
-                               zero_copy=zero_copy, max_bytes=max_bytes)
+                               zero_copy=zero_copy, zero_copy_min_bytes=zero_copy_min_bytes,
+                               max_bytes=max_bytes)

@@ -318,21 +318,24 @@ def keras2_fit(mode, cluster):
 
 def conv(mode):
     """Conv + bias_add: oneDNN fuses the filter and bias gradients into one op whose shape
-    function is wrong for the bias (regression: the pass must not trust it)."""
+    function is wrong for the bias (regression: the pass must not trust it). A second conv on
+    top makes the worker read its filter twice: forward, and for the input gradient."""
     with tf.device(PS):
         f = tf.Variable(tf.random.stateless_normal([3, 3, 3, 8], [1, 9]) * 0.1)
         bias = tf.Variable(tf.zeros([8]))
+        f2 = tf.Variable(tf.random.stateless_normal([3, 3, 8, 4], [2, 9]) * 0.1)
 
     def step(i):
         with tf.device(W0):
             x = tf.random.stateless_uniform([4, 16, 16, 3], [i, 5])
             with tf.GradientTape() as tape:
                 y = tf.nn.relu(tf.nn.bias_add(tf.nn.conv2d(x, f, 1, "SAME"), bias))
-                loss = tf.reduce_mean(tf.square(y - 0.5))
-            gf, gb = tape.gradient(loss, [f, bias])
+                loss = tf.reduce_mean(tf.square(tf.nn.conv2d(y, f2, 1, "SAME") - 0.5))
+            gf, gb, gf2 = tape.gradient(loss, [f, bias, f2])
         with tf.device(PS):
             f.assign_sub(0.1 * gf)
             bias.assign_sub(0.1 * gb)
+            f2.assign_sub(0.1 * gf2)
         return loss
 
     fn = rdmadev.optimize(tf.function(step)) if mode == "rdmadev" else tf.function(step)
@@ -439,9 +442,10 @@ def growing(mode):
 
 
 def profile(mode, cluster):
-    """A step whose transfers are known (a 1 MiB variable read ps -> worker, 3.2 MB of
-    tf.unique'd ids worker -> ps on a dynamic channel: in 1 MiB chunks the first time, then in
-    one slot once ps grew the channel), run while TF's profiler traces every task; returns
+    """A step whose transfers are known (a 1 MiB variable read ps -> worker, copied out as its
+    consumer, ReverseV2, is not one that keeps nothing; 3.2 MB of tf.unique'd ids worker -> ps
+    on a dynamic channel: in 1 MiB chunks the first time, then in one slot once ps grew the
+    channel, aliased by its consumer Sum), run while TF's profiler traces every task; returns
     what the trace says each channel moved."""
     from rdmadev.tf import profile as prof
     import tempfile
@@ -452,7 +456,7 @@ def profile(mode, cluster):
     def step(x):
         with tf.device(W0):
             uniq = tf.unique(x)[0]
-            read = tf.reduce_sum(v * 2.0)
+            read = tf.reduce_sum(tf.reverse(v, [0]) * 2.0)
         with tf.device(PS):
             total = tf.reduce_sum(uniq)
         return read, total

@@ -25,13 +25,20 @@ def test_training_is_bitwise_identical(cluster):
     assert re.search(r"worker/replica:0/task:\d -> /job:ps", rdma["report"])
 
 
-def test_conv_with_bias_gradient(cluster):
+@pytest.mark.parametrize("aliased", [False, True], ids=["copied", "aliased"])
+def test_conv_with_bias_gradient(cluster, aliased):
     """Regression: oneDNN's fused conv filter+bias gradient op has a wrong shape function
-    for the bias; the channel must still get the right size (or stay on gRPC)."""
+    for the bias; the channel must still get the right size (or stay on gRPC). Aliased: with
+    RDMADEV_ZERO_COPY_MIN_BYTES=1 the worker's convolutions (oneDNN's forward and input
+    gradient ops) read the filter in its slot."""
     grpc = run_driver(cluster, "grpc", "conv")
-    rdma = run_driver(cluster, "rdmadev", "conv")
+    rdma = run_driver(cluster, "rdmadev", "conv", env={"RDMADEV_ZERO_COPY_MIN_BYTES": "1"} if aliased else {})
     assert rdma["losses"] == grpc["losses"] and rdma["bias"] == grpc["bias"]
     assert _swapped(rdma["report"])
+    for conv, nbytes in (("Conv2D", 864), ("Conv2D_1", 1152)):
+        read = re.search(rf"^\s*(\S+)\s.*ps/replica:0/task:0 -> \S+\s+edge_\d+_{conv}/ReadVariableOp "
+                         rf"DT_FLOAT {nbytes} B$", rdma["report"], re.M)
+        assert read and read.group(1) == ("shm+zc" if aliased else "shm"), rdma["report"]
 
 
 def test_function_without_cross_task_pair_is_left_alone(cluster):
@@ -183,14 +190,17 @@ def test_strings_stay_on_grpc_and_dynamic_shapes_move(cluster):
     assert re.search(r"boolean_mask/GatherV2\S* DT_FLOAT run-time shape", report), report
 
 
-@pytest.mark.parametrize("capacity", ["1M", "256"])
-def test_an_embedding_step_with_run_time_shapes_is_bitwise_identical(cluster, capacity):
+@pytest.mark.parametrize("env", [{"RDMADEV_DYNAMIC_CAPACITY": "1M"}, {"RDMADEV_DYNAMIC_CAPACITY": "256"},
+                                 {"RDMADEV_ZERO_COPY_MIN_BYTES": "1"}], ids=["1M", "256", "aliased"])
+def test_an_embedding_step_with_run_time_shapes_is_bitwise_identical(cluster, env):
     """tf.unique'd ids, gathered rows and IndexedSlices gradients move through rdmadev, batches
     and sequence lengths changing (ragged, empty); with 256-byte slots every tensor but the
-    smallest arrives in chunks. Nothing of a plain-bytes dtype stays on gRPC but the
-    coordinator's arguments and results."""
+    smallest arrives in chunks; with RDMADEV_ZERO_COPY_MIN_BYTES=1 every tensor whose consumers
+    keep nothing is aliased in its slot (ids read by ResourceGather, rows by GatherV2, gradient
+    values by Mul, their indices by ResourceScatterSub). Nothing of a plain-bytes dtype stays
+    on gRPC but the coordinator's arguments and results."""
     grpc = run_driver(cluster, "grpc", "sparse")
-    rdma = run_driver(cluster, "rdmadev", "sparse", env={"RDMADEV_DYNAMIC_CAPACITY": capacity})
+    rdma = run_driver(cluster, "rdmadev", "sparse", env=env)
     assert rdma["losses"] == grpc["losses"] and rdma["unique"] == grpc["unique"]
     assert rdma["table"] == grpc["table"] and rdma["dense"] == grpc["dense"]
     assert 0 in rdma["unique"] and max(rdma["unique"]) * 64 > 4 * 256  # empty and chunked steps
@@ -198,6 +208,11 @@ def test_an_embedding_step_with_run_time_shapes_is_bitwise_identical(cluster, ca
     kept = re.findall(r"\((\w+)\)\s*$", report, re.M)
     assert set(kept) <= {"client_task"}, report
     assert report.count("run-time shape") >= 3, report
+    # Aliased where every consumer keeps nothing: the ids (ResourceGather, ResourceScatterSub),
+    # the rows (GatherV2), the gradients (Mul); not the shape (Reshape keeps it).
+    aliased = set(re.findall(r"^\s*shm\+zc\s+\S+ -> \S+\s+edge_\d+_(\S+) \S+ run-time shape", report, re.M))
+    assert aliased == {"Unique", "Gather", "gradient_tape/Gather/Reshape",
+                       "gradient_tape/MatMul/MatMul_1"}, report
 
 
 def test_a_channel_grows_past_its_capacity_mid_training(cluster):
@@ -219,14 +234,15 @@ def test_tf1_session_gives_the_same_values(cluster):
     grpc = run_driver(cluster, "grpc", "tf1")
     rdma = run_driver(cluster, "rdmadev", "tf1")
     assert rdma["values"] == grpc["values"] == [16.0, 48.0, 80.0]
-    assert rdma["reports"] and all(" half " in r and "0 stayed on gRPC" in r
+    assert rdma["reports"] and all(re.search(r" half(\+zc)? ", r) and "0 stayed on gRPC" in r
                                    for r in rdma["reports"]), rdma["reports"]
 
 
 def test_every_swapped_transfer_is_on_tfs_profiler_timeline(cluster):
     """The ops' TraceMe events (trace.h) read back from a real profiler trace of every task:
-    each channel's bytes and chunks as the plan says, its phases on the right side, and the
-    zero-copy receive recorded without a copy; gRPC's run of the same step records none."""
+    each channel's bytes and chunks as the plan says, its phases on the right side, the copied
+    receive with its copy and the zero-copy one (a dynamic tensor in one slot of its grown
+    channel) without; gRPC's run of the same step records none."""
     grpc = run_driver(cluster, "grpc", "profile")
     rdma = run_driver(cluster, "rdmadev", "profile")
     assert rdma["first"] == grpc["first"] == [524288.0, 79999800000.0]
@@ -234,28 +250,30 @@ def test_every_swapped_transfer_is_on_tfs_profiler_timeline(cluster):
     ch = rdma["channels"]
     by_side = {" ".join(k.split()[:2]): v for k, v in ch.items()}
     assert sorted(by_side) == ["ps:0 recv", "ps:0 send", "worker:0 recv", "worker:0 send"], ch
-    # The variable read: 1 MiB in one slot, aliased by the worker (the report's shm+zc).
-    assert "shm+zc" in rdma["report"]
+    # The variable read: 1 MiB in one slot, copied out (ReverseV2 may not read a slot).
+    assert re.search(r"^\s*shm\s.*ReadVariableOp DT_FLOAT 1048576 B$", rdma["report"], re.M), rdma["report"]
     read_send, read_recv = by_side["ps:0 send"], by_side["worker:0 recv"]
     assert read_send["bytes"] == read_recv["bytes"] == [1048576]
     assert read_send["chunks"] == read_recv["chunks"] == [1]
     assert read_recv["peer"] == "/job:ps/replica:0/task:0"
     assert read_send["phases"] == {"write": read_send["n"]}
-    assert read_recv["phases"] == {"wait_data": read_recv["n"]}  # no copy: zero-copy
-    # The unique'd ids: 400,000 int64 on a dynamic channel of 1 MiB slots, so 4 chunks the
-    # first time; ps then grew the channel (before the trace), so one slot each, copied.
+    assert read_recv["phases"] == {"wait_data": read_recv["n"], "copy": read_recv["n"]}
+    # The unique'd ids: 400,000 int64 on a dynamic channel of 1 MiB slots, so 4 chunks (gathered
+    # by copies) the first time; ps then grew the channel (before the trace), so one slot
+    # each, aliased by Sum (the report's shm+zc).
+    assert re.search(r"^\s*shm\+zc\s.*Unique DT_INT64 run-time shape$", rdma["report"], re.M), rdma["report"]
     assert rdma["first_chunks"] == 4 and rdma["grown"] == 1
     ids_send, ids_recv = by_side["worker:0 send"], by_side["ps:0 recv"]
     assert ids_send["bytes"] == ids_recv["bytes"] == [3200000]
     assert ids_send["chunks"] == ids_recv["chunks"] == [1]
     assert ids_send["phases"]["write"] == ids_send["n"]
     assert set(ids_send["phases"]) <= {"write", "wait_credit"}
-    assert ids_recv["phases"] == {"wait_data": ids_recv["n"], "copy": ids_recv["n"]}
+    assert ids_recv["phases"] == {"wait_data": ids_recv["n"]}  # no copy: zero-copy
     rows = {(r["task"], r["kind"]): r for r in rdma["rows"]}
     assert min(r["steps"] for r in rows.values()) >= 3, rdma["table"]
     assert rows[("ps:0", "recv")]["bytes"] == 3200000 and rows[("worker:0", "recv")]["bytes"] == 1048576
     assert rows[("worker:0", "send")]["chunks"] == 1
-    assert rows[("ps:0", "recv")]["copy_ms"] > 0 and rows[("worker:0", "recv")]["copy_ms"] == 0
+    assert rows[("worker:0", "recv")]["copy_ms"] > 0 and rows[("ps:0", "recv")]["copy_ms"] == 0
     # The sends and receives of a channel are matched across the two tasks' traces (one clock).
     for key in [("ps:0", "recv"), ("worker:0", "recv")]:
         assert 0 < rows[key]["notice_us"] <= rows[key]["notice_p90_us"], rdma["table"]

@@ -25,6 +25,28 @@ def test_any_aliasing_or_retaining_consumer_forbids_it():
         assert _plan(["MatMul", risky]).zero_copy is False, risky
 
 
+def _plan_chain(ops, last):
+    """The received tensor goes through `ops` (each the only consumer of the one before) to `last`."""
+    ps, w = Partition(dev("ps")), Partition(dev("worker"))
+    ps.var("v", BIG)
+    pair(ps, w, "edge_1_v", "v/read", recv_name="v/_recv", shape=BIG)
+    prev = "v/_recv"
+    for i, op in enumerate(ops + [last]):
+        w.node(f"n{i}", op, [prev, prev] if op == "MatMul" else [prev], T=("type", FLOAT))
+        prev = f"n{i}"
+    (t,) = graph_pass.plan_partitions(partitions(ps, w)).transfers
+    return t.zero_copy
+
+
+def test_identities_are_looked_through():
+    """TF1 graphs read a received variable through an Identity: what matters is its consumers."""
+    assert _plan_chain(["Identity"], "MatMul") is True
+    assert _plan_chain(["Identity", "Identity"], "Relu") is True
+    assert _plan_chain(["Identity"], "_Retval") is False
+    assert _plan_chain(["Identity"], "AssignVariableOp") is False
+    assert _plan_chain(["Identity"] * 5, "MatMul") is False  # past MAX_FORWARDS: copied
+
+
 def test_small_tensors_are_copied():
     assert _plan(["MatMul"], shape=(4, 4)).zero_copy is False
 
