@@ -73,6 +73,23 @@ def test_zero_copy_tensor_aliases_its_slot_until_released(channel, shape):
     assert rx.held == 0  # the slot went back to the sender
 
 
+def test_dynamic_zero_copy_applies_the_size_threshold_to_each_tensor(channel):
+    """On a dynamic channel the size is known only when a tensor arrives: with zero_copy the
+    op aliases a tensor of at least zero_copy_min_bytes that came in one slot, and copies a
+    smaller one or one that came in chunks; the values are the sender's either way."""
+    key, _, rx = channel("dyn", 64 << 10, rank=2)
+    for rows, aliased in [(256, True), (8, False), (512, False), (128, True)]:  # 64 KiB slots
+        x = tf.reshape(tf.range(rows * 64, dtype=tf.float32), [rows, 64])
+        ops.send(x, key, timeout_s=30)
+        y = ops.recv(tf.float32, [None, 64], key, timeout_s=30, zero_copy=True,
+                     zero_copy_min_bytes=32 << 10)
+        assert rx.held == int(aliased), (rows, rx.held)
+        np.testing.assert_array_equal(x.numpy(), y.numpy())
+        del y
+        gc.collect()
+        assert rx.held == 0
+
+
 def test_kept_tensors_do_not_stall_the_ring(channel):
     """By default receives copy out of the slot: keeping every tensor is fine."""
     key, _, rx = channel("kept", 1 << 20)
