@@ -5,8 +5,9 @@ it, and credits return in order: a tensor that outlives its step (returned to th
 forwarded into a variable -- AssignVariableOp shares its input buffer -- or kept by any
 op whose output may alias its input) stalls the channel K transfers later. So a transfer
 is marked zero-copy only when every consumer of the received tensor (seen through the ops
-that forward it, ``FORWARDING_OPS``) is an op that reads it and keeps nothing: its outputs are fresh allocations (TF does not forward a buffer it does
-not own, and slot buffers do not own their memory) and it stores nothing past the step.
+that forward it, ``FORWARDING_OPS``) is an op that reads it and keeps nothing: its outputs
+are fresh allocations (TF does not forward a buffer it does not own, and slot buffers do not
+own their memory) and it stores nothing past the step.
 The size threshold, ``plan.config.zero_copy_min_bytes`` (see
 ``graph_pass.plan.DEFAULT_ZERO_COPY_MIN_BYTES`` for why), is applied here to a static
 channel, whose bytes are known, and by the receiving op to each tensor of a dynamic or half

@@ -82,8 +82,9 @@ REGISTER_OP("RdmadevRecv")
          "channel its shape is the one the sender wrote (compatible with `shape`), at most "
          "max_bytes (0: no limit) bytes, gathered from as many chunks as it was sent in. With "
          "zero_copy a tensor of at least zero_copy_min_bytes that came in one slot aliases it "
-         "(the slot goes back to the sender when the tensor is freed). An owned kernel (a half pair) holds its half of the channel while it lives; the last "
-         "one destroyed unbinds it.");
+         "(the slot goes back to the sender when the tensor is freed). An owned kernel (a "
+         "half pair) holds its half of the channel while it lives; the last one destroyed "
+         "unbinds it.");
 
 namespace {
 
