@@ -41,10 +41,10 @@ NON_RETAINING_OPS = frozenset({
     # Conv2DBackpropInput to it before the pass sees the graph; tests/e2e: the conv scenario
     # with RDMADEV_ZERO_COPY_MIN_BYTES=1).
     "_MklNativeConv2DBackpropInput",
-    # Embedding lookups and their sparse updates: each allocates its output (gathered or
-    # stitched rows) or writes into a variable, reading the received ids, rows or gradient
-    # values only (tests/e2e: the sparse scenario with RDMADEV_ZERO_COPY_MIN_BYTES=1).
-    "GatherV2", "ResourceGather", "ParallelDynamicStitch", "ResourceScatterSub",
+    # Embedding lookups and their sparse updates: each allocates its output (gathered rows)
+    # or writes into a variable, reading the received ids or rows only (tests/e2e: the sparse
+    # scenario with RDMADEV_ZERO_COPY_MIN_BYTES=1).
+    "GatherV2", "ResourceGather", "ResourceScatterSub",
 })
 
 # Ops whose output is their input's buffer: safe exactly when what consumes that output is
