@@ -13,9 +13,7 @@ call over the rounds, with the rounds' range. The per-pair cost is the slope ove
 (variant - local). Every process started here is stopped at the end.
 """
 import argparse
-import gc
 import os
-import secrets
 import statistics
 import sys
 import time
@@ -32,16 +30,13 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if min(args.counts + [args.floats, args.calls, args.rounds]) < 1 or max(args.counts) > 1024:
         ap.error("--counts within 1-1024; --floats, --calls and --rounds >= 1")
-    os.environ.setdefault("RDMADEV_SECRET", secrets.token_hex(16))
     import tensorflow as tf
 
     import rdmadev
     from rdmadev.testing import launch
 
     ps, worker = "/job:ps/replica:0/task:0", "/job:worker/replica:0/task:0"
-    with launch.Cluster(num_ps=1, num_workers=1,
-                        env={"RDMADEV_SECRET": os.environ["RDMADEV_SECRET"]}) as cluster:
-        tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster.spec))
+    with launch.coordinated(num_ps=1, num_workers=1):
         variants = {}
         for n in args.counts:
             with tf.device(ps):
@@ -59,8 +54,8 @@ def main(argv=None):
             variants[(n, "rdmadev")] = rdmadev.optimize(tf.function(lambda vs=remote: read(vs)))
             variants[(n, "grpc 1x")] = tf.function(lambda vs=whole: read(vs))
             variants[(n, "rdmadev 1x")] = rdmadev.optimize(tf.function(lambda vs=whole: read(vs)))
-        # The functions hold the variables from here on: all of them die with `variants`, while
-        # the tasks still run (TF unregisters them on the tasks; no stray lines at exit).
+        # The functions hold the variables from here on: all of them die with `variants`, which
+        # is dropped before the block ends (launch.coordinated releases them on the tasks).
         del remote, whole, local
         for fn in variants.values():  # trace, instantiate, set up channels
             fn()
@@ -75,7 +70,6 @@ def main(argv=None):
             print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
         del fn  # the loops' last function
         variants.clear()
-        gc.collect()
 
     med = {key: statistics.median(xs) for key, xs in ms.items()}
     print(f"N reads of a {args.floats * 4}-byte ps variable by the worker, 1 ps + 1 worker on "

@@ -15,7 +15,6 @@ the write and handing the tensor to TF). Every process started here is stopped a
 """
 import argparse
 import os
-import secrets
 import statistics
 import sys
 import tempfile
@@ -37,7 +36,6 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if min(args.calls, args.rounds) < 1 or not 0.5 <= args.trace_s <= 60:
         ap.error("--calls and --rounds must be >= 1, --trace_s within 0.5-60")
-    os.environ.setdefault("RDMADEV_SECRET", secrets.token_hex(16))
     import tensorflow as tf
 
     import rdmadev
@@ -45,9 +43,7 @@ def main(argv=None):
     from rdmadev.tf import profile
 
     ps, worker = "/job:ps/replica:0/task:0", "/job:worker/replica:0/task:0"
-    with launch.Cluster(num_ps=1, num_workers=1,
-                        env={"RDMADEV_SECRET": os.environ["RDMADEV_SECRET"]}) as cluster:
-        tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster.spec))
+    with launch.coordinated(num_ps=1, num_workers=1) as cluster:
         with tf.device(ps):
             remote = tf.Variable(tf.ones([1]))
         with tf.device(worker):

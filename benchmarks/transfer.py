@@ -14,7 +14,6 @@ time above the floor.
 import argparse
 import json
 import os
-import secrets
 import statistics
 import sys
 import time
@@ -87,7 +86,6 @@ def main(argv=None):
     ap.add_argument("--max-mib", type=int, default=256)
     ap.add_argument("--json", default=os.path.join(HERE, "results", "transfer.json"))
     args = ap.parse_args(argv)
-    os.environ.setdefault("RDMADEV_SECRET", secrets.token_hex(16))
     import tensorflow as tf
     import rdmadev
     from rdmadev import _core
@@ -95,9 +93,7 @@ def main(argv=None):
 
     sizes = [s for s in SIZES if s <= args.max_mib << 20]
     rows = []
-    with launch.Cluster(num_ps=1, num_workers=1,
-                        env={"RDMADEV_SECRET": os.environ["RDMADEV_SECRET"]}) as cluster:
-        tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster.spec))
+    with launch.coordinated(num_ps=1, num_workers=1):
         for size in sizes:
             ms, reports = measure(tf, rdmadev, size, args.trials)
             memcpy_gbs = statistics.median(

@@ -12,9 +12,11 @@ servers that way). Readiness means every task's gRPC port accepts connections; a
 `rdmadev serve` task opens its control service before its gRPC port.
 """
 
+import contextlib
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -29,7 +31,8 @@ from graph_pass.devices import task_name
 from ..cluster.control import control_address
 from ..cluster.spec import parse_cluster, split_address
 
-__all__ = ["Cluster", "ClusterError", "free_ports", "rdmadev_launcher", "release_remote_functions"]
+__all__ = ["Cluster", "ClusterError", "coordinated", "free_ports", "rdmadev_launcher",
+           "release_remote_functions"]
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
@@ -262,6 +265,23 @@ class Cluster:
         return False
 
 
+
+
+@contextlib.contextmanager
+def coordinated(num_ps=1, num_workers=1):
+    """A Cluster of `rdmadev serve` tasks with this process as their coordinator; yields it.
+
+    The tasks share this process's RDMADEV_SECRET (generated and set here when unset, before
+    rdmadev's runtime reads it) and TF's eager context is connected to them. Drop the
+    functions that ran on them before leaving the block: it releases them on the tasks
+    (``release_remote_functions``) before stopping them.
+    """
+    import tensorflow as tf
+    os.environ.setdefault("RDMADEV_SECRET", secrets.token_hex(16))
+    with Cluster(num_ps=num_ps, num_workers=num_workers) as cluster:
+        tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster.spec))
+        yield cluster
+        release_remote_functions(cluster.spec)
 
 
 def release_remote_functions(spec):
