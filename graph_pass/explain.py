@@ -11,6 +11,7 @@ import math
 from collections import Counter, defaultdict
 
 from .devices import parse_device
+from .plan import DYNAMIC_SLOTS, STATIC_SLOTS
 
 __all__ = ["explain", "format_table", "draw", "build_figure", "short_task", "human_bytes"]
 
@@ -85,11 +86,13 @@ def format_table(plan):
                  + (" (" + ", ".join(f"{r}: {n}" for r, n in sorted(reasons.items())) + ")" if reasons else ""))
     cfg = plan.config
     carried = [k for k, v in sorted(cfg.carries.items()) if v]
-    lines.append(f"  config: {cfg.slots} slots, zero-copy from {human_bytes(cfg.zero_copy_min_bytes)}, deadline "
+    slots = (f"{cfg.slots} slots" if cfg.slots is not None
+             else f"{STATIC_SLOTS} slot per static channel, {DYNAMIC_SLOTS} per dynamic one")
+    lines.append(f"  config: {slots}, zero-copy from {human_bytes(cfg.zero_copy_min_bytes)}, deadline "
                  f"{cfg.deadline_s:g} s, ops carry static shapes{''.join(' + ' + k for k in carried)}")
     for b in plan.tasks:
         lines.append(f"  {short_task(b.task)} registers {human_bytes(b.total_bytes)} ({b.total_bytes} B) in "
-                     f"{len(b.regions)} region(s), {plan.config.slots} slots per channel")
+                     f"{len(b.regions)} region(s)")
     if plan.instance_id:
         lines.append(f"  instance id {plan.instance_id}")
     return "\n".join(lines)

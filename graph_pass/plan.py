@@ -27,7 +27,7 @@ from . import layout as _layout
 from .devices import task_of
 from .errors import ConfigError, PlanFormatError
 
-__all__ = ["PLAN_SCHEMA", "PLAN_VERSION", "DEFAULT_SLOTS", "DEFAULT_MAX_DYNAMIC_RANK", "CLIENT_JOBS",
+__all__ = ["PLAN_SCHEMA", "PLAN_VERSION", "STATIC_SLOTS", "DYNAMIC_SLOTS", "DEFAULT_MAX_DYNAMIC_RANK", "CLIENT_JOBS",
            "DEFAULT_ZERO_COPY_MIN_BYTES", "DEFAULT_DEADLINE_S", "CARRIES", "Config", "Transfer", "Region", "TaskBlock", "Plan", "channel_id", "channel_key"]
 
 #: Schema name written into every serialized plan.
@@ -35,10 +35,18 @@ PLAN_SCHEMA = "rdmadev.plan"
 #: Version of the schema; bump on any incompatible change (the native side refuses other versions).
 #: 2: config gained zero_copy_min_bytes, deadline_s and carries.
 PLAN_VERSION = 2
-#: Slots per channel. 2 lets the sender write step n+1 while the receiver still holds step n's
-#: tensor (zero-copy aliasing returns the slot only when TF frees the tensor); fewer than 2 would
-#: serialize every step on the slowest consumer, so the architecture requires K >= 2.
-DEFAULT_SLOTS = 2
+#: Slots of a channel whose tensors have a static shape (and of a control signal): one. Such a
+#: channel carries one tensor per step, and the steps rdmadev rewrites run one at a time per
+#: instantiation (a tf.function call returns once all of its components finished;
+#: ClusterCoordinator runs a worker's closures on a synchronous executor; a TF1 session run ends
+#: when all of its partitions did), so the receiver has released step n's slot before the sender
+#: writes step n+1's tensor: a second slot would only double what the receiver registers. The
+#: sender still waits for the credit if it ever comes first, so the ring stays correct.
+STATIC_SLOTS = 1
+#: Slots of a dynamic channel (run-time shapes, half pairs): two, because a tensor larger than a
+#: slot streams through them in chunks (the sender writes chunk i+1 while the receiver copies
+#: chunk i), and a grown channel's move is announced in a slot of the old ring.
+DYNAMIC_SLOTS = 2
 #: Dims a dynamic channel's shape block holds when the rank itself is unknown. Rank 8 covers every
 #: tensor of common models (conv kernels are rank 4, attention tensors rank 4-5); a larger rank at
 #: run time fails the write with a clear error rather than corrupting the slot.
@@ -98,7 +106,8 @@ class Config:
     """Planner settings (all serialized into the plan).
 
     Attributes:
-        slots: slots per channel (K >= 2).
+        slots: slots of every channel (K >= 1); None lets ``slots_for`` pick per channel
+            (``STATIC_SLOTS`` or ``DYNAMIC_SLOTS``).
         client_jobs: jobs whose pairs stay on gRPC unless ``plan_client_pairs``.
         plan_client_pairs: plan pairs to/from ``client_jobs`` too.
         min_bytes: static transfers smaller than this stay on gRPC (0 = swap everything eligible).
@@ -118,7 +127,7 @@ class Config:
             pairs means carrying them as dynamic channels of ``half_pair_capacity``.
     """
 
-    slots: int = DEFAULT_SLOTS
+    slots: int = None
     client_jobs: tuple = CLIENT_JOBS
     plan_client_pairs: bool = False
     min_bytes: int = 0
@@ -141,8 +150,9 @@ class Config:
                 or not self.deadline_s > 0:
             raise ConfigError(f"deadline_s={self.deadline_s!r}: must be a number of seconds > 0")
         self.deadline_s = float(self.deadline_s)
-        if not isinstance(self.slots, int) or self.slots < 2:
-            raise ConfigError(f"slots={self.slots!r}: must be an int >= 2 (K >= 2 slots per channel)")
+        if self.slots is not None and (not isinstance(self.slots, int) or isinstance(self.slots, bool)
+                                       or self.slots < 1):
+            raise ConfigError(f"slots={self.slots!r}: must be None (the planner picks) or an int >= 1")
         for name in ("min_bytes", "max_dynamic_rank", "zero_copy_min_bytes"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r}: must be an int >= 0")
@@ -153,6 +163,13 @@ class Config:
         for k, v in self.capacity_hints.items():
             if not isinstance(v, int) or v < 0:
                 raise ConfigError(f"capacity_hints[{k!r}]={v!r}: must be an int >= 0 (bytes)")
+
+    def slots_for(self, rank_capacity):
+        """Slots of a swapped channel: ``slots`` when set, else by its kind (``rank_capacity`` is
+        None for a static channel)."""
+        if self.slots is not None:
+            return self.slots
+        return STATIC_SLOTS if rank_capacity is None else DYNAMIC_SLOTS
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 For each receiving task there is one region per sending peer task. A region holds the channels
 of the swapped transfers between the two, sorted by channel key (independent of node order, so
-equal inputs always give equal layouts); a channel is ``Config.slots`` slots whose
+equal inputs always give equal layouts); a channel is ``Config.slots_for`` slots whose
 layout is ``graph_pass.layout``'s. Regions start on ``REGION_ALIGNMENT`` boundaries inside the
 task's block, and the block's ``total_bytes`` is what the task registers.
 
@@ -65,7 +65,7 @@ def plan_regions(transfers, config=None, instance_id=None, graph=None):
         t.decision, t.reason, t.detail, cap, rank_cap = decide(t, config)
         t.channel_key = channel_key(t.channel_id, instance_id if t.halves == "both" else None)
         if t.decision == "swap":
-            t.slots, t.capacity_bytes, t.rank_capacity = config.slots, cap, rank_cap
+            t.slots, t.capacity_bytes, t.rank_capacity = config.slots_for(rank_cap), cap, rank_cap
             t.slot_bytes, t.payload_offset = layout.slot_bytes(cap, rank_cap)
             groups[(t.recv_task, t.send_task)].append(t)
     regions, tasks = [], {}

@@ -65,8 +65,9 @@ def _check_transfer(t, plan, regions, out):
         return
     if (region.recv_task, region.send_task) != (t.recv_task, t.send_task):
         out.append(f"{who} goes {t.send_task} -> {t.recv_task} but sits in region {region.region_id}: {_REPLAN}")
-    if t.slots is None or t.slots < 2 or t.slots != plan.config.slots:
-        out.append(f"{who} has {t.slots} slots, expected config.slots={plan.config.slots}: {_REPLAN}")
+    if t.slots is None or t.slots < 1 or t.slots != plan.config.slots_for(t.rank_capacity):
+        out.append(f"{who} has {t.slots} slots, the config gives {plan.config.slots_for(t.rank_capacity)}: "
+                   f"{_REPLAN}")
     if t.capacity_bytes is None or t.slot_bytes is None:
         out.append(f"{who} is swapped without a slot layout: {_REPLAN}")
         return

@@ -28,7 +28,7 @@ FABRIC_CHOICES = ("auto", "shm", "tcp", "verbs")
 # against this list by tests/test_config.py.
 VARIABLES = (
     ("RDMADEV_FABRIC", "auto", "Fabric for every peer: auto (best both ends reach: shm > verbs > tcp), shm, tcp or verbs."),
-    ("RDMADEV_SLOTS", "2", "Slots per channel ring (>= 2): how many transfers may be in flight before the sender waits for a credit."),
+    ("RDMADEV_SLOTS", "the planner's", "Slots of every channel ring (>= 1): how many transfers may be in flight before the sender waits for a credit. By default the planner gives a static-shape channel 1 (one tensor per step, released before the next step writes) and a run-time-shape channel 2 (its chunks stream through them)."),
     ("RDMADEV_SPIN_US", "20", "Microseconds a waiter spins before yielding: a spin-polled word is seen in ~0.2 us, a sleeping waiter pays ~30 us to wake here."),
     ("RDMADEV_YIELD_US", "200", "Microseconds a waiter then yields the core (sched_yield) before it sleeps with backoff (at most 100 us per sleep)."),
     ("RDMADEV_DEADLINE_S", "300", "Seconds any wait or transfer may take before it fails with DeadlineExceeded (never a hang)."),
@@ -70,8 +70,8 @@ DEFAULT_MAX_TENSOR_BYTES = 2 << 30
 # Suffixes RDMADEV_MAX_REGISTERED_BYTES takes (binary units).
 _SIZE_SUFFIXES = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
-# Below 2 slots a sender would wait for every release: no overlap of transfers at all.
-MIN_SLOTS = 2
+# One slot is a ring too: the sender waits for each release before its next write.
+MIN_SLOTS = 1
 # More than this many slots only multiplies registered memory; nothing gains from it.
 MAX_SLOTS = 64
 
@@ -118,7 +118,7 @@ class Config:
     """Validated settings (see VARIABLES for their meaning)."""
 
     fabric: str = "auto"
-    slots: int = 2
+    slots: int = None  # None: the planner's per channel (graph_pass.Config.slots_for)
     spin_us: float = 20.0
     yield_us: float = 200.0
     deadline_s: float = 300.0
@@ -178,7 +178,7 @@ class Config:
                               hint="set it to an address of this host, e.g. 10.0.0.5:0")
         return cls(
             fabric=fabric,
-            slots=_number(env, "RDMADEV_SLOTS", 2, int, MIN_SLOTS, MAX_SLOTS),
+            slots=_number(env, "RDMADEV_SLOTS", None, int, MIN_SLOTS, MAX_SLOTS),
             spin_us=_number(env, "RDMADEV_SPIN_US", 20.0, float, 0.0, 1e6),
             yield_us=_number(env, "RDMADEV_YIELD_US", 200.0, float, 0.0, 1e7),
             deadline_s=_number(env, "RDMADEV_DEADLINE_S", 300.0, float, 0.001, 1e7),

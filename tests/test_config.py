@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.mark.parametrize("env, match", [
     ({"RDMADEV_FABRIC": "infiniband"}, "RDMADEV_FABRIC='infiniband' is not a fabric"),
-    ({"RDMADEV_SLOTS": "1"}, "RDMADEV_SLOTS='1' is out of range"),
+    ({"RDMADEV_SLOTS": "0"}, "RDMADEV_SLOTS='0' is out of range"),
     ({"RDMADEV_SLOTS": "two"}, "RDMADEV_SLOTS='two' is not a number"),
     ({"RDMADEV_SPIN_US": "-5"}, "RDMADEV_SPIN_US='-5' is out of range"),
     ({"RDMADEV_DEADLINE_S": "0"}, "RDMADEV_DEADLINE_S='0' is out of range"),

@@ -16,8 +16,8 @@ def test_every_native_kind_maps_to_its_own_class():
 
 
 def test_a_native_error_arrives_as_its_class():
-    with pytest.raises(rdmadev.ConfigError, match="slots = 1"):
-        rdmadev.RingLayout(1, 128, 64, 64)
+    with pytest.raises(rdmadev.ConfigError, match="slots = 0"):
+        rdmadev.RingLayout(0, 128, 64, 64)
 
 
 def test_an_unknown_native_kind_is_refused_at_bind():

@@ -50,7 +50,7 @@ def test_layout_of_reads_the_five_fields():
 
 
 @pytest.mark.parametrize("args, field", [
-    ((1, 128, 64, 64), "slots"),
+    ((0, 128, 64, 64), "slots"),
     ((2, 100, 64, 0), "slot_bytes"),
     ((2, 0, 64, 0), "slot_bytes"),
     ((2, 192, 32, 64), "payload_offset"),

@@ -25,8 +25,8 @@ def channel(fabric, secret, request):
     ab, ba = a.connect(b.address), b.connect(a.address)
     names = []
 
-    def bind(name, capacity, rank=None):
-        layout = ring_layout(SLOTS, capacity, rank=rank)
+    def bind(name, capacity, rank=None, slots=SLOTS):
+        layout = ring_layout(slots, capacity, rank=rank)
         ring = b.allocate(layout.bytes)
         credit = a.allocate(rdmadev.CREDIT_BYTES)
         tx = rdmadev.RingSender(ab, ab.attach(ring.descriptor), layout, credit)
@@ -73,6 +73,20 @@ def test_zero_copy_tensor_aliases_its_slot_until_released(channel, shape):
     assert rx.held == 0  # the slot went back to the sender
 
 
+def test_a_one_slot_channel_aliases_its_slot_every_step(channel):
+    """The planner gives a static channel one slot (one tensor per step): the receive still
+    aliases it, and each step's write finds the slot that the previous step's tensor freed."""
+    key, _, rx = channel("one", 1 << 20, slots=1)
+    for step in range(5):
+        ops.send(tf.fill([256, 1024], float(step)), key, timeout_s=30)
+        y = ops.recv(tf.float32, [256, 1024], key, timeout_s=30, zero_copy=True)
+        assert rx.held == 1  # y is the slot
+        assert float(tf.reduce_min(y)) == float(tf.reduce_max(y)) == step
+        del y
+        gc.collect()
+        assert rx.held == 0
+
+
 def test_dynamic_zero_copy_applies_the_size_threshold_to_each_tensor(channel):
     """On a dynamic channel the size is known only when a tensor arrives: with zero_copy the
     op aliases a tensor of at least zero_copy_min_bytes that came in one slot, and copies a
@@ -101,13 +115,14 @@ def test_kept_tensors_do_not_stall_the_ring(channel):
     assert rx.held == 0
 
 
-def test_kept_zero_copy_tensors_stall_with_a_clear_error(channel):
+@pytest.mark.parametrize("slots", [1, 2])
+def test_kept_zero_copy_tensors_stall_with_a_clear_error(channel, slots):
     """With zero_copy, a kept tensor holds its slot; credits return in order, so the sender
     stops K transfers later with an error that says why (never a hang)."""
-    key, _, rx = channel("kept0", 1 << 20)
+    key, _, rx = channel("kept0", 1 << 20, slots=slots)
     kept = []
     with pytest.raises(tf.errors.DeadlineExceededError, match="zero-copy tensor kept alive"):
-        for step in range(SLOTS + 2):
+        for step in range(slots + 2):
             ops.send(tf.fill([256, 1024], float(step)), key, timeout_s=1)
             kept.append(ops.recv(tf.float32, [256, 1024], key, timeout_s=1, zero_copy=True))
     assert [float(t[0, 0]) for t in kept] == list(range(len(kept)))

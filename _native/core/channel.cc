@@ -16,13 +16,13 @@ constexpr uint64_t kMaxRingBytes = uint64_t(1) << 48;
   throw Error(ErrorKind::kConfig,
               "Failed to lay out ring: " + field + " = " + std::to_string(value) + " " + why, 0,
               "build the layout from the plan (graph_pass.layout.slot_bytes(capacity) gives "
-              "slot_bytes and payload_offset; RDMADEV_SLOTS >= 2)");
+              "slot_bytes and payload_offset; RDMADEV_SLOTS >= 1)");
 }
 
 }  // namespace
 
 void RingLayout::Validate() const {
-  if (slots < 2) BadLayout("slots", slots, "is below 2: two are needed to overlap transfers");
+  if (slots < 1) BadLayout("slots", slots, "is below 1: a ring needs a slot");
   if (slot_bytes == 0 || slot_bytes % kCacheLine != 0) {
     BadLayout("slot_bytes", slot_bytes, "is not a positive multiple of 64");
   }

@@ -1,6 +1,7 @@
-// Channel: one transfer stream from a sender task to a receiver task, as a ring of K >= 2
-// slots in a region on the receiver, with credits returned to the sender so that a slot
-// the receiver still holds is never overwritten.
+// Channel: one transfer stream from a sender task to a receiver task, as a ring of K >= 1
+// slots in a region on the receiver (the plan gives a static channel 1, a dynamic one 2),
+// with credits returned to the sender so that a slot the receiver still holds is never
+// overwritten.
 //
 // The ring's layout is the plan's (graph_pass/layout.py is the one definition): slot i
 // starts at base + i * slot_bytes with a 64-byte header (u64 sequence word at +kSeqOffset

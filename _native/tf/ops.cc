@@ -657,9 +657,11 @@ class RecvOp : public AsyncOpKernel {
       // stops the sender K transfers later, and only the planner can tell that every
       // consumer is done with it within the step. Its size threshold (the plan's
       // zero_copy_min_bytes) applies here, where a dynamic channel's size is known, and one
-      // run-time guard: alias only while a slot stays free.
+      // run-time guard: alias only while another slot stays free. A ring of one slot (a
+      // static channel, one tensor per step) aliases anyway: its sender writes the next
+      // step's tensor only after TF has freed this one, which happens within this step.
       if (op.zero_copy_ && want >= static_cast<uint64_t>(op.zero_copy_min_bytes_) &&
-          r_.ring->held() < r_.ring->layout().slots) {
+          r_.ring->held() < std::max<uint32_t>(r_.ring->layout().slots, 2)) {
         auto* buf = new SlotBuffer(slot, r_.ring);
         Tensor out(op.dtype_, shape, buf);
         buf->Unref();

@@ -53,6 +53,12 @@ def test_64_mib_transfers_both_ways(cluster):
     rdma = run_driver(cluster, "rdmadev", "big")
     assert rdma["values"] == grpc["values"] and rdma["digest"] == grpc["digest"]
     assert "67108864 B" in rdma["report"]
+    # Static channels have one slot: each task registers about the bytes a step moves into it
+    # (issue 13's target: at most 1.1x), where two slots registered twice that.
+    ratios = re.findall(r"^\s*registered on /job:(ps|worker)\S*: \d+ B for (\d+) B a step \(([\d.]+)x\)$",
+                        rdma["report"], re.M)
+    assert {job for job, _, _ in ratios} == {"ps", "worker"}, rdma["report"]
+    assert all(int(moved) >= 64 << 20 and float(x) <= 1.1 for _, moved, x in ratios), rdma["report"]
 
 
 def test_retracing_and_two_functions(cluster):

@@ -59,7 +59,8 @@ def test_explain_table_lists_every_transfer_with_decision_and_region(tmp_path):
     assert any("ps:0 -> worker:1" in r and "[4,8]" in r and "128" in r and "swap" in r and "worker:1<-ps:0" in r
                for r in rows)
     assert "4 cross-task transfers: 4 swapped (512 B per step), 0 kept on gRPC" in text
-    assert "ps:0 registers 8.0 KiB (8192 B) in 2 region(s), 2 slots per channel" in text
+    assert "ps:0 registers 8.0 KiB (8192 B) in 2 region(s)" in text
+    assert "config: 1 slot per static channel, 2 per dynamic one," in text
 
 
 def test_explain_draws_png_and_svg(tmp_path):
@@ -111,7 +112,7 @@ def test_cli_plans_a_saved_run_metadata(tmp_path, capsys):
                    "--slots", "3"])
     assert rc == 0
     text = capsys.readouterr().out
-    assert "2 cross-task transfers: 2 swapped" in text and "3 slots per channel" in text
+    assert "2 cross-task transfers: 2 swapped" in text and "config: 3 slots," in text
     (plan,) = [gp.Plan.from_dict(d) for d in json.loads(out_json.read_text())]
     assert plan.config.slots == 3 and plan.instance_id == "plan" and pic.exists()
     gp.validate(plan)

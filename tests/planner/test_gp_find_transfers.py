@@ -69,8 +69,8 @@ def test_one_tensor_to_two_tasks_is_two_transfers():
     plan = gp.validate(gp.plan_regions(transfers, instance_id="i"))
     assert [b.task for b in plan.tasks] == ["/job:worker/replica:0/task:0", "/job:worker/replica:0/task:1"]
     t = plan.transfers[0]
-    assert (t.slot_bytes, t.payload_offset, t.slots) == (64 + 4032, 64, 2)  # 4000 B rounded up to 64
-    assert all(b.total_bytes == 2 * 4096 for b in plan.tasks)  # 2 slots of 4096 B, already page-aligned
+    assert (t.slot_bytes, t.payload_offset, t.slots) == (64 + 4032, 64, 1)  # 4000 B rounded up to 64
+    assert all(b.total_bytes == 4096 for b in plan.tasks)  # 1 slot of 4096 B, already page-aligned
 
 
 def test_control_edge_pairs_are_signals():
