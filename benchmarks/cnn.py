@@ -243,11 +243,13 @@ def trace_transfers(fn, cluster, result, images_per_step):
 def summarize_reports(reports):
     swapped = [s for r in reports for s in r.swapped]
     kept = [k for r in reports for k in r.kept]
+    moved = {t: b for r in reports for t, b in r.bytes_per_step()[0].items()}  # as registered: per task
     return {"swapped": len(swapped), "kept": len(kept),
             "swapped_bytes_per_step": sum(s[3] or 0 for s in swapped),  # static sizes
             "fabrics": sorted({s[4] for s in swapped}),
             "kept_reasons": sorted({k[2] for k in kept}),
-            "registered_bytes": {t: b for r in reports for t, b in r.registered.items()}}
+            "registered_bytes": {t: b for r in reports for t, b in r.registered.items()},
+            "moved_bytes_per_step": moved}
 
 
 def run(args):
@@ -397,6 +399,12 @@ def print_result(r):
               f"({rep['swapped_bytes_per_step'] / 2**20:.1f} MiB per step, fabric "
               f"{','.join(rep['fabrics']) or '-'}), {rep['kept']} stayed on gRPC "
               f"({'; '.join(rep['kept_reasons']) or '-'})")
+        from graph_pass.explain import short_task
+        moved = rep.get("moved_bytes_per_step", {})
+        print("  registered: " + ", ".join(
+            f"{short_task(t)} {b / 2**20:.1f} MiB" + (f" ({b / moved[t]:.2f}x its {moved[t] / 2**20:.1f} MiB a step)"
+                                                     if moved.get(t) else "")
+            for t, b in sorted(rep["registered_bytes"].items())))
 
 
 def main(argv=None):

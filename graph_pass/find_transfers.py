@@ -71,6 +71,33 @@ def _is_control_recv(g, recv_key):
     return True
 
 
+#: Ops that open and close a while loop's frame in a lowered graph (TF's v1 control flow,
+#: which multi-device functions and TF1 graphs run): what lies between runs once per iteration.
+ENTER_OPS = frozenset({"Enter", "RefEnter"})
+EXIT_OPS = frozenset({"Exit", "RefExit"})
+
+
+def _in_loops(g):
+    """Keys of the nodes inside a while loop's frame, in each partition: reachable from an
+    Enter with more Enters than Exits on the way (nested loops count; a node after a loop's
+    Exit is outside it). TF's partitioner gives a _Recv in a frame a control input from the
+    frame (its "_cloop" nodes) and a _Send in a frame takes its input there, so each half
+    tells on its own, TF1 halves included."""
+    todo = [(key, 1) for key, data in g.nodes(data=True) if data["op"] in ENTER_OPS]
+    seen = set(todo)
+    while todo:
+        key, depth = todo.pop()
+        for _, nxt, edge in g.out_edges(key, data=True):
+            if edge.get("transfer"):
+                continue
+            op = g.nodes[nxt]["op"]
+            d = depth + (op in ENTER_OPS) - (op in EXIT_OPS)
+            if d >= 1 and (nxt, d) not in seen:
+                seen.add((nxt, d))
+                todo.append((nxt, d))
+    return {key for key, _ in seen}
+
+
 def find_transfers(graph):
     """Find every cross-task pair (or half) in a graph from ``load``.
 
@@ -104,9 +131,11 @@ def find_transfers(graph):
         table[rv] = key
         data[NS]["client_terminated"] = client
     transfers = []
+    in_loops = _in_loops(graph) if sends or recvs else set()
     for rv in sorted(set(sends) | set(recvs), key=lambda r: (r[0], r[1], r[2], r[3])):
         s_key, r_key = sends.get(rv), recvs.get(rv)
         transfers.append(_transfer(graph, rv, s_key, r_key))
+        transfers[-1].in_loop = bool({s_key, r_key} & in_loops)
     graph.graph.setdefault(NS, {})
     graph.graph[NS]["transfers"] = transfers
     graph.graph[NS]["same_task_pairs"] = same_task

@@ -4,14 +4,15 @@ Rules, first match wins:
 
 1. ``client_terminated`` (a TF1 feed/fetch) -> keep.
 2. an end on a client job (``/job:localhost``, ``/job:chief``) -> keep unless ``plan_client_pairs``.
-3. DT_STRING / DT_VARIANT / DT_RESOURCE, reference or unknown dtypes -> keep.
-4. only one half loaded -> keep when the ops cannot carry half pairs (``carries["half_pairs"]``)
+3. a half inside a while loop's frame (``in_loop``) -> keep.
+4. DT_STRING / DT_VARIANT / DT_RESOURCE, reference or unknown dtypes -> keep.
+5. only one half loaded -> keep when the ops cannot carry half pairs (``carries["half_pairs"]``)
    or no ``half_pair_capacity`` is set; else swap as a dynamic channel of that capacity (a
    known size above it fails the plan unless the ops carry dynamic shapes, which send a larger
    tensor in chunks). Both halves see the same attrs and config, so they decide alike.
-5. a control edge's empty dummy -> swap as a header-only signal.
-6. a static shape -> swap with exact-size slots (keep if below ``min_bytes``).
-7. a dynamic shape -> keep when the ops cannot carry dynamic shapes (``carries["dynamic_shapes"]``);
+6. a control edge's empty dummy -> swap as a header-only signal.
+7. a static shape -> swap with exact-size slots (keep if below ``min_bytes``).
+8. a dynamic shape -> keep when the ops cannot carry dynamic shapes (``carries["dynamic_shapes"]``);
    else swap with a shape block when a bound is known (``capacity_hints``,
    ``default_dynamic_capacity``), else keep.
 
@@ -34,6 +35,8 @@ REASONS = {
     "client_terminated": ("keep", "feed or fetch of a TF1 client (client_terminated): TF's own path"),
     "client_task": ("keep", "to or from the client task: arguments and results stay on gRPC "
                             "(set plan_client_pairs to plan them)"),
+    "in_loop": ("keep", "inside a while loop: a channel carries one tensor per step in order, and a loop's "
+                        "iterations may run ahead of each other (TF's rendezvous keys each iteration)"),
     "unsupported_dtype": ("keep", "string/variant/resource, reference or unknown dtype: not flat bytes"),
     "dynamic_unbounded": ("keep", "dynamic shape without a bound (set capacity_hints or "
                                   "default_dynamic_capacity)"),
@@ -78,6 +81,8 @@ def decide(t, config):
     client = [d for d in (t.send_device, t.recv_device) if job_of(d) in config.client_jobs]
     if client and not config.plan_client_pairs:
         return Decision("client_task", f"{t.label}: end on {client[0]}")
+    if t.in_loop:
+        return Decision("in_loop", f"{t.label}: in a while loop's frame")
     if t.dtype in UNSUPPORTED or _SIZES.get(t.dtype) is None:
         return Decision("unsupported_dtype", f"{t.label}: dtype {t.dtype}")
     if t.halves != "both":

@@ -365,6 +365,38 @@ def mixed(mode):
     return {"values": values, "report": fn.report if mode == "rdmadev" else ""}
 
 
+def loop(mode):
+    """Cross-task pairs inside while loops (Keras's steps_per_execution builds one): a loop
+    the coordinator runs, whose body reads a ps variable on worker:0 and sends the product
+    back, and a loop that runs on worker:0, with iterations allowed to run ahead (10) and
+    not (1). Those pairs stay on TF's path; the variable read before the loops moves."""
+    with tf.device(PS):
+        v = tf.Variable(tf.reshape(tf.range(64 * 64, dtype=tf.float32), [64, 64]) * 1e-3)
+
+    def step(n):
+        with tf.device(W0):
+            before = tf.reduce_sum(v * 2.0)  # outside any loop: swapped
+
+        def body(i, acc):
+            with tf.device(W0):
+                y = tf.matmul(v, v) * tf.cast(i + 1, tf.float32)
+            with tf.device(PS):
+                acc = acc + tf.reduce_sum(y)
+            return i + 1, acc
+
+        out = [before]
+        for parallel in (1, 10):
+            out.append(tf.while_loop(lambda i, a: i < n, body, [tf.constant(0), tf.constant(0.0)],
+                                     parallel_iterations=parallel)[1])
+        with tf.device(W0):
+            out.append(tf.while_loop(lambda i, a: i < n, body, [tf.constant(0), tf.constant(0.0)])[1])
+        return out
+
+    fn = rdmadev.optimize(tf.function(step)) if mode == "rdmadev" else tf.function(step)
+    values = [[float(t) for t in fn(tf.constant(n))] for n in (3, 5, 0)]
+    return {"values": values, "report": fn.report if mode == "rdmadev" else ""}
+
+
 def sparse(mode):
     """An embedding step, every cross-task tensor of a run-time shape: the worker dedupes its
     ids (tf.unique) and sends them to ps, ps gathers the rows and sends them back, the
@@ -539,7 +571,7 @@ def main():
         tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster))
         result = {"train": train, "noop": noop, "big": big, "retrace": retrace,
                   "train_until_killed": train_until_killed, "mixed": mixed,
-                  "conv": conv, "sparse": sparse, "growing": growing}[scenario](mode)
+                  "conv": conv, "sparse": sparse, "growing": growing, "loop": loop}[scenario](mode)
     print("RESULT " + json.dumps(result))
 
 

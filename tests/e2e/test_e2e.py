@@ -186,6 +186,20 @@ def test_killing_a_task_fails_training_promptly(victim, survivor):
     assert set(os.listdir("/dev/shm")) == before
 
 
+def test_pairs_inside_while_loops_stay_on_grpc(cluster):
+    """A loop's iterations may run ahead of each other, and a channel carries one tensor per
+    step in order: such pairs keep TF's rendezvous (before the planner knew, a loop's first
+    iterations failed with "all slots are held", or hung when they ran one at a time)."""
+    grpc = run_driver(cluster, "grpc", "loop")
+    rdma = run_driver(cluster, "rdmadev", "loop")
+    assert rdma["values"] == grpc["values"] and len(rdma["values"]) == 3
+    report = rdma["report"]
+    kept = re.findall(r"^\s*grpc\s.*\((\w+)\)$", report, re.M)
+    assert kept.count("in_loop") >= 3 and set(kept) <= {"in_loop", "client_task"}, report
+    assert re.search(r"ps/replica:0/task:0 -> /job:worker/replica:0/task:0  edge_\d+_ReadVariableOp DT_FLOAT "
+                     r"16384 B$", report, re.M), report
+
+
 def test_strings_stay_on_grpc_and_dynamic_shapes_move(cluster):
     grpc = run_driver(cluster, "grpc", "mixed")
     rdma = run_driver(cluster, "rdmadev", "mixed")

@@ -187,3 +187,31 @@ def test_missing_rendezvous_attr_is_an_error():
     ps.node("s", "_Send", ["x"], T=("type", B.FLOAT), tensor_name="t", send_device=PS)
     with pytest.raises(gp.PlanError, match=r"_Send node 's' .* lacks attr\(s\) \['recv_device', 'send_device_incarnation'\]"):
         find(ps)
+
+
+def test_pairs_inside_while_loops_are_kept_by_each_half():
+    """Lowered while loops, as TF partitions them: the ps reads v inside an outer loop's frame
+    (after an inner loop's Exit: still in the outer frame), and the worker's _Recv of it takes a
+    control input from its own copy of the frame (TF's "_cloop" nodes). A pair after the outer
+    Exit is outside every loop. Each half tells alone, as TF1 halves must."""
+    ps, w = B.Partition(PS), B.Partition(W0)
+    ps.var("v", (4,))
+    ps.node("outer/enter", "Enter", ["v/read"], frame_name="outer")
+    ps.node("inner/enter", "Enter", ["outer/enter"], frame_name="inner")
+    ps.node("inner/exit", "Exit", ["inner/enter"])
+    ps.node("body/y", "Identity", ["inner/exit"])
+    ps.node("outer/exit", "Exit", ["body/y"])
+    ps.node("after", "Identity", ["outer/exit"])
+    ps.send("in/_send", "body/y", "edge_1_in", W0)
+    ps.send("out/_send", "after", "edge_2_out", W0)
+    w.node("_cloop/x", "Const")
+    w.node("_cloop/enter", "Enter", ["_cloop/x"], frame_name="outer")
+    w.node("_cloop/merge", "Merge", ["_cloop/enter", "_cloop/next"])
+    w.node("_cloop/next", "NextIteration", ["_cloop/merge"])  # the back edge: a cycle
+    w.recv("in/_recv", "edge_1_in", PS, shape=(4,)).input.append("^_cloop/merge")
+    w.recv("out/_recv", "edge_2_out", PS, shape=(4,))
+    for parts in ((ps, w), (ps,), (w,)):
+        assert {t.tensor_name: t.in_loop for t in find(*parts)[1]} == {"edge_1_in": True, "edge_2_out": False}
+    plan = gp.plan_partitions(B.partitions(ps, w), instance_id="i")
+    assert {t.tensor_name: (t.decision, t.reason) for t in plan.transfers} == {
+        "edge_1_in": ("keep", "in_loop"), "edge_2_out": ("swap", "static")}
