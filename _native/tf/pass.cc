@@ -97,6 +97,18 @@ constexpr int kShapeRounds = 4;
 // partition, feeding each _Recv the shape its _Send's input got on the other side, until
 // nothing new is learned; then records each fully known shape as `_output_shapes` on the
 // _Recv and on the _Send, which the planner takes as authoritative.
+// oneDNN's fused ops register shape functions that are wrong past output 0 (e.g.
+// _MklNativeConv2DBackpropFilterWithBias gives the bias gradient the conv's input channels):
+// those shapes stay unknown, and the planner gives the pair a dynamic channel. Outputs 1 and 2
+// of oneDNN's batch norms are the exception: the batch statistics and the scale and offset
+// gradients, [C] in TF's FusedBatchNorm(Grad) shape functions, which these ops register, and
+// in their kernels. graph_pass/shapes.py, trusted_output, is the same rule.
+bool TrustedOutput(const Node* n, int index) {
+  const std::string& op = n->type_string();
+  if (index == 0 || op.rfind("_Mkl", 0) != 0) return true;
+  return (index == 1 || index == 2) && op.find("FusedBatchNorm") != std::string::npos;
+}
+
 void AnnotateRecvShapes(std::unordered_map<std::string, std::unique_ptr<Graph>>* parts) {
   std::map<std::string, tensorflow::PartialTensorShape> known;
   for (int round = 0; round < kShapeRounds; ++round) {
@@ -119,11 +131,7 @@ void AnnotateRecvShapes(std::unordered_map<std::string, std::unique_ptr<Graph>>*
         } else if (IsSendOp(n)) {
           const tensorflow::Edge* e = nullptr;
           if (!n->input_edge(0, &e).ok() || !e) continue;
-          // oneDNN's fused ops register shape functions that are wrong past output 0 (e.g.
-          // _MklNativeConv2DBackpropFilterWithBias gives the bias gradient the conv's input
-          // channels): leave those shapes unknown, the planner then keeps the pair on gRPC
-          // unless another rule proves its size.
-          if (e->src_output() > 0 && e->src()->type_string().rfind("_Mkl", 0) == 0) continue;
+          if (!TrustedOutput(e->src(), e->src_output())) continue;
           auto* c = refiner.GetContext(e->src());
           if (!c) continue;
           auto h = c->output(e->src_output());

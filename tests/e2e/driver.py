@@ -365,6 +365,37 @@ def mixed(mode):
     return {"values": values, "report": fn.report if mode == "rdmadev" else ""}
 
 
+def batch_norm(mode):
+    """Conv + fused batch norm in training, as resnet50 has 53 of: the worker sends the batch
+    statistics (oneDNN's batch norm, outputs 1 and 2) and the scale and offset gradients
+    (its gradient op, outputs 1 and 2) to ps, where the moving averages and the parameters
+    are updated. Those four are [8] floats, which the planner knows (static, 32 B)."""
+    with tf.device(PS):
+        f = tf.Variable(tf.random.stateless_normal([3, 3, 3, 8], [1, 9]) * 0.1)
+        gamma, beta = tf.Variable(tf.ones([8])), tf.Variable(tf.zeros([8]))
+        mean, var = tf.Variable(tf.zeros([8])), tf.Variable(tf.ones([8]))
+
+    def step(i):
+        with tf.device(W0):
+            x = tf.random.stateless_uniform([4, 16, 16, 3], [i, 5])
+            with tf.GradientTape() as tape:
+                y, m, v = tf.compat.v1.nn.fused_batch_norm(tf.nn.conv2d(x, f, 1, "SAME"), gamma, beta,
+                                                           is_training=True)[:3]
+                loss = tf.reduce_mean(tf.square(tf.nn.relu(y) - 0.5))
+            gf, gg, gb = tape.gradient(loss, [f, gamma, beta])
+        with tf.device(PS):
+            for p, g in ((f, gf), (gamma, gg), (beta, gb)):
+                p.assign_sub(0.1 * g)
+            mean.assign(0.9 * mean + 0.1 * m)
+            var.assign(0.9 * var + 0.1 * v)
+        return loss
+
+    fn = rdmadev.optimize(tf.function(step)) if mode == "rdmadev" else tf.function(step)
+    losses = [float(fn(tf.constant(i, tf.int64))) for i in range(5)]
+    return {"losses": losses, "state": [t.numpy().tolist() for t in (gamma, beta, mean, var)],
+            "report": fn.report if mode == "rdmadev" else ""}
+
+
 def loop(mode):
     """Cross-task pairs inside while loops (Keras's steps_per_execution builds one): a loop
     the coordinator runs, whose body reads a ps variable on worker:0 and sends the product
@@ -571,7 +602,8 @@ def main():
         tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster))
         result = {"train": train, "noop": noop, "big": big, "retrace": retrace,
                   "train_until_killed": train_until_killed, "mixed": mixed,
-                  "conv": conv, "sparse": sparse, "growing": growing, "loop": loop}[scenario](mode)
+                  "conv": conv, "sparse": sparse, "growing": growing, "loop": loop,
+                  "batch_norm": batch_norm}[scenario](mode)
     print("RESULT " + json.dumps(result))
 
 

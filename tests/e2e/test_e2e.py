@@ -41,6 +41,20 @@ def test_conv_with_bias_gradient(cluster, aliased):
         assert read and read.group(1) == ("shm+zc" if aliased else "shm"), rdma["report"]
 
 
+def test_batch_norm_statistics_and_gradients_have_static_channels(cluster):
+    """oneDNN's batch norm ops register TF's own shape functions for outputs 1 and 2 (the
+    batch statistics, the scale and offset gradients): trusted, each is a 32-byte static
+    channel instead of a run-time-shaped one of two 1 MiB slots, and the values match gRPC."""
+    grpc = run_driver(cluster, "grpc", "batch_norm")
+    rdma = run_driver(cluster, "rdmadev", "batch_norm")
+    assert rdma["losses"] == grpc["losses"] and rdma["state"] == grpc["state"]
+    report = rdma["report"]
+    to_ps = re.findall(r"^\s*\S+\s+/job:worker/replica:0/task:0 -> /job:ps/replica:0/task:0  (\S+) DT_FLOAT (.+)$",
+                       report, re.M)
+    assert len(to_ps) == 5 and "run-time shape" not in report, report  # the filter's gradient and four [8]
+    assert sorted(size for _, size in to_ps) == ["32 B"] * 4 + ["864 B"], report
+
+
 def test_function_without_cross_task_pair_is_left_alone(cluster):
     grpc = run_driver(cluster, "grpc", "noop")
     rdma = run_driver(cluster, "rdmadev", "noop")

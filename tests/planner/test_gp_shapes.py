@@ -65,6 +65,8 @@ def test_onednn_fused_bias_gradient_shape_is_not_trusted():
     assert (t.shape, t.bytes) == (None, None) and "not trusted" in t.shape_source
     assert not trusted_output(MKL_BIAS_GRAD, 1) and trusted_output(MKL_BIAS_GRAD, 0)
     assert trusted_output("SomeOp", 1) and trusted_output("_MklMatMul", 0)
+    for op in ("_MklNativeFusedBatchNormV3", "_MklFusedBatchNormGradV3"):  # statistics, scale/offset grads: [C]
+        assert trusted_output(op, 1) and trusted_output(op, 2) and not trusted_output(op, 3)
     t = sent(lambda w: (build(w), "g")[1], halves="send")  # output 0 (the filter gradient) is trusted
     assert t.shape == [3, 3, 3, 8]
 
