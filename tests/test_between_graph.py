@@ -197,3 +197,4 @@ def test_a_second_session_keeps_the_half_pairs_it_shares_with_a_closed_one():
         assert p.returncode == 0 and lines, (p.stdout + p.stderr)[-4000:]
         results[rpc_layer] = json.loads(lines[-1][len("RESULT "):])
     assert results[protocol.PROTOCOL] == results["grpc"]
+

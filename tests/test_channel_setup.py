@@ -315,7 +315,8 @@ def test_channels_a_killed_planner_opened_are_released_on_every_task(world):
 def test_half_pairs_meet_whichever_pass_comes_first_with_slots_the_sender_sized(world):
     """TF1 half pairs (channels.py, "half pairs"): this task offers the receiving halves
     before ps:0 planned its sending ones, and the ring is set up once it did; a key the
-    sender knows the size of gets exactly that capacity, one it does not the planned one."""
+    sender knows the size of gets exactly that capacity in one slot (a static channel), one it
+    does not the planned capacity and slots."""
     rt, _ = world
     known, unknown = f"half-known-{os.getpid()}", f"half-unknown-{os.getpid()}"
     planned = {"slots": SLOTS, "capacity_bytes": 8192, "rank_capacity": 4}
@@ -330,8 +331,8 @@ def test_half_pairs_meet_whichever_pass_comes_first_with_slots_the_sender_sized(
         time.sleep(0.1)
     assert met and met[0][0] in FABRICS, met
     try:
-        # known: 2 slots of 400 B (+ header and shape block); unknown: 2 of the planned 8192 B
-        assert met[0][1] == 4096 * -(-(SLOTS * (64 + 64 + 448) + SLOTS * (64 + 64 + 8192)) // 4096)
+        # known: 1 slot of 400 B (+ header and shape block); unknown: 2 of the planned 8192 B
+        assert met[0][1] == 4096 * -(-((64 + 64 + 448) + SLOTS * (64 + 64 + 8192)) // 4096)
         for key, size in ((known, 400), (unknown, 8192)):
             t = dataclasses.make_dataclass("T", ["send_task", "recv_task", "channel_key",
                                                  "capacity_bytes"])(PS, W1, key, size)

@@ -27,6 +27,7 @@ import time
 
 from graph_pass.devices import split_task
 from graph_pass.layout import REGION_ALIGNMENT, round_up, slot_bytes
+from graph_pass.plan import Config as PlanConfig
 
 from .. import _core
 from ..errors import ConfigError, ProtocolError, RdmadevError, RegionError
@@ -323,7 +324,8 @@ class ChannelTable:
     #     sender's pass:   want_halves({key: bytes})    (local)
     #     receiver's pass: offer_halves(sender, ...)    (local), then in a thread:
     #         half_sizes  -> sender    (asked every HALF_POLL_S until its pass wanted every key)
-    #         allocates the region: slots of the sender's known size, else the planned capacity
+    #         allocates the region: slots of the sender's known size, else the planned capacity;
+    #         as many as a static channel gets when the size is known (it never chunks)
     #         attach_halves -> sender  (attach_senders)
     #
     # Either pass may run first; a half that never meets its peer fails at the deadline. The
@@ -357,10 +359,13 @@ class ChannelTable:
                 fits = type(known) is int and 0 <= known <= self.config.max_tensor_bytes
                 capacity = known if fits else c["capacity_bytes"]
                 slot, payload = slot_bytes(capacity, c["rank_capacity"])
-                laid.append({"key": c["key"], "slots": c["slots"], "slot_bytes": slot,
+                slots = c["slots"]
+                if fits and self.config.slots is None:  # else RDMADEV_SLOTS set them all
+                    slots = PlanConfig().slots_for(rank_capacity=None)
+                laid.append({"key": c["key"], "slots": slots, "slot_bytes": slot,
                              "payload_offset": payload, "capacity_bytes": capacity,
                              "offset": offset})
-                offset += c["slots"] * slot
+                offset += slots * slot
             size = -(-offset // REGION_ALIGNMENT) * REGION_ALIGNMENT
             done = self._open_pair(HALF_PAIRS, {"sender": sender, "bytes": size, "channels": laid},
                                    attach="attach_halves")
