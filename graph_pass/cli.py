@@ -53,7 +53,8 @@ def build_parser(prog="rdmadev plan"):
     p.add_argument("--out", metavar="PATH", help="draw the plan to PATH (.png/.svg); several instantiations "
                    "get -1, -2, ... before the suffix")
     p.add_argument("--json", metavar="PATH", help="write the plan(s) as JSON (a list of plans)")
-    p.add_argument("--slots", type=int, default=Config.slots, help="slots of every channel (default: 1 per static channel, 2 per dynamic one)")
+    p.add_argument("--slots", type=int, default=Config.slots,
+                   help="slots of every channel (default: 1 per static channel, 2 per dynamic one)")
     p.add_argument("--min-bytes", type=int, default=0, help="keep static tensors below this size on gRPC")
     p.add_argument("--plan-client-pairs", action="store_true", help="also plan pairs to/from the client task")
     p.add_argument("--default-dynamic-capacity", type=int, help="bytes bound for dynamic-shape transfers")

@@ -93,10 +93,6 @@ std::string RendezvousKey(const Node* n) {
 // step crosses at most a few (ps -> worker -> ps), and a round costs one shape pass.
 constexpr int kShapeRounds = 4;
 
-// TF's partition graphs no longer carry shapes. Runs TF's own shape functions over every
-// partition, feeding each _Recv the shape its _Send's input got on the other side, until
-// nothing new is learned; then records each fully known shape as `_output_shapes` on the
-// _Recv and on the _Send, which the planner takes as authoritative.
 // oneDNN's fused ops register shape functions that are wrong past output 0 (e.g.
 // _MklNativeConv2DBackpropFilterWithBias gives the bias gradient the conv's input channels):
 // those shapes stay unknown, and the planner gives the pair a dynamic channel. Outputs 1 and 2
@@ -109,6 +105,10 @@ bool TrustedOutput(const Node* n, int index) {
   return (index == 1 || index == 2) && op.find("FusedBatchNorm") != std::string::npos;
 }
 
+// TF's partition graphs no longer carry shapes. Runs TF's own shape functions over every
+// partition, feeding each _Recv the shape its _Send's input got on the other side, until
+// nothing new is learned; then records each fully known shape as `_output_shapes` on the
+// _Recv and on the _Send, which the planner takes as authoritative.
 void AnnotateRecvShapes(std::unordered_map<std::string, std::unique_ptr<Graph>>* parts) {
   std::map<std::string, tensorflow::PartialTensorShape> known;
   for (int round = 0; round < kShapeRounds; ++round) {
