@@ -16,7 +16,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -34,6 +33,7 @@ def main(argv=None):
 
     import rdmadev
     from rdmadev.testing import launch
+    from rdmadev.testing.timing import ms_per_call
 
     ps, worker = "/job:ps/replica:0/task:0", "/job:worker/replica:0/task:0"
     with launch.coordinated(num_ps=1, num_workers=1):
@@ -57,18 +57,8 @@ def main(argv=None):
         # The functions hold the variables from here on: all of them die with `variants`, which
         # is dropped before the block ends (launch.coordinated releases them on the tasks).
         del remote, whole, local
-        for fn in variants.values():  # trace, instantiate, set up channels
-            fn()
-            fn()
-        ms = {key: [] for key in variants}
-        for r in range(args.rounds):
-            for key, fn in variants.items():
-                t0 = time.perf_counter()
-                for _ in range(args.calls):
-                    fn()
-                ms[key].append((time.perf_counter() - t0) / args.calls * 1e3)
-            print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
-        del fn  # the loops' last function
+        ms = ms_per_call(variants, args.rounds, args.calls, on_round=lambda r: print(
+            f"round {r}/{args.rounds} done", file=sys.stderr, flush=True))
         variants.clear()
 
     med = {key: statistics.median(xs) for key, xs in ms.items()}

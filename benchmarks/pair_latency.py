@@ -18,7 +18,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -40,6 +39,7 @@ def main(argv=None):
 
     import rdmadev
     from rdmadev.testing import launch
+    from rdmadev.testing.timing import ms_per_call
     from rdmadev.tf import profile
 
     ps, worker = "/job:ps/replica:0/task:0", "/job:worker/replica:0/task:0"
@@ -59,16 +59,7 @@ def main(argv=None):
 
         variants = {"floor": tf.function(floor), "grpc": tf.function(pair),
                     "rdmadev": rdmadev.optimize(tf.function(pair))}
-        for fn in variants.values():  # trace, instantiate, set up channels
-            fn()
-            fn()
-        ms = {name: [] for name in variants}
-        for _ in range(args.rounds):
-            for name, fn in variants.items():
-                t0 = time.perf_counter()
-                for _ in range(args.calls):
-                    fn()
-                ms[name].append((time.perf_counter() - t0) / args.calls * 1e3)
+        ms = ms_per_call(variants, args.rounds, args.calls)
         names = {addr: f"{job}:{i}" for job, i, addr in cluster.tasks()}
         with tempfile.TemporaryDirectory() as logdir:
             run = profile.capture(list(names), logdir, args.trace_s, variants["rdmadev"])

@@ -359,9 +359,8 @@ class ChannelTable:
                 fits = type(known) is int and 0 <= known <= self.config.max_tensor_bytes
                 capacity = known if fits else c["capacity_bytes"]
                 slot, payload = slot_bytes(capacity, c["rank_capacity"])
-                slots = c["slots"]
-                if fits and self.config.slots is None:  # else RDMADEV_SLOTS set them all
-                    slots = PlanConfig().slots_for(rank_capacity=None)
+                # a known size is a static channel's, as planned here for this config
+                slots = PlanConfig(slots=self.config.slots).slots_for(None) if fits else c["slots"]
                 laid.append({"key": c["key"], "slots": slots, "slot_bytes": slot,
                              "payload_offset": payload, "capacity_bytes": capacity,
                              "offset": offset})

@@ -1,2 +1,2 @@
-"""Test and demo infrastructure: a loopback TF cluster launcher (launch) and the two-process
-bootstrap over a pipe (pair)."""
+"""Test and demo infrastructure: a loopback TF cluster launcher (launch), the two-process
+bootstrap over a pipe (pair), and alternating timing of tf.function variants (timing)."""

@@ -1,0 +1,36 @@
+"""Timing of tf.function variants in one run, for the benchmarks' same-run baselines."""
+
+import time
+
+__all__ = ["ms_per_call"]
+
+
+def ms_per_call(variants, rounds, calls, on_round=None):
+    """Milliseconds per call of each variant, one figure per round.
+
+    Each variant is called twice first (trace, instantiate, set up channels), then every
+    round calls each variant `calls` times in turn, so a noisy moment of the machine falls on
+    all of them alike.
+
+    Args:
+        variants: ``{key: callable}`` taking no arguments.
+        rounds: rounds of alternation.
+        calls: calls per variant per round.
+        on_round: called with the round's number (from 1) after each round, e.g. for progress.
+
+    Returns:
+        ``{key: [ms per call in round 1, ...]}``.
+    """
+    for fn in variants.values():
+        fn()
+        fn()
+    ms = {key: [] for key in variants}
+    for r in range(rounds):
+        for key, fn in variants.items():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            ms[key].append((time.perf_counter() - t0) / calls * 1e3)
+        if on_round is not None:
+            on_round(r + 1)
+    return ms
