@@ -118,7 +118,8 @@ def test_kept_tensors_do_not_stall_the_ring(channel):
 @pytest.mark.parametrize("slots", [1, 2])
 def test_kept_zero_copy_tensors_stall_with_a_clear_error(channel, slots):
     """With zero_copy, a kept tensor holds its slot; credits return in order, so the sender
-    stops K transfers later with an error that says why (never a hang)."""
+    stops K transfers later with an error that says why (never a hang), and so does a
+    receive that finds every slot held."""
     key, _, rx = channel("kept0", 1 << 20, slots=slots)
     kept = []
     with pytest.raises(tf.errors.DeadlineExceededError, match="zero-copy tensor kept alive"):
@@ -126,6 +127,11 @@ def test_kept_zero_copy_tensors_stall_with_a_clear_error(channel, slots):
             ops.send(tf.fill([256, 1024], float(step)), key, timeout_s=1)
             kept.append(ops.recv(tf.float32, [256, 1024], key, timeout_s=1, zero_copy=True))
     assert [float(t[0, 0]) for t in kept] == list(range(len(kept)))
+    # The receiving side: one more receive while every slot is held names both causes.
+    with pytest.raises(tf.errors.FailedPreconditionError,
+                       match=rf"all {slots} slots are held by earlier receives in this task\. "
+                             r"Either two calls of this function overlap.*zero-copy"):
+        ops.recv(tf.float32, [256, 1024], key, timeout_s=1, zero_copy=True)
 
 
 def test_ops_inside_tf_function(channel):

@@ -302,7 +302,8 @@ class SendOp : public AsyncOpKernel {
               self->Next();
             },
             nullptr, "a free slot (credit) on channel " + channel_ +
-                         " (the receiver still holds every slot: a zero-copy tensor kept alive?)");
+                         " (the receiver still holds every slot: a zero-copy tensor kept alive, or two "
+                         "calls of this function overlapping?)");
         cancel->Submitted(ticket);
       } catch (const rdmadev::Error& e) {
         cancel->Disarm();
@@ -462,7 +463,7 @@ class RecvOp : public AsyncOpKernel {
         try {
           n_ = r_.ring->Reserve();
         } catch (const rdmadev::Error& e) {
-          Finish(ToStatus(e));
+          Finish(AllSlotsHeld(e));
           return;
         }
         wait_since_ = trace_.Mark();
@@ -494,6 +495,19 @@ class RecvOp : public AsyncOpKernel {
         if (cancelled) r_.domain->progress().Cancel(ticket);
         return;
       }
+    }
+
+    // Reserve fails only when every slot is held by an earlier receive that has not let go.
+    // A step takes each channel's transfer once, and the steps of one instantiation run one
+    // at a time, so that means calls overlap, or a consumer kept an aliased slot.
+    absl::Status AllSlotsHeld(const rdmadev::Error& e) const {
+      return tensorflow::errors::FailedPrecondition(
+          "rdmadev channel ", op_->channel_, ": ", e.what(),
+          " by earlier receives in this task. Either two calls of this function overlap here "
+          "(rdmadev's channels carry one step of a function at a time: serialize the calls; "
+          "rdmadev.optimize does for calls from Python threads, and a TF1 session must not run "
+          "these fetches in two threads at once), or a consumer keeps a received tensor past "
+          "its step (RDMADEV_ZERO_COPY_MIN_BYTES=1T turns zero-copy receive off)");
     }
 
     // The wait for transfer n_ ended with `st`: takes its slot. True when the execution needs

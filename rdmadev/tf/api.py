@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import secrets
+import threading
 
 from graph_pass.devices import task_name
 
@@ -180,13 +181,30 @@ def _make_optimized_class():
 
         _rdmadev_inlined = 0
 
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            # Calls from Python threads run one at a time: each channel of an instantiation
+            # carries one step at a time (its slots are reused by the next step), so two
+            # overlapping calls would take each other's transfers. TF runs them concurrently.
+            self._rdmadev_calls = threading.RLock()
+
+        def __getstate__(self):  # as TF's own: a lock does not pickle
+            state = super().__getstate__()
+            del state["_rdmadev_calls"]
+            return state
+
+        def __setstate__(self, state):
+            super().__setstate__(state)
+            self._rdmadev_calls = threading.RLock()
+
         def __call__(self, *args, **kwargs):
             if not self._rdmadev_ready:
                 self._rdmadev_prepare()
             if tf_ops.inside_function():
                 return self._rdmadev_inline(args, kwargs)
             try:
-                return super().__call__(*args, **kwargs)
+                with self._rdmadev_calls:
+                    return super().__call__(*args, **kwargs)
             finally:
                 self._rdmadev_watch_traces()
 

@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import sys
+import threading
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -20,6 +21,9 @@ from rdmadev.cluster import parse_cluster, runtime  # noqa: E402
 from rdmadev.cluster.reports import Report  # noqa: E402
 
 PS, W0, W1 = task_name("ps", 0), task_name("worker", 0), task_name("worker", 1)
+# How long a scenario waits for ps to move a channel to larger slots after a step of chunks
+# (a control request, an allocation and an attach; minutes under the Soft-RoCE guest's TCG).
+GROWTH_WAIT_S = float(os.environ.get("RDMADEV_E2E_GROWTH_WAIT_S", "30"))
 
 
 def train_until_killed(mode):
@@ -428,6 +432,40 @@ def loop(mode):
     return {"values": values, "report": fn.report if mode == "rdmadev" else ""}
 
 
+def overlapping(mode):
+    """Two Python threads call one function at once, 12 calls each with inputs of their own.
+    Its 256 KiB variable read ps -> worker:0 is received zero-copy into a one-slot channel,
+    so overlapping steps would find the slot held; rdmadev.optimize runs the calls one at a
+    time. Returns each thread's values in call order."""
+    with tf.device(PS):
+        v = tf.Variable(tf.reshape(tf.range(256 * 256, dtype=tf.float32), [256, 256]) * 1e-4)
+
+    def step(x):
+        with tf.device(W0):
+            y = tf.matmul(v, x)
+        with tf.device(PS):
+            return tf.reduce_sum(y * y)
+
+    fn = tf.function(step, input_signature=[tf.TensorSpec([256, 4], tf.float32)])
+    fn = rdmadev.optimize(fn) if mode == "rdmadev" else fn
+    fn(tf.zeros([256, 4]))  # traced and set up before the threads start
+    values, errors = [[], []], []
+
+    def calls(t):
+        try:
+            for i in range(12):
+                values[t].append(float(fn(tf.fill([256, 4], float(t * 100 + i)))))
+        except Exception as e:  # reported, the other thread goes on
+            errors.append(str(e)[:2000])
+
+    threads = [threading.Thread(target=calls, args=(t,)) for t in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return {"values": values, "errors": errors, "report": fn.report if mode == "rdmadev" else ""}
+
+
 def sparse(mode):
     """An embedding step, every cross-task tensor of a run-time shape: the worker dedupes its
     ids (tf.unique) and sends them to ps, ps gathers the rows and sends them back, the
@@ -494,7 +532,7 @@ def growing(mode):
         if mode != "rdmadev":
             continue
         after = ps()
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + GROWTH_WAIT_S
         while wait and after["grown"] == before["grown"] and time.monotonic() < deadline:
             time.sleep(0.1)
             after = ps()
@@ -533,7 +571,7 @@ def profile(mode, cluster):
     if mode == "rdmadev":  # the ids came in 4 chunks: ps moves their channel to larger slots
         after = rdmadev.counters()[PS]
         first_chunks = after["received"] - before["received"]
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + GROWTH_WAIT_S
         while after["grown"] == before["grown"] and time.monotonic() < deadline:
             time.sleep(0.1)
             after = rdmadev.counters()[PS]
@@ -602,7 +640,7 @@ def main():
         tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster))
         result = {"train": train, "noop": noop, "big": big, "retrace": retrace,
                   "train_until_killed": train_until_killed, "mixed": mixed,
-                  "conv": conv, "sparse": sparse, "growing": growing, "loop": loop,
+                  "conv": conv, "sparse": sparse, "overlapping": overlapping, "growing": growing, "loop": loop,
                   "batch_norm": batch_norm}[scenario](mode)
     print("RESULT " + json.dumps(result))
 

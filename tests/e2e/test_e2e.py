@@ -214,6 +214,18 @@ def test_pairs_inside_while_loops_stay_on_grpc(cluster):
                      r"16384 B$", report, re.M), report
 
 
+def test_calls_from_two_threads_at_once_give_grpcs_values(cluster):
+    """TF runs two calls of one function concurrently; a channel carries one step at a time
+    (the next step reuses its slot), so rdmadev.optimize runs them one after the other.
+    Before it did, the second call failed at once with "all 1 slots are held"."""
+    grpc = run_driver(cluster, "grpc", "overlapping")
+    rdma = run_driver(cluster, "rdmadev", "overlapping")
+    assert grpc["errors"] == [] and rdma["errors"] == [], rdma["errors"]
+    assert rdma["values"] == grpc["values"] and [len(v) for v in rdma["values"]] == [12, 12]
+    assert re.search(r"^\s*shm\+zc\s.*ReadVariableOp DT_FLOAT 262144 B$", rdma["report"], re.M), \
+        rdma["report"]
+
+
 def test_strings_stay_on_grpc_and_dynamic_shapes_move(cluster):
     grpc = run_driver(cluster, "grpc", "mixed")
     rdma = run_driver(cluster, "rdmadev", "mixed")
