@@ -1,5 +1,5 @@
 """Reports say what moved where, and what each receiving task registered for it."""
-from rdmadev.cluster.reports import Report
+from rdmadev.cluster.reports import CONTROL, Report
 
 PS, W = "/job:ps/replica:0/task:0", "/job:worker/replica:0/task:0"
 
@@ -18,6 +18,8 @@ def test_registered_bytes_stand_next_to_the_bytes_a_step_moves():
 
 
 def test_a_task_that_registered_for_signals_only_moves_no_bytes():
-    r = Report("1.1", swapped=[("edge_9_ctl", f"{W} -> {PS}", "DT_FLOAT", 0, "shm")], kept=[],
+    r = Report("1.1", swapped=[("edge_9_ctl", f"{W} -> {PS}", CONTROL, 0, "shm")], kept=[],
                registered={PS: 4096})
-    assert f"  registered on {PS}: 4096 B for 0 B a step" in str(r).splitlines()
+    lines = str(r).splitlines()
+    assert f"  shm      {W} -> {PS}  edge_9_ctl control edge (orders execution, carries no data)" in lines
+    assert f"  registered on {PS}: 4096 B for 0 B a step" in lines

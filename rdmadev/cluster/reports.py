@@ -11,7 +11,11 @@ Example:
 import dataclasses
 import threading
 
-__all__ = ["Report", "record", "reports"]
+__all__ = ["CONTROL", "Report", "record", "reports"]
+
+#: The dtype a report gives a swapped control edge: TF's partitioner turns a control edge
+#: between tasks into a pair carrying an empty tensor; rdmadev sends the signal alone.
+CONTROL = "control"
 
 _reports = []
 _lock = threading.Lock()
@@ -22,7 +26,7 @@ class Report:
     """What one instantiation moved where."""
 
     instance: str
-    swapped: list        # [(tensor_name, send_task -> recv_task, dtype, bytes, fabric[+zc])]
+    swapped: list        # [(tensor_name, send_task -> recv_task, dtype or CONTROL, bytes, fabric[+zc])]
     kept: list           # [(tensor_name, send_task -> recv_task, reason)]
     registered: dict     # recv task -> bytes registered there
     function: str = ""   # the instantiated function's name
@@ -54,8 +58,10 @@ class Report:
         if not self.swapped and not self.kept:
             lines[0] = f"{head}: no cross-task transfer (nothing to do)"
         for name, route, dtype, nbytes, fabric in self.swapped:
-            size = "run-time shape" if nbytes is None else f"{nbytes} B"
-            lines.append(f"  {fabric:<8} {route}  {name} {dtype} {size}")
+            what = "run-time shape" if nbytes is None else f"{nbytes} B"
+            if dtype == CONTROL:
+                dtype, what = "control edge", "(orders execution, carries no data)"
+            lines.append(f"  {fabric:<8} {route}  {name} {dtype} {what}")
         for name, route, reason in self.kept:
             lines.append(f"  grpc     {route}  {name} ({reason})")
         moved, dynamic = self.bytes_per_step()

@@ -114,7 +114,10 @@ def rewrites(partitions, function="", marked=()):
             out.append(("recv", t.recv_device, t.recv_node, t.channel_key, dtype, shape,
                         bool(t.zero_copy), plan.config.zero_copy_min_bytes, timeout, limit, owned))
         fabric = fabrics.get(t.channel_key, f"{t.halves} half") + ("+zc" if t.zero_copy else "")
-        swapped.append((t.tensor_name, route, t.dtype, t.bytes, fabric))
+        if t.kind == "control":  # TF's dummy tensor for a control edge: a signal, no data
+            swapped.append((t.tensor_name, route, reports.CONTROL, 0, fabric))
+        else:
+            swapped.append((t.tensor_name, route, t.dtype, t.bytes, fabric))
     report = reports.Report(instance, swapped, kept, registered, function=function,
                             task=rt.task or "coordinator", marked=list(marked))
     if halves:

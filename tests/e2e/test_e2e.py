@@ -113,7 +113,9 @@ def test_parameter_server_strategy(cluster, workers):
     assert rdma["total"] == grpc["total"]
     report = "\n".join(rdma["reports"])
     assert "5 transfers swapped, 0 stayed on gRPC" in report
-    assert "DT_FLOAT 0 B" in report  # the cross-task control edge went through rdmadev too
+    # the cross-task control edge went through rdmadev too, as a signal
+    assert re.search(r"^\s*shm\s.*GroupCrossDeviceControlEdges\S* control edge \(orders execution, "
+                     r"carries no data\)$", report, re.M), report
     assert re.search(r"step__rdmadev_[0-9a-f]{8}_\d+ on /job:worker/replica:0/task:\d", report)
     # the step's reports come from every worker that ran it; the unwrapped function was not planned
     ran_on = set(re.findall(r"on (/job:worker/replica:0/task:\d)", report))
