@@ -98,6 +98,33 @@ def _in_loops(g):
     return {key for key, _ in seen}
 
 
+#: Ops that open and close a lowered conditional (tf.cond and tf.case become Switch ... Merge):
+#: what lies between may be dead, and a dead tensor crosses tasks only as TF's rendezvous
+#: carries it (a _Send with a dead input still sends "dead"; a custom op never runs on one).
+SWITCH_OPS = frozenset({"Switch", "RefSwitch", "_SwitchN"})
+MERGE_OPS = frozenset({"Merge", "RefMerge"})
+
+
+def _in_conds(g, in_loops):
+    """Keys of the nodes a conditional branch may leave dead: reachable from a Switch outside
+    any loop (a loop's own Switch and Merge are in_loop's) past fewer Merges than Switches,
+    through data and control edges alike (TF's deadness follows both) and across pairs (a
+    branch's read on ps is dead on ps too, and its value on the worker). Only pairs whose
+    two halves are here can be told this way: a TF1 half cannot see its peer's Switch."""
+    todo = [(key, 1) for key, data in g.nodes(data=True)
+            if data["op"] in SWITCH_OPS and key not in in_loops]
+    seen = set(todo)
+    while todo:
+        key, depth = todo.pop()
+        for _, nxt, _ in g.out_edges(key, data=True):
+            op = g.nodes[nxt]["op"]
+            d = depth + (op in SWITCH_OPS) - (op in MERGE_OPS)
+            if d >= 1 and (nxt, d) not in seen:
+                seen.add((nxt, d))
+                todo.append((nxt, d))
+    return {key for key, _ in seen}
+
+
 def find_transfers(graph):
     """Find every cross-task pair (or half) in a graph from ``load``.
 
@@ -132,10 +159,14 @@ def find_transfers(graph):
         data[NS]["client_terminated"] = client
     transfers = []
     in_loops = _in_loops(graph) if sends or recvs else set()
-    for rv in sorted(set(sends) | set(recvs), key=lambda r: (r[0], r[1], r[2], r[3])):
+    keys = sorted(set(sends) | set(recvs), key=lambda r: (r[0], r[1], r[2], r[3]))
+    for rv in keys:
         s_key, r_key = sends.get(rv), recvs.get(rv)
         transfers.append(_transfer(graph, rv, s_key, r_key))
         transfers[-1].in_loop = bool({s_key, r_key} & in_loops)
+    in_conds = _in_conds(graph, in_loops) if transfers else set()  # follows the pairs' edges
+    for rv, t in zip(keys, transfers):
+        t.in_cond = rv in sends and rv in recvs and bool({sends[rv], recvs[rv]} & in_conds)
     graph.graph.setdefault(NS, {})
     graph.graph[NS]["transfers"] = transfers
     graph.graph[NS]["same_task_pairs"] = same_task

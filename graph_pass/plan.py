@@ -180,7 +180,8 @@ class Transfer:
     the half not present), ``src``/``dst`` (original producer and consumer, from ``_src``/``_dst``),
     ``kind`` ("data" or "control"), ``dtype`` (name), ``shape`` (list, -1 = unknown dim; None =
     unknown rank), ``shape_source``, ``bytes`` (static size or None), ``in_loop`` (a half runs
-    inside a while loop's frame: once per iteration).
+    inside a while loop's frame: once per iteration), ``in_cond`` (a pair inside a branch of a
+    lowered conditional: its tensor may be dead).
     Decision (set by ``plan_regions``): ``decision`` ("swap"/"keep"), ``reason`` (a code of
     ``graph_pass.policy.REASONS``), ``detail`` (text), ``channel_key`` and, for swaps, the layout:
     ``region``, ``offset`` (in the region), ``task_offset`` (in the task block), ``slots``,
@@ -206,6 +207,7 @@ class Transfer:
     shape_source: str = "unknown"
     bytes: int = None
     in_loop: bool = False
+    in_cond: bool = False
     decision: str = None
     reason: str = None
     detail: str = None

@@ -432,6 +432,25 @@ def loop(mode):
     return {"values": values, "report": fn.report if mode == "rdmadev" else ""}
 
 
+def cond(mode):
+    """A tf.cond on worker:0 whose true branch reads a ps variable (TF lowers it to Switch and
+    Merge; the read's pairs are dead when the branch is not taken), then the result goes to ps
+    after the conditional. Returns each call's value: taken, not taken, taken."""
+    with tf.device(PS):
+        v = tf.Variable(tf.reshape(tf.range(64 * 64, dtype=tf.float32), [64, 64]) * 1e-3)
+
+    def step(flag):
+        with tf.device(W0):
+            x = tf.cond(flag, lambda: tf.reduce_sum(tf.matmul(v, v)), lambda: tf.constant(-1.0))
+        with tf.device(PS):
+            return x * 2.0
+
+    fn = tf.function(step, input_signature=[tf.TensorSpec([], tf.bool)])
+    fn = rdmadev.optimize(fn) if mode == "rdmadev" else fn
+    values = [float(fn(tf.constant(flag))) for flag in (True, False, True)]
+    return {"values": values, "report": fn.report if mode == "rdmadev" else ""}
+
+
 def overlapping(mode):
     """Two Python threads call one function at once, 12 calls each with inputs of their own.
     Its 256 KiB variable read ps -> worker:0 is received zero-copy into a one-slot channel,
@@ -640,7 +659,7 @@ def main():
         tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster))
         result = {"train": train, "noop": noop, "big": big, "retrace": retrace,
                   "train_until_killed": train_until_killed, "mixed": mixed,
-                  "conv": conv, "sparse": sparse, "overlapping": overlapping, "growing": growing, "loop": loop,
+                  "conv": conv, "sparse": sparse, "overlapping": overlapping, "cond": cond, "growing": growing, "loop": loop,
                   "batch_norm": batch_norm}[scenario](mode)
     print("RESULT " + json.dumps(result))
 

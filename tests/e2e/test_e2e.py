@@ -216,6 +216,21 @@ def test_pairs_inside_while_loops_stay_on_grpc(cluster):
                      r"16384 B$", report, re.M), report
 
 
+def test_pairs_inside_a_conditional_branch_stay_on_grpc(cluster):
+    """On the branch not taken, a lowered tf.cond's tensors are dead, and TF runs no custom op
+    on a dead input: a swapped pair's receive would wait for a write that never comes (before
+    the planner knew, the step failed at the deadline). Such pairs keep TF's rendezvous, which
+    carries deadness; the value after the Merge moves."""
+    grpc = run_driver(cluster, "grpc", "cond")
+    rdma = run_driver(cluster, "rdmadev", "cond")
+    assert rdma["values"] == grpc["values"] and grpc["values"][1] == -2.0
+    report = rdma["report"]
+    kept = re.findall(r"^\s*grpc\s.*\((\w+)\)$", report, re.M)
+    assert kept.count("in_cond") >= 2 and set(kept) <= {"in_cond", "client_task"}, report
+    assert re.search(r"^\s*shm\s+/job:worker/replica:0/task:0 -> /job:ps/replica:0/task:0\s+edge_\d+_cond/"
+                     r"output\S* DT_FLOAT 4 B$", report, re.M), report
+
+
 def test_calls_from_two_threads_at_once_give_grpcs_values(cluster):
     """TF runs two calls of one function concurrently; a channel carries one step at a time
     (the next step reuses its slot), so rdmadev.optimize runs them one after the other.

@@ -215,3 +215,35 @@ def test_pairs_inside_while_loops_are_kept_by_each_half():
     plan = gp.plan_partitions(B.partitions(ps, w), instance_id="i")
     assert {t.tensor_name: (t.decision, t.reason) for t in plan.transfers} == {
         "edge_1_in": ("keep", "in_loop"), "edge_2_out": ("swap", "static")}
+
+
+def test_pairs_inside_conditional_branches_are_kept():
+    """A lowered tf.cond as TF partitions it: the worker's branch pivot (Identity of a Switch
+    output) gates, through a control edge, ps's read of v, whose value comes back to the
+    worker's branch and on to the Merge. On the branch not taken every one of those is dead,
+    and the two pairs with it (the control pair and the read); the Merge's output, sent to ps
+    after the conditional, is live. Deadness is followed across the pairs: ps alone has no
+    Switch. A TF1 half cannot see its peer's side, so it is not told (its peer may be)."""
+    ps, w = B.Partition(PS), B.Partition(W0)
+    ps.var("v", (4,))
+    w.node("pred", "Placeholder", dtype=("type", 10))  # DT_BOOL
+    w.node("cond/switch", "Switch", ["pred", "pred"])
+    w.node("cond/pivot_t", "Identity", ["cond/switch:1"])
+    w.node("cond/dummy", "Const", ["^cond/pivot_t"], dtype=("type", B.FLOAT),
+           value=("tensor", (B.FLOAT, (0,), None)))
+    B.pair(w, ps, "edge_1_ctl", "cond/dummy", recv_name="ctl/_recv", shape=(0,))
+    ps.node("cond/read", "Identity", ["v/read", "^ctl/_recv"])
+    B.pair(ps, w, "edge_2_read", "cond/read", recv_name="read/_recv", shape=(4,))
+    w.node("cond/neg", "Neg", ["read/_recv"])
+    w.node("cond/zeros", "Const", ["^cond/switch"], dtype=("type", B.FLOAT),
+           value=("tensor", (B.FLOAT, (4,), None)))
+    w.node("cond/merge", "Merge", ["cond/neg", "cond/zeros"])
+    B.pair(w, ps, "edge_3_out", "cond/merge", recv_name="out/_recv", shape=(4,))
+    assert {t.tensor_name: t.in_cond for t in find(ps, w)[1]} == {
+        "edge_1_ctl": True, "edge_2_read": True, "edge_3_out": False}
+    for half in (ps, w):
+        assert not any(t.in_cond for t in find(half)[1])
+    plan = gp.plan_partitions(B.partitions(ps, w), instance_id="i")
+    assert {t.tensor_name: (t.decision, t.reason) for t in plan.transfers} == {
+        "edge_1_ctl": ("keep", "in_cond"), "edge_2_read": ("keep", "in_cond"),
+        "edge_3_out": ("swap", "static")}
