@@ -24,6 +24,7 @@ import threading
 from graph_pass.devices import task_name
 
 from ..cluster import instances, reports, runtime
+from ..cluster.opening import in_parallel
 from ..cluster.spec import parse_cluster
 from ..config import Config
 from ..errors import ConfigError, RdmadevError
@@ -36,6 +37,9 @@ MODE_OFF, MODE_ALL, MODE_MARKED = 0, 1, 2
 #: Hex digits of the token that tells one optimized function's instantiations from another's
 #: (also across coordinator processes, whose TF function counters restart).
 TOKEN_HEX = 8
+#: Seconds each serving task gets to answer a ping once a call failed as unavailable: the port
+#: of a task whose process is gone refuses at once, a live task answers in milliseconds.
+PROBE_S = 2.0
 _native = None
 _optimized_class = None
 log = logging.getLogger(__name__)
@@ -126,6 +130,36 @@ def _broadcast(rt, tasks, request):
             log.info("rdmadev: %s did not take %s: %s", task, request["op"], e)
 
 
+def _gone_tasks(rt):
+    """The serving tasks that do not answer a ping within PROBE_S (asked all at once)."""
+    def gone(task):
+        try:
+            client = rt._connect(task, PROBE_S)  # pylint: disable=protected-access
+            try:
+                client.call({"op": "ping"})
+            finally:
+                client.close()
+            return None
+        except (RdmadevError, OSError):
+            return task
+    return [t for t in in_parallel(gone, _serving_tasks(rt)) if t]
+
+
+def _naming_gone_tasks(error):
+    """`error` (a TF UnavailableError of a failed call) with the tasks that are gone named in
+    front of its message when it does not name them: TF reports whichever component's error
+    came first, and the coordinator's own RPC to a killed task may fail first with only
+    "Connection reset by peer". Returns `error` itself when every task answers."""
+    rt = runtime.current()
+    gone = [t for t in (_gone_tasks(rt) if rt is not None else []) if t not in error.message]
+    if not gone:
+        return error
+    return type(error)(error.node_def, error.op,
+                       f"rdmadev: task {', '.join(gone)} does not answer: its process is gone or "
+                       f"unreachable (restart it; the step can be run again once it serves). "
+                       f"TF's error: {error.message}")
+
+
 def _check_tasks_serve(rt):
     """Pings every serving task once: a task started without rdmadev would run an optimized
     function it instantiates (a ParameterServerStrategy step) on gRPC without a word.
@@ -169,6 +203,7 @@ def _make_optimized_class():
     """The tf.function class with reports: defined on first use, so `import rdmadev` does not
     import TensorFlow."""
     from tensorflow.python.eager.polymorphic_function import autograph_util, polymorphic_function
+    from tensorflow.python.framework import errors as tf_errors
     from tensorflow.python.framework import ops as tf_ops
 
     class Optimized(polymorphic_function.Function):
@@ -205,6 +240,11 @@ def _make_optimized_class():
             try:
                 with self._rdmadev_calls:
                     return super().__call__(*args, **kwargs)
+            except tf_errors.UnavailableError as e:
+                named = _naming_gone_tasks(e)
+                if named is e:
+                    raise
+                raise named from e
             finally:
                 self._rdmadev_watch_traces()
 
