@@ -77,25 +77,33 @@ ENTER_OPS = frozenset({"Enter", "RefEnter"})
 EXIT_OPS = frozenset({"Exit", "RefExit"})
 
 
+def _between(g, starts, opens, closes, across_pairs):
+    """Keys of the nodes reachable from `starts` past more `opens` than `closes` ops (each
+    start counts as one open, nested regions count), following pair edges only when
+    `across_pairs`."""
+    todo = [(key, 1) for key in starts]
+    seen = set(todo)
+    while todo:
+        key, depth = todo.pop()
+        for _, nxt, edge in g.out_edges(key, data=True):
+            if edge.get("transfer") and not across_pairs:
+                continue
+            op = g.nodes[nxt]["op"]
+            d = depth + (op in opens) - (op in closes)
+            if d >= 1 and (nxt, d) not in seen:
+                seen.add((nxt, d))
+                todo.append((nxt, d))
+    return {key for key, _ in seen}
+
+
 def _in_loops(g):
     """Keys of the nodes inside a while loop's frame, in each partition: reachable from an
     Enter with more Enters than Exits on the way (nested loops count; a node after a loop's
     Exit is outside it). TF's partitioner gives a _Recv in a frame a control input from the
     frame (its "_cloop" nodes) and a _Send in a frame takes its input there, so each half
     tells on its own, TF1 halves included."""
-    todo = [(key, 1) for key, data in g.nodes(data=True) if data["op"] in ENTER_OPS]
-    seen = set(todo)
-    while todo:
-        key, depth = todo.pop()
-        for _, nxt, edge in g.out_edges(key, data=True):
-            if edge.get("transfer"):
-                continue
-            op = g.nodes[nxt]["op"]
-            d = depth + (op in ENTER_OPS) - (op in EXIT_OPS)
-            if d >= 1 and (nxt, d) not in seen:
-                seen.add((nxt, d))
-                todo.append((nxt, d))
-    return {key for key, _ in seen}
+    enters = [key for key, data in g.nodes(data=True) if data["op"] in ENTER_OPS]
+    return _between(g, enters, ENTER_OPS, EXIT_OPS, across_pairs=False)
 
 
 #: Ops that open and close a lowered conditional (tf.cond and tf.case become Switch ... Merge):
@@ -111,18 +119,9 @@ def _in_conds(g, in_loops):
     through data and control edges alike (TF's deadness follows both) and across pairs (a
     branch's read on ps is dead on ps too, and its value on the worker). Only pairs whose
     two halves are here can be told this way: a TF1 half cannot see its peer's Switch."""
-    todo = [(key, 1) for key, data in g.nodes(data=True)
-            if data["op"] in SWITCH_OPS and key not in in_loops]
-    seen = set(todo)
-    while todo:
-        key, depth = todo.pop()
-        for _, nxt, _ in g.out_edges(key, data=True):
-            op = g.nodes[nxt]["op"]
-            d = depth + (op in SWITCH_OPS) - (op in MERGE_OPS)
-            if d >= 1 and (nxt, d) not in seen:
-                seen.add((nxt, d))
-                todo.append((nxt, d))
-    return {key for key, _ in seen}
+    switches = [key for key, data in g.nodes(data=True)
+                if data["op"] in SWITCH_OPS and key not in in_loops]
+    return _between(g, switches, SWITCH_OPS, MERGE_OPS, across_pairs=True)
 
 
 def find_transfers(graph):

@@ -16,7 +16,7 @@ from graph_pass.devices import split_task, task_name
 
 from ..config import Config
 from ..device import open_domain
-from ..errors import ConfigError, PeerLostError, ProtocolError
+from ..errors import ConfigError, PeerLostError, ProtocolError, RdmadevError
 from . import instances, reports
 from .channels import REQUESTS as CHANNEL_REQUESTS, ChannelTable
 from .control import ControlClient, ControlServer, control_address
@@ -105,6 +105,19 @@ class Runtime:
             if fresh:
                 raise
         return self._client(task)[0].call(request)
+
+    def answers(self, task, timeout):
+        """Whether `task` answers a ping on a fresh control connection within `timeout`
+        seconds (connect and answer each): a task whose process is gone refuses at once."""
+        try:
+            client = self._connect(task, timeout)
+            try:
+                client.call({"op": "ping"})
+            finally:
+                client.close()
+            return True
+        except (RdmadevError, OSError):
+            return False
 
     def _client(self, task):
         """The control client of `task` and whether it was just connected."""

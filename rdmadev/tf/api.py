@@ -132,17 +132,8 @@ def _broadcast(rt, tasks, request):
 
 def _gone_tasks(rt):
     """The serving tasks that do not answer a ping within PROBE_S (asked all at once)."""
-    def gone(task):
-        try:
-            client = rt._connect(task, PROBE_S)  # pylint: disable=protected-access
-            try:
-                client.call({"op": "ping"})
-            finally:
-                client.close()
-            return None
-        except (RdmadevError, OSError):
-            return task
-    return [t for t in in_parallel(gone, _serving_tasks(rt)) if t]
+    tasks = _serving_tasks(rt)
+    return [t for t, ok in zip(tasks, in_parallel(lambda t: rt.answers(t, PROBE_S), tasks)) if not ok]
 
 
 def _naming_gone_tasks(error):
