@@ -113,12 +113,25 @@ SWITCH_OPS = frozenset({"Switch", "RefSwitch", "_SwitchN"})
 MERGE_OPS = frozenset({"Merge", "RefMerge"})
 
 
+#: What rdmadev's pass (pass.cc, MarkBranchExitsPass) names the node it puts, before TF
+#: partitions a graph, between a value of a conditional branch and the task it crosses to. The
+#: partitioner names both halves of the pair after that node (``_src``), so each half tells
+#: from its own partition that it is in a branch: a TF1 task plans only its own half.
+BRANCH_MARK = "/rdmadev_in_branch"
+
+
+def _leaves_branch(g, keys):
+    """Whether a pair half among `keys` is named after a BRANCH_MARK node."""
+    return any(BRANCH_MARK in (attr(g.nodes[key]["node_def"], "_src") or "")
+               for key in keys if key is not None)
+
+
 def _in_conds(g, in_loops):
     """Keys of the nodes a conditional branch may leave dead: reachable from a Switch outside
     any loop (a loop's own Switch and Merge are in_loop's) past fewer Merges than Switches,
     through data and control edges alike (TF's deadness follows both) and across pairs (a
     branch's read on ps is dead on ps too, and its value on the worker). Only pairs whose
-    two halves are here can be told this way: a TF1 half cannot see its peer's Switch."""
+    two halves are here can be told this way; the pass's BRANCH_MARK tells every half."""
     switches = [key for key, data in g.nodes(data=True)
                 if data["op"] in SWITCH_OPS and key not in in_loops]
     return _between(g, switches, SWITCH_OPS, MERGE_OPS, across_pairs=True)
@@ -165,7 +178,9 @@ def find_transfers(graph):
         transfers[-1].in_loop = bool({s_key, r_key} & in_loops)
     in_conds = _in_conds(graph, in_loops) if transfers else set()  # follows the pairs' edges
     for rv, t in zip(keys, transfers):
-        t.in_cond = rv in sends and rv in recvs and bool({sends[rv], recvs[rv]} & in_conds)
+        both = rv in sends and rv in recvs
+        t.in_cond = _leaves_branch(graph, (sends.get(rv), recvs.get(rv))) or (
+            both and bool({sends[rv], recvs[rv]} & in_conds))
     graph.graph.setdefault(NS, {})
     graph.graph[NS]["transfers"] = transfers
     graph.graph[NS]["same_task_pairs"] = same_task

@@ -6,7 +6,8 @@ Rules, first match wins:
 2. an end on a client job (``/job:localhost``, ``/job:chief``) -> keep unless ``plan_client_pairs``.
 3. a half inside a while loop's frame (``in_loop``), or a pair inside a branch of a lowered
    conditional (``in_cond``: its tensor may be dead, and only TF's _Send/_Recv carry deadness;
-   told where both halves are planned) -> keep.
+   a half alone is told by the name rdmadev's pass gave its source, find_transfers.BRANCH_MARK)
+   -> keep.
 4. DT_STRING / DT_VARIANT / DT_RESOURCE, reference or unknown dtypes -> keep.
 5. only one half loaded -> keep when the ops cannot carry half pairs (``carries["half_pairs"]``)
    or no ``half_pair_capacity`` is set; else swap as a dynamic channel of that capacity (a

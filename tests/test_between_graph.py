@@ -198,3 +198,71 @@ def test_a_second_session_keeps_the_half_pairs_it_shares_with_a_closed_one():
         results[rpc_layer] = json.loads(lines[-1][len("RESULT "):])
     assert results[protocol.PROTOCOL] == results["grpc"]
 
+
+
+# Conditionals across tasks in a TF1 session, as batch norm under a `training` placeholder
+# builds them: a ps variable read only on one branch, a ps variable updated only on the other,
+# the branch taken changing every run. Both TF1 control flows: v2 (If, lowered before
+# partitioning) and v1 (Switch/Merge built directly). On the branch not taken those tensors
+# are dead, which only TF's rendezvous carries: each task must keep its half of them on gRPC
+# (rdmadev's pass marks them before the master partitions), and swap the rest.
+CONDITIONAL = """
+import json, sys
+import numpy as np
+import tensorflow as tf
+tf.compat.v1.disable_eager_execution()
+cluster = json.loads(sys.argv[1])
+out = []
+for flow in ("v2", "v1"):
+    (tf.compat.v1.enable_control_flow_v2 if flow == "v2" else tf.compat.v1.disable_control_flow_v2)()
+    with tf.Graph().as_default() as g:
+        with tf.device("/job:ps/task:0"):
+            moving = tf.Variable(tf.reshape(tf.range(256, dtype=tf.float32), [16, 16]) / 7.0)
+            w = tf.Variable(tf.ones([16, 16]))
+        with tf.device("/job:worker/task:0"):
+            training = tf.compat.v1.placeholder(tf.bool, [])
+            x = tf.random.stateless_normal([16, 16], seed=[1, 2])
+            mean = tf.cond(training, lambda: tf.reduce_mean(x, 0),
+                           lambda: tf.reduce_mean(moving.read_value(), 0))
+            update = tf.cond(training, lambda: tf.reduce_sum(w.assign_add(x * 0.01)),
+                             lambda: tf.constant(0.0))
+            y = tf.reduce_sum(tf.matmul(x - mean, w.read_value())) + update
+        init = tf.compat.v1.global_variables_initializer()
+    with tf.compat.v1.Session("grpc://" + cluster["worker"][0], graph=g) as s:
+        s.run(init)
+        out += [s.run(y, {training: t}).tobytes().hex() for t in (True, False, False, True, False)]
+        out.append(s.run(w).tobytes().hex())
+reports = {}
+if sys.argv[2] == "rdmadev":
+    import rdmadev
+    reports = {t: [str(r) for r in rs] for t, rs in rdmadev.task_reports(cluster).items()}
+print("RESULT " + json.dumps({"values": out, "reports": reports}))
+"""
+
+
+@pytest.mark.tf
+def test_conditionals_across_tasks_keep_their_branch_halves_and_swap_the_rest():
+    results = {}
+    for rpc_layer in ("grpc", protocol.PROTOCOL):
+        cluster = tf_cluster.Cluster(num_ps=1, num_workers=1, env=ENV,
+                                     launcher=tf_cluster.protocol_launcher(rpc_layer))
+        cluster.start()
+        try:
+            p = subprocess.run([sys.executable, "-c", CONDITIONAL, json.dumps(cluster.spec),
+                                "grpc" if rpc_layer == "grpc" else "rdmadev"],
+                               capture_output=True, text=True, timeout=CLIENT_TIMEOUT_S,
+                               env={**os.environ, **ENV})
+        finally:
+            cluster.stop()
+        lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+        assert p.returncode == 0 and lines, (p.stdout + p.stderr)[-4000:]
+        results[rpc_layer] = json.loads(lines[-1][len("RESULT "):])
+    assert results[protocol.PROTOCOL]["values"] == results["grpc"]["values"], \
+        "grpc+rdmadev must compute what gRPC computes, whichever branch runs"
+    for task, lines in results[protocol.PROTOCOL]["reports"].items():
+        text = "\n".join(lines)
+        kept = [l for l in text.splitlines() if l.strip().startswith("grpc ")]
+        # Each control flow: the read on one branch, the update and its value on the other,
+        # and (v2) the branch pivots' control edges to ps.
+        assert len(kept) >= 6 and all("(in_cond)" in l for l in kept), f"{task}:\n{text}"
+        assert " half" in text, f"{task} swapped none of the pairs outside the branches:\n{text}"

@@ -4,6 +4,7 @@ import pytest
 
 import gp_builders as B
 import graph_pass as gp
+from graph_pass.find_transfers import BRANCH_MARK
 
 PS, W0, W1 = B.dev("ps"), B.dev("worker", 0), B.dev("worker", 1)
 
@@ -247,3 +248,25 @@ def test_pairs_inside_conditional_branches_are_kept():
     assert {t.tensor_name: (t.decision, t.reason) for t in plan.transfers} == {
         "edge_1_ctl": ("keep", "in_cond"), "edge_2_read": ("keep", "in_cond"),
         "edge_3_out": ("swap", "static")}
+
+
+def test_halves_named_after_a_branch_mark_are_kept_each_alone():
+    """What a TF1 task plans: one half of each pair. rdmadev's pass put a node named
+    `<src>/rdmadev_in_branch/_N` between each branch value and the task it crosses to, before
+    TF partitioned the whole graph, and the partitioner named both halves after it (`_src`):
+    each half alone is in_cond, its peer likewise; a half named after any other node is not."""
+    ps, w = B.Partition(PS), B.Partition(W0)
+    ps.var("v", (4,))
+    mark = "cond/read" + BRANCH_MARK + "/_0"
+    ps.node(mark, "Identity", ["v/read"])
+    B.pair(ps, w, "edge_2_" + mark, mark, recv_name="read/_recv", shape=(4,), src=mark)
+    B.pair(ps, w, "edge_3_v", "v/read", recv_name="v/_recv", shape=(4,))
+    w.node("use", "AddV2", ["read/_recv", "v/_recv"])
+    for parts in ((ps,), (w,), (ps, w)):
+        assert {t.tensor_name: t.in_cond for t in find(*parts)[1]} == {
+            "edge_2_" + mark: True, "edge_3_v": False}, parts
+    for half in (ps, w):
+        plan = gp.plan_partitions(B.partitions(half), gp.Config(carries={"half_pairs": True}, half_pair_capacity=4096),
+                                  instance_id="i")
+        assert {t.tensor_name: (t.decision, t.reason) for t in plan.transfers} == {
+            "edge_2_" + mark: ("keep", "in_cond"), "edge_3_v": ("swap", "half_pair_capacity")}
