@@ -78,9 +78,10 @@ EXIT_OPS = frozenset({"Exit", "RefExit"})
 
 
 def _between(g, starts, opens, closes, across_pairs):
-    """Keys of the nodes reachable from `starts` past more `opens` than `closes` ops (each
-    start counts as one open, nested regions count), following pair edges only when
-    `across_pairs`."""
+    """Keys of the nodes reachable from `starts` past more nodes that `opens` than that
+    `closes` (predicates on a key; each start counts as one open, nested regions count),
+    following pair edges only when `across_pairs`. pass.cc's Between is the same walk over
+    the graph before partitioning."""
     todo = [(key, 1) for key in starts]
     seen = set(todo)
     while todo:
@@ -88,8 +89,7 @@ def _between(g, starts, opens, closes, across_pairs):
         for _, nxt, edge in g.out_edges(key, data=True):
             if edge.get("transfer") and not across_pairs:
                 continue
-            op = g.nodes[nxt]["op"]
-            d = depth + (op in opens) - (op in closes)
+            d = depth + opens(nxt) - closes(nxt)
             if d >= 1 and (nxt, d) not in seen:
                 seen.add((nxt, d))
                 todo.append((nxt, d))
@@ -103,7 +103,8 @@ def _in_loops(g):
     frame (its "_cloop" nodes) and a _Send in a frame takes its input there, so each half
     tells on its own, TF1 halves included."""
     enters = [key for key, data in g.nodes(data=True) if data["op"] in ENTER_OPS]
-    return _between(g, enters, ENTER_OPS, EXIT_OPS, across_pairs=False)
+    return _between(g, enters, lambda k: g.nodes[k]["op"] in ENTER_OPS,
+                    lambda k: g.nodes[k]["op"] in EXIT_OPS, across_pairs=False)
 
 
 #: Ops that open and close a lowered conditional (tf.cond and tf.case become Switch ... Merge):
@@ -128,13 +129,16 @@ def _leaves_branch(g, keys):
 
 def _in_conds(g, in_loops):
     """Keys of the nodes a conditional branch may leave dead: reachable from a Switch outside
-    any loop (a loop's own Switch and Merge are in_loop's) past fewer Merges than Switches,
-    through data and control edges alike (TF's deadness follows both) and across pairs (a
-    branch's read on ps is dead on ps too, and its value on the worker). Only pairs whose
-    two halves are here can be told this way; the pass's BRANCH_MARK tells every half."""
-    switches = [key for key, data in g.nodes(data=True)
-                if data["op"] in SWITCH_OPS and key not in in_loops]
-    return _between(g, switches, SWITCH_OPS, MERGE_OPS, across_pairs=True)
+    any loop past fewer Merges than Switches (a loop's own Switch and Merge, in_loop's, count
+    neither way: a loop inside a branch does not close it), through data and control edges
+    alike (TF's deadness follows both) and across pairs (a branch's read on ps is dead on ps
+    too, and its value on the worker). Only pairs whose two halves are here can be told this
+    way; the pass's BRANCH_MARK tells every half."""
+    def is_(ops):
+        return lambda k: g.nodes[k]["op"] in ops and k not in in_loops
+
+    switches = [key for key in g.nodes if is_(SWITCH_OPS)(key)]
+    return _between(g, switches, is_(SWITCH_OPS), is_(MERGE_OPS), across_pairs=True)
 
 
 def find_transfers(graph):

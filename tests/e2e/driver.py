@@ -435,19 +435,31 @@ def loop(mode):
 def cond(mode):
     """A tf.cond on worker:0 whose true branch reads a ps variable (TF lowers it to Switch and
     Merge; the read's pairs are dead when the branch is not taken), then the result goes to ps
-    after the conditional. Returns each call's value: taken, not taken, taken."""
+    after the conditional; and a second tf.cond whose true branch runs a while loop on worker:0
+    that reads the variable, then sends the loop's result to ps and back (values after the
+    loop's Exit but still in the branch). Returns each call's values: taken, not taken, taken."""
     with tf.device(PS):
         v = tf.Variable(tf.reshape(tf.range(64 * 64, dtype=tf.float32), [64, 64]) * 1e-3)
+
+    def looping():
+        with tf.device(W0):
+            total = tf.while_loop(lambda i, a: i < 3, lambda i, a: (i + 1, a + tf.reduce_sum(v)),
+                                  [tf.constant(0), tf.constant(0.0)])[1]
+        with tf.device(PS):
+            tripled = total * 3.0
+        with tf.device(W0):
+            return tripled + 1.0
 
     def step(flag):
         with tf.device(W0):
             x = tf.cond(flag, lambda: tf.reduce_sum(tf.matmul(v, v)), lambda: tf.constant(-1.0))
+            y = tf.cond(flag, looping, lambda: tf.constant(-1.0))
         with tf.device(PS):
-            return x * 2.0
+            return x * 2.0, y * 2.0
 
     fn = tf.function(step, input_signature=[tf.TensorSpec([], tf.bool)])
     fn = rdmadev.optimize(fn) if mode == "rdmadev" else fn
-    values = [float(fn(tf.constant(flag))) for flag in (True, False, True)]
+    values = [[float(t) for t in fn(tf.constant(flag))] for flag in (True, False, True)]
     return {"values": values, "report": fn.report if mode == "rdmadev" else ""}
 
 
