@@ -202,10 +202,11 @@ def test_a_second_session_keeps_the_half_pairs_it_shares_with_a_closed_one():
 
 # Conditionals across tasks in a TF1 session, as batch norm under a `training` placeholder
 # builds them: a ps variable read only on one branch, a ps variable updated only on the other,
-# the branch taken changing every run. Both TF1 control flows: v2 (If, lowered before
-# partitioning) and v1 (Switch/Merge built directly). On the branch not taken those tensors
-# are dead, which only TF's rendezvous carries: each task must keep its half of them on gRPC
-# (rdmadev's pass marks them before the master partitions), and swap the rest.
+# the branch taken changing every run; and a tf.switch_case reading ps variables in two of its
+# three branches. Both TF1 control flows: v2 (If and Case, lowered before partitioning) and v1
+# (Switch/Merge built directly). On a branch not taken those tensors are dead, which only TF's
+# rendezvous carries: each task must keep its half of them on gRPC (rdmadev's pass marks them
+# before the master partitions), and swap the rest.
 CONDITIONAL = """
 import json, sys
 import numpy as np
@@ -227,10 +228,15 @@ for flow in ("v2", "v1"):
             update = tf.cond(training, lambda: tf.reduce_sum(w.assign_add(x * 0.01)),
                              lambda: tf.constant(0.0))
             y = tf.reduce_sum(tf.matmul(x - mean, w.read_value())) + update
+            index = tf.compat.v1.placeholder(tf.int32, [])
+            picked = tf.switch_case(index, [lambda: tf.reduce_sum(moving.read_value()),
+                                            lambda: tf.reduce_max(w.read_value()),
+                                            lambda: tf.constant(5.0)])
         init = tf.compat.v1.global_variables_initializer()
     with tf.compat.v1.Session("grpc://" + cluster["worker"][0], graph=g) as s:
         s.run(init)
         out += [s.run(y, {training: t}).tobytes().hex() for t in (True, False, False, True, False)]
+        out += [s.run(picked, {index: i}).tobytes().hex() for i in (2, 0, 1, 2, 1)]
         out.append(s.run(w).tobytes().hex())
 reports = {}
 if sys.argv[2] == "rdmadev":
