@@ -8,6 +8,7 @@ once on a gRPC cluster and once on a grpc+rdmadev cluster, compared bitwise."""
 import json
 import os
 import subprocess
+import threading
 import sys
 from pathlib import Path
 
@@ -272,3 +273,103 @@ def test_conditionals_across_tasks_keep_their_branch_halves_and_swap_the_rest():
         # and (v2) the branch pivots' control edges to ps.
         assert len(kept) >= 6 and all("(in_cond)" in l for l in kept), f"{task}:\n{text}"
         assert " half" in text, f"{task} swapped none of the pairs outside the branches:\n{text}"
+
+
+# A TF1 job as TF's own documentation writes it: a global step, MonitoredTrainingSession with
+# StopAtStepHook, `while not sess.should_stop()`. The hook reads the global step through
+# `initialized_value()`, a tf.cond on whether the ps variable is initialized, which the
+# partitioner places on ps (a Switch goes where its data is): every run skips one of its
+# branches. Optionally paced (seconds per step) so that the test can kill the ps mid-job.
+MONITORED = """
+import json, sys, time
+import tensorflow as tf
+tf.compat.v1.disable_eager_execution()
+cluster, last_step, pace = json.loads(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+with tf.Graph().as_default():
+    setter = tf.compat.v1.train.replica_device_setter(
+        worker_device="/job:worker/task:0", cluster=tf.train.ClusterSpec(cluster))
+    with tf.compat.v1.device(setter):
+        step = tf.compat.v1.train.get_or_create_global_step()
+        w = tf.compat.v1.get_variable(
+            "w", [256, 64], initializer=tf.compat.v1.glorot_uniform_initializer(seed=1))
+        x = tf.random.stateless_normal([32, 256], seed=[1, 2])
+        y = tf.random.stateless_normal([32, 64], seed=[3, 4])
+        loss = tf.reduce_mean(tf.square(tf.matmul(x, w) - y))
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.05).minimize(loss, global_step=step)
+    class Final(tf.compat.v1.train.SessionRunHook):
+        def end(self, session):  # the session as the job ends: what it trained
+            self.values = session.run([step, w])
+    final = Final()
+    hooks = [tf.compat.v1.train.StopAtStepHook(last_step=last_step), final]
+    runs = 0
+    with tf.compat.v1.train.MonitoredTrainingSession(
+            master="grpc://" + cluster["worker"][0], is_chief=True, hooks=hooks) as sess:
+        while not sess.should_stop():
+            sess.run(train)
+            runs += 1
+            print("STEP", runs, flush=True)
+            time.sleep(pace)
+out = {"runs": runs, "step": int(final.values[0]), "w": final.values[1].tobytes().hex(),
+       "transfers": {}}
+if sys.argv[4] == "rdmadev":
+    import rdmadev
+    out["transfers"] = {t: c["transfers"] for t, c in rdmadev.counters(cluster).items()}
+print("RESULT " + json.dumps(out), flush=True)
+"""
+LAST_STEP = 40
+
+
+def _monitored(rpc_layer, kill_ps_after=None):
+    """Runs MONITORED to LAST_STEP on a fresh 1 ps + 1 worker cluster; with `kill_ps_after`,
+    kills the ps (SIGKILL) once the client has run that many steps and starts it again on its
+    address. Returns the client's RESULT and its output."""
+    cluster = tf_cluster.Cluster(num_ps=1, num_workers=1, env=ENV,
+                                 launcher=tf_cluster.protocol_launcher(rpc_layer))
+    cluster.start()
+    try:
+        pace = "0.05" if kill_ps_after else "0"
+        ours = "rdmadev" if rpc_layer == protocol.PROTOCOL else "grpc"
+        p = subprocess.Popen([sys.executable, "-c", MONITORED, json.dumps(cluster.spec),
+                              str(LAST_STEP), pace, ours], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, env={**os.environ, **ENV})
+        timer = threading.Timer(CLIENT_TIMEOUT_S, p.kill)
+        timer.start()
+        lines = []
+        try:
+            for line in p.stdout:
+                lines.append(line)
+                if kill_ps_after and line.strip() == f"STEP {kill_ps_after}":
+                    cluster.kill("ps", 0)
+                    cluster.restart("ps", 0)
+            p.wait()
+        finally:
+            timer.cancel()
+            p.kill()
+        output = "".join(lines)
+        result = [l for l in lines if l.startswith("RESULT ")]
+        assert p.returncode == 0 and result, output[-4000:]
+        return json.loads(result[-1][len("RESULT "):]), output
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.tf
+def test_monitored_training_session_with_a_global_step_trains_as_on_grpc():
+    grpc, _ = _monitored("grpc")
+    ours, _ = _monitored(protocol.PROTOCOL)
+    assert grpc["step"] == ours["step"] == LAST_STEP == ours["runs"]
+    assert ours["w"] == grpc["w"], "grpc+rdmadev must train what gRPC trains"
+    assert all(ours["transfers"].values()), f"a task moved nothing over rdmadev: {ours['transfers']}"
+
+
+@pytest.mark.tf
+def test_monitored_training_session_recovers_from_a_killed_ps():
+    """kill -9 of the ps mid-job, then the ps started again: MonitoredTrainingSession sees the
+    step fail, opens a new session (the chief initializes the fresh ps's variables: no
+    checkpoint) and trains on to LAST_STEP, swapping the new session's halves as well. With
+    the variables initialized again, the final weights are those of an uninterrupted run."""
+    ours, output = _monitored(protocol.PROTOCOL, kill_ps_after=15)
+    assert ours["step"] == LAST_STEP and ours["runs"] > LAST_STEP, output[-4000:]
+    assert all(ours["transfers"].values()), f"a task moved nothing over rdmadev: {ours['transfers']}"
+    grpc, _ = _monitored("grpc")
+    assert ours["w"] == grpc["w"]

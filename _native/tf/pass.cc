@@ -420,6 +420,30 @@ std::unordered_set<const Node*> Between(const std::vector<const Node*>& starts, 
   return inside;
 }
 
+// TF's partitioner moves control-flow nodes before it splits the graph
+// (graph_partition.cc, OptimizeControlFlowColocation, in AddControlFlow): a Switch to its data
+// input's device, an Exit to its input's, an Enter (not of a reference) or a NextIteration to
+// its first data consumer's, visiting in depth-first order. A Switch placed on the worker
+// that tests a ps variable's state ends up on ps, and the edges that cross tasks are those
+// after the move. Makes the same moves now, so that the marks go where the pairs will be (the
+// partitioner's own pass then finds every node where it would have put it).
+void ColocateControlFlowAsPartitioned(Graph* g) {
+  auto move = [](Node* n) {
+    const tensorflow::Edge* to = nullptr;
+    if (n->IsSwitch()) {
+      for (const tensorflow::Edge* e : n->in_edges()) if (e->dst_input() == 0) { to = e; break; }
+      if (to) n->set_assigned_device_name(to->src()->assigned_device_name());
+    } else if (n->IsExit()) {
+      for (const tensorflow::Edge* e : n->in_edges()) if (!e->IsControlEdge()) { to = e; break; }
+      if (to) n->set_assigned_device_name(to->src()->assigned_device_name());
+    } else if ((n->IsEnter() && !tensorflow::IsRefType(n->input_type(0))) || n->IsNextIteration()) {
+      for (const tensorflow::Edge* e : n->out_edges()) if (!e->IsControlEdge()) { to = e; break; }
+      if (to) n->set_assigned_device_name(to->dst()->assigned_device_name());
+    }
+  };
+  tensorflow::DFS(*g, move, {});
+}
+
 // POST_REWRITE_FOR_EXEC: the placed graph just before TF partitions it, whole, in the process
 // that partitions it (the coordinator, the worker running a step, a TF1 master).
 //
@@ -446,6 +470,7 @@ class MarkBranchExitsPass : public tensorflow::GraphOptimizationPass {
     }
     if (switches.empty()) return absl::OkStatus();  // the common case
     if (mode == 2 && !OptedIn(options.debug_filename_prefix)) return absl::OkStatus();
+    ColocateControlFlowAsPartitioned(g);
     auto in_loops = Between(enters, [](const Node* n) { return n->IsEnter(); },
                             [](const Node* n) { return n->IsExit(); });
     std::vector<const Node*> conds;
@@ -454,7 +479,6 @@ class MarkBranchExitsPass : public tensorflow::GraphOptimizationPass {
     auto in_branches = Between(
         conds, [&](const Node* n) { return n->IsSwitch() && branch(n); },
         [&](const Node* n) { return n->IsMerge() && branch(n); });
-    // (source, output or -1 for control, destination device) -> the edges it feeds.
     // Keyed by node id, so that the marks are named alike whatever the set's order.
     std::map<std::tuple<int, int, std::string>, std::vector<const tensorflow::Edge*>> exits;
     for (const Node* n : in_branches) {
