@@ -455,7 +455,8 @@ void ColocateControlFlowAsPartitioned(Graph* g) {
 // this pass marks, while the graph is still whole, every value that leaves a branch for another
 // task: it routes the edge through a node named `<src>/rdmadev_in_branch` on the source's
 // device (an Identity for a tensor, a NoOp for a control edge), which the partitioner then
-// names both halves after, and the planner keeps both on TF's rendezvous (`in_cond`).
+// names both halves after, and the planner keeps both on TF's rendezvous (`in_cond`). It
+// first moves control-flow nodes as the partitioner will (ColocateControlFlowAsPartitioned).
 // Switches and Merges of while loops are not conditionals (their pairs are in_loop's).
 class MarkBranchExitsPass : public tensorflow::GraphOptimizationPass {
  public:
