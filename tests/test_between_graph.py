@@ -276,54 +276,77 @@ def test_conditionals_across_tasks_keep_their_branch_halves_and_swap_the_rest():
 
 
 # A TF1 job as TF's own documentation writes it: a global step, MonitoredTrainingSession with
-# StopAtStepHook, `while not sess.should_stop()`. The hook reads the global step through
+# StopAtStepHook, `while not sess.should_stop()`; an embedding table partitioned over the two ps
+# (fixed_size_partitioner), Adam, and a batch-norm-style moving mean read and updated under
+# a `training` placeholder (every third run evaluates). The hook reads the global step through
 # `initialized_value()`, a tf.cond on whether the ps variable is initialized, which the
 # partitioner places on ps (a Switch goes where its data is): every run skips one of its
-# branches. Optionally paced (seconds per step) so that the test can kill the ps mid-job.
+# branches. Optionally paced (seconds per run) so that the test can kill a ps mid-job.
 MONITORED = """
 import json, sys, time
+import numpy as np
 import tensorflow as tf
 tf.compat.v1.disable_eager_execution()
 cluster, last_step, pace = json.loads(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+v1 = tf.compat.v1
 with tf.Graph().as_default():
-    setter = tf.compat.v1.train.replica_device_setter(
+    setter = v1.train.replica_device_setter(
         worker_device="/job:worker/task:0", cluster=tf.train.ClusterSpec(cluster))
-    with tf.compat.v1.device(setter):
-        step = tf.compat.v1.train.get_or_create_global_step()
-        w = tf.compat.v1.get_variable(
-            "w", [256, 64], initializer=tf.compat.v1.glorot_uniform_initializer(seed=1))
-        x = tf.random.stateless_normal([32, 256], seed=[1, 2])
-        y = tf.random.stateless_normal([32, 64], seed=[3, 4])
-        loss = tf.reduce_mean(tf.square(tf.matmul(x, w) - y))
-        train = tf.compat.v1.train.GradientDescentOptimizer(0.05).minimize(loss, global_step=step)
-    class Final(tf.compat.v1.train.SessionRunHook):
+    with v1.device(setter):
+        step = v1.train.get_or_create_global_step()
+        seed = tf.cast(step, tf.int32)
+        table = v1.get_variable("table", [5000, 32], partitioner=v1.fixed_size_partitioner(2),
+                                initializer=v1.random_uniform_initializer(seed=1))
+        training = v1.placeholder(tf.bool, [])
+        ids = tf.random.stateless_uniform([64, 8], seed=[1, seed], maxval=5000, dtype=tf.int64)
+        emb = tf.reduce_sum(v1.nn.embedding_lookup(table, ids), 1)
+        moving = v1.get_variable("moving_mean", [32], initializer=v1.zeros_initializer(),
+                                 trainable=False)
+        mean = tf.cond(training, lambda: tf.reduce_mean(emb, 0), lambda: tf.identity(moving))
+        update = tf.cond(training, lambda: v1.assign(moving, 0.9 * moving + 0.1 * mean).op,
+                         tf.no_op)
+        w1 = v1.get_variable("w1", [32, 16], initializer=v1.glorot_uniform_initializer(seed=2))
+        w2 = v1.get_variable("w2", [16, 1], initializer=v1.glorot_uniform_initializer(seed=3))
+        out = tf.matmul(tf.nn.relu(tf.matmul(emb - mean, w1)), w2)
+        labels = tf.random.stateless_uniform([64, 1], seed=[2, seed])
+        loss = v1.losses.mean_squared_error(labels, out)
+        with tf.control_dependencies([update]):
+            train = v1.train.AdamOptimizer(0.01).minimize(loss, global_step=step)
+
+    class Final(v1.train.SessionRunHook):
         def end(self, session):  # the session as the job ends: what it trained
-            self.values = session.run([step, w])
+            self.values = session.run([step] + v1.global_variables())
     final = Final()
-    hooks = [tf.compat.v1.train.StopAtStepHook(last_step=last_step), final]
-    runs = 0
-    with tf.compat.v1.train.MonitoredTrainingSession(
+    hooks = [v1.train.StopAtStepHook(last_step=last_step), final]
+    runs = trained = 0
+    evaluated = []
+    with v1.train.MonitoredTrainingSession(
             master="grpc://" + cluster["worker"][0], is_chief=True, hooks=hooks) as sess:
         while not sess.should_stop():
-            sess.run(train)
             runs += 1
+            if runs % 3 == 0:
+                evaluated.append(float(sess.run(loss, {training: False})))
+            else:
+                sess.run(train, {training: True})
+                trained += 1
             print("STEP", runs, flush=True)
             time.sleep(pace)
-out = {"runs": runs, "step": int(final.values[0]), "w": final.values[1].tobytes().hex(),
-       "transfers": {}}
+out = {"trained": trained, "evaluated": evaluated, "step": int(final.values[0]),
+       "variables": [np.asarray(v).tobytes().hex() for v in final.values[1:]], "transfers": {}}
 if sys.argv[4] == "rdmadev":
     import rdmadev
     out["transfers"] = {t: c["transfers"] for t, c in rdmadev.counters(cluster).items()}
 print("RESULT " + json.dumps(out), flush=True)
 """
-LAST_STEP = 40
+LAST_STEP = 30
 
 
 def _monitored(rpc_layer, kill_ps_after=None):
-    """Runs MONITORED to LAST_STEP on a fresh 1 ps + 1 worker cluster; with `kill_ps_after`,
-    kills the ps (SIGKILL) once the client has run that many steps and starts it again on its
-    address. Returns the client's RESULT and its output."""
-    cluster = tf_cluster.Cluster(num_ps=1, num_workers=1, env=ENV,
+    """Runs MONITORED to LAST_STEP on a fresh 2 ps + 1 worker cluster; with `kill_ps_after`,
+    kills ps 0 (SIGKILL; it holds the global step and half the table) once the client has run
+    that many times and starts it again on its address. Returns the client's RESULT and its
+    output."""
+    cluster = tf_cluster.Cluster(num_ps=2, num_workers=1, env=ENV,
                                  launcher=tf_cluster.protocol_launcher(rpc_layer))
     cluster.start()
     try:
@@ -357,19 +380,21 @@ def _monitored(rpc_layer, kill_ps_after=None):
 def test_monitored_training_session_with_a_global_step_trains_as_on_grpc():
     grpc, _ = _monitored("grpc")
     ours, _ = _monitored(protocol.PROTOCOL)
-    assert grpc["step"] == ours["step"] == LAST_STEP == ours["runs"]
-    assert ours["w"] == grpc["w"], "grpc+rdmadev must train what gRPC trains"
+    assert grpc["step"] == ours["step"] == ours["trained"] == LAST_STEP
+    assert ours["evaluated"] == grpc["evaluated"] and ours["variables"] == grpc["variables"], \
+        "grpc+rdmadev must train what gRPC trains"
     assert all(ours["transfers"].values()), f"a task moved nothing over rdmadev: {ours['transfers']}"
 
 
 @pytest.mark.tf
 def test_monitored_training_session_recovers_from_a_killed_ps():
-    """kill -9 of the ps mid-job, then the ps started again: MonitoredTrainingSession sees the
-    step fail, opens a new session (the chief initializes the fresh ps's variables: no
-    checkpoint) and trains on to LAST_STEP, swapping the new session's halves as well. With
-    the variables initialized again, the final weights are those of an uninterrupted run."""
+    """kill -9 of a ps mid-job, then the ps started again: MonitoredTrainingSession sees the
+    run fail (rdmadev's error for a lost peer is TF's UnavailableError, which it recovers
+    from), opens a new session (the chief initializes every variable again: no checkpoint)
+    and trains on to LAST_STEP, swapping the new session's halves as well. The training steps
+    after the restart are those of an uninterrupted run, so are the final variables."""
     ours, output = _monitored(protocol.PROTOCOL, kill_ps_after=15)
-    assert ours["step"] == LAST_STEP and ours["runs"] > LAST_STEP, output[-4000:]
+    assert ours["step"] == LAST_STEP and ours["trained"] > LAST_STEP, output[-4000:]
     assert all(ours["transfers"].values()), f"a task moved nothing over rdmadev: {ours['transfers']}"
     grpc, _ = _monitored("grpc")
-    assert ours["w"] == grpc["w"]
+    assert ours["variables"] == grpc["variables"]
