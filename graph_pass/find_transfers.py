@@ -96,15 +96,19 @@ def _between(g, starts, opens, closes, across_pairs):
     return {key for key, _ in seen}
 
 
+def _op_in(g, ops, outside=frozenset()):
+    """A predicate on node keys: the node's op is one of `ops` and the node is not in `outside`."""
+    return lambda key: g.nodes[key]["op"] in ops and key not in outside
+
+
 def _in_loops(g):
     """Keys of the nodes inside a while loop's frame, in each partition: reachable from an
     Enter with more Enters than Exits on the way (nested loops count; a node after a loop's
     Exit is outside it). TF's partitioner gives a _Recv in a frame a control input from the
     frame (its "_cloop" nodes) and a _Send in a frame takes its input there, so each half
     tells on its own, TF1 halves included."""
-    enters = [key for key, data in g.nodes(data=True) if data["op"] in ENTER_OPS]
-    return _between(g, enters, lambda k: g.nodes[k]["op"] in ENTER_OPS,
-                    lambda k: g.nodes[k]["op"] in EXIT_OPS, across_pairs=False)
+    opens = _op_in(g, ENTER_OPS)
+    return _between(g, list(filter(opens, g.nodes)), opens, _op_in(g, EXIT_OPS), across_pairs=False)
 
 
 #: Ops that open and close a lowered conditional (tf.cond and tf.case become Switch ... Merge):
@@ -134,11 +138,9 @@ def _in_conds(g, in_loops):
     alike (TF's deadness follows both) and across pairs (a branch's read on ps is dead on ps
     too, and its value on the worker). Only pairs whose two halves are here can be told this
     way; the pass's BRANCH_MARK tells every half."""
-    def is_(ops):
-        return lambda k: g.nodes[k]["op"] in ops and k not in in_loops
-
-    switches = [key for key in g.nodes if is_(SWITCH_OPS)(key)]
-    return _between(g, switches, is_(SWITCH_OPS), is_(MERGE_OPS), across_pairs=True)
+    opens = _op_in(g, SWITCH_OPS, in_loops)
+    return _between(g, list(filter(opens, g.nodes)), opens, _op_in(g, MERGE_OPS, in_loops),
+                    across_pairs=True)
 
 
 def find_transfers(graph):

@@ -8,8 +8,8 @@ once on a gRPC cluster and once on a grpc+rdmadev cluster, compared bitwise."""
 import json
 import os
 import subprocess
-import threading
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -45,6 +45,29 @@ print("COUNTERS " + json.dumps(c))
 RELEASE_WAIT_S = 60
 
 
+def _printed(returncode, output, prefix):
+    """The JSON a client printed last after `prefix` (e.g. "RESULT "); asserts that it exited
+    cleanly and printed one."""
+    lines = [l for l in output.splitlines() if l.startswith(prefix)]
+    assert returncode == 0 and lines, output[-4000:]
+    return json.loads(lines[-1][len(prefix):])
+
+
+def _client_result(script, rpc_layer, *args):
+    """Runs the client `script` (argv: the cluster spec, then `args`) against a fresh 1 ps +
+    1 worker cluster serving `rpc_layer`; returns its RESULT."""
+    cluster = tf_cluster.Cluster(num_ps=1, num_workers=1, env=ENV,
+                                 launcher=tf_cluster.protocol_launcher(rpc_layer))
+    cluster.start()
+    try:
+        p = subprocess.run([sys.executable, "-c", script, json.dumps(cluster.spec), *args],
+                           capture_output=True, text=True, timeout=CLIENT_TIMEOUT_S,
+                           env={**os.environ, **ENV})
+    finally:
+        cluster.stop()
+    return _printed(p.returncode, p.stdout + p.stderr, "RESULT ")
+
+
 def _clients(cluster, workers, env=None):
     """Runs the clients of `workers` at once; returns each one's CompletedProcess."""
     procs = [subprocess.Popen(
@@ -72,16 +95,12 @@ def _job(rpc_layer):
     try:
         results = []
         for p in _clients(cluster, range(WORKERS)):
-            lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
-            assert p.returncode == 0 and lines, (p.stdout + p.stderr)[-4000:]
-            results.append(json.loads(lines[-1][len("RESULT "):]))
+            results.append(_printed(p.returncode, p.stdout + p.stderr, "RESULT "))
         if rpc_layer == protocol.PROTOCOL:
             p = subprocess.run([sys.executable, "-c", RELEASED, json.dumps(cluster.spec),
                                 str(RELEASE_WAIT_S)], capture_output=True, text=True,
                                timeout=RELEASE_WAIT_S + CLIENT_TIMEOUT_S, env={**os.environ, **ENV})
-            lines = [l for l in p.stdout.splitlines() if l.startswith("COUNTERS ")]
-            assert p.returncode == 0 and lines, (p.stdout + p.stderr)[-4000:]
-            results.append(json.loads(lines[-1][len("COUNTERS "):]))
+            results.append(_printed(p.returncode, p.stdout + p.stderr, "COUNTERS "))
         return results
     finally:
         cluster.stop()
@@ -183,20 +202,8 @@ print("RESULT " + json.dumps(a))
 
 @pytest.mark.tf
 def test_a_second_session_keeps_the_half_pairs_it_shares_with_a_closed_one():
-    results = {}
-    for rpc_layer in ("grpc", protocol.PROTOCOL):
-        cluster = tf_cluster.Cluster(num_ps=1, num_workers=1, env=ENV,
-                                     launcher=tf_cluster.protocol_launcher(rpc_layer))
-        cluster.start()
-        try:
-            p = subprocess.run([sys.executable, "-c", TWO_SESSIONS, json.dumps(cluster.spec)],
-                               capture_output=True, text=True, timeout=CLIENT_TIMEOUT_S,
-                               env={**os.environ, **ENV})
-        finally:
-            cluster.stop()
-        lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
-        assert p.returncode == 0 and lines, (p.stdout + p.stderr)[-4000:]
-        results[rpc_layer] = json.loads(lines[-1][len("RESULT "):])
+    results = {rpc_layer: _client_result(TWO_SESSIONS, rpc_layer)
+               for rpc_layer in ("grpc", protocol.PROTOCOL)}
     assert results[protocol.PROTOCOL] == results["grpc"]
 
 
@@ -249,21 +256,8 @@ print("RESULT " + json.dumps({"values": out, "reports": reports}))
 
 @pytest.mark.tf
 def test_conditionals_across_tasks_keep_their_branch_halves_and_swap_the_rest():
-    results = {}
-    for rpc_layer in ("grpc", protocol.PROTOCOL):
-        cluster = tf_cluster.Cluster(num_ps=1, num_workers=1, env=ENV,
-                                     launcher=tf_cluster.protocol_launcher(rpc_layer))
-        cluster.start()
-        try:
-            p = subprocess.run([sys.executable, "-c", CONDITIONAL, json.dumps(cluster.spec),
-                                "grpc" if rpc_layer == "grpc" else "rdmadev"],
-                               capture_output=True, text=True, timeout=CLIENT_TIMEOUT_S,
-                               env={**os.environ, **ENV})
-        finally:
-            cluster.stop()
-        lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
-        assert p.returncode == 0 and lines, (p.stdout + p.stderr)[-4000:]
-        results[rpc_layer] = json.loads(lines[-1][len("RESULT "):])
+    results = {"grpc": _client_result(CONDITIONAL, "grpc", "grpc"),
+               protocol.PROTOCOL: _client_result(CONDITIONAL, protocol.PROTOCOL, "rdmadev")}
     assert results[protocol.PROTOCOL]["values"] == results["grpc"]["values"], \
         "grpc+rdmadev must compute what gRPC computes, whichever branch runs"
     for task, lines in results[protocol.PROTOCOL]["reports"].items():
@@ -369,9 +363,7 @@ def _monitored(rpc_layer, kill_ps_after=None):
             timer.cancel()
             p.kill()
         output = "".join(lines)
-        result = [l for l in lines if l.startswith("RESULT ")]
-        assert p.returncode == 0 and result, output[-4000:]
-        return json.loads(result[-1][len("RESULT "):]), output
+        return _printed(p.returncode, output, "RESULT "), output
     finally:
         cluster.stop()
 
