@@ -282,26 +282,38 @@ import test_channel_setup as t
 rt = runtime.Runtime(t.json.loads(sys.argv[1]), config=Config(secret=t.SECRET.encode(), deadline_s=60))
 t._instances = iter(range(1 << 40, 1 << 41))  # keys unlike any the test process planned
 _, swap, regions = t.plan([(t.W0, t.PS), (t.PS, t.W0)])
-channels.open_channels(rt.call, "killed-planner", swap, regions)
+instance = "killed-planner-" + sys.argv[2]
+channels.open_channels(rt.call, instance, swap, regions)
+if sys.argv[2] == "releasing":  # killed while it asks each task in turn: it reached ps only
+    rt.call(t.PS, {"op": "release", "instance": instance, "keys": [x.channel_key for x in swap],
+                   "half": "both"})
 print("OPENED", flush=True)
 time.sleep(600)
 """
 
 
-def test_channels_a_killed_planner_opened_are_released_on_every_task(world):
-    """kill -9 of the process that planned (it never asks for a release): each receiving task
-    releases what came on the planner's control connection once the kernel closes it."""
+@pytest.mark.parametrize("when", ["planned", "releasing"])
+def test_channels_a_killed_planner_opened_are_released_on_every_task(world, when):
+    """kill -9 of the process that planned, with nothing released yet ("planned") or killed
+    between its release requests ("releasing": ps got one, worker:0 none; a coordinator
+    interrupted while it exits). Each receiving task releases what came on the planner's
+    control connection once the kernel closes it, and a release that did come reaches the
+    sending halves through their receiver."""
     rt, cluster = world
     held = ("channels", "regions", "registered_bytes", "memfd_maps")
     before = {t: {k: rt.call(t, {"op": "counters"})[k] for k in held} for t in (PS, W0)}
     spec = json.dumps(rt.cluster)
     env = {**os.environ, "RDMADEV_FABRIC": rt.config.fabric,
            "PYTHONPATH": os.pathsep.join([os.path.dirname(HERE), HERE, os.environ.get("PYTHONPATH", "")])}
-    planner = subprocess.Popen([sys.executable, "-c", _PLANNER, spec], env=env,
+    planner = subprocess.Popen([sys.executable, "-c", _PLANNER, spec, when], env=env,
                                stdout=subprocess.PIPE, text=True)
     try:
         assert planner.stdout.readline().strip() == "OPENED"
-        assert rt.call(PS, {"op": "counters"})["channels"] == before[PS]["channels"] + 6
+        # Halves left bound: after ps's release, worker:0's receiving ones (its sending ones
+        # went when ps told it, as ps's release asked).
+        bound = {PS: 0, W0: 3} if when == "releasing" else {PS: 6, W0: 6}
+        for t, n in bound.items():
+            assert rt.call(t, {"op": "counters"})["channels"] == before[t]["channels"] + n
     finally:
         planner.kill()
         planner.wait(60)

@@ -164,6 +164,7 @@ class ChannelTable:
         self.reserved = 0  # bytes of regions being allocated (see _reserving)
         self.notices = {"sent": 0, "failed": 0}  # release requests to peers (failed setups)
         self.closing = threading.Event()
+        self.received = {}  # instance -> its open_pairs entries received here, until released
         self.wanted = {}  # key -> bytes (None: run-time shape) of the sending halves planned here
         self.wanting = threading.Condition(self.lock)  # notified when `wanted` grows
         self.grown = {}  # key -> (RingSender, lease, receiver): set up, not bound (growth)
@@ -198,15 +199,20 @@ class ChannelTable:
         if self.call is None:
             raise ConfigError(f"task {self.task} cannot set up channels: its ChannelTable has no "
                               "control client", hint="construct ChannelTable(call=Runtime.call)")
-        opened = in_parallel(lambda p: self._open_pair(r["instance"], p), r["pairs"])
+        instance = r["instance"]
+        opened = in_parallel(lambda p: self._open_pair(instance, p), r["pairs"])
+        with self.lock:
+            self.received.setdefault(instance, []).extend(r["pairs"])
         planner = session()
         if planner is not None:  # released here should the planner die before it asks
-            planner.hold(("pairs", r["instance"]), functools.partial(self._release_pairs, r["pairs"]))
+            planner.hold(("pairs", instance), functools.partial(self._release_received, instance))
         return {"pairs": opened}
 
-    def _release_pairs(self, pairs):
-        """Unbinds the receiving halves of `pairs` (open_pairs entries) here and tells each
-        sender to unbind its halves."""
+    def _release_received(self, instance):
+        """Unbinds the receiving halves of the pairs `instance` opened here and tells each
+        sender to unbind its halves (once: a later call finds nothing)."""
+        with self.lock:
+            pairs = self.received.pop(instance, [])
         for p in pairs:
             keys = [c["key"] for c in p["channels"]]
             self.release({"keys": keys, "half": "recv"})
@@ -500,17 +506,25 @@ class ChannelTable:
 
     def release(self, r):
         """Unbinds `half` ("send", "recv" or "both") of every channel in ``r["keys"]`` here
-        (their regions go with their last half). Returns how many halves went."""
+        (their regions go with their last half). Returns how many halves went.
+
+        With ``r["instance"]`` (the planner's release), the senders of the pairs that
+        instance opened here are told too: a planner interrupted between its requests (kill
+        -9 or Ctrl-C while it exits) may never reach them, and this task's hold on its
+        connection (open_pairs) is let go now, so no one else would."""
         half = r.get("half", "both")
         with self.lock:
             for key in r["keys"]:
                 self.not_grown.discard(key)
                 if half != "recv":
                     self.grown.pop(key, None)
-        planner = session()
-        if planner is not None and "instance" in r:
-            planner.let_go(("pairs", r["instance"]))
-        return sum(_core.unbind_channel(key, half) for key in r["keys"])
+        n = sum(_core.unbind_channel(key, half) for key in r["keys"])
+        if "instance" in r:
+            planner = session()
+            if planner is not None:
+                planner.let_go(("pairs", r["instance"]))
+            self._release_received(r["instance"])
+        return n
 
     def _notify(self, peer, keys, half):
         """Best effort: tells `peer` to unbind its `half` of `keys`."""
@@ -590,6 +604,7 @@ class ChannelTable:
         self.closing.set()
         with self.lock:
             self.grown.clear()
+            self.received.clear()
         _core.unbind_domain(self.domain)
         if self.watcher is not None and self.watcher is not threading.current_thread():
             self.watcher.join(2 * WATCH_INTERVAL_S)
