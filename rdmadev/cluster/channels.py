@@ -208,15 +208,24 @@ class ChannelTable:
             planner.hold(("pairs", instance), functools.partial(self._release_received, instance))
         return {"pairs": opened}
 
-    def _release_received(self, instance):
+    def _release_received(self, instance, notify_in_background=False):
         """Unbinds the receiving halves of the pairs `instance` opened here and tells each
-        sender to unbind its halves (once: a later call finds nothing)."""
+        sender to unbind its halves (once: a later call finds nothing). In the background,
+        the request being served does not wait on a sender that is cut off."""
         with self.lock:
             pairs = self.received.pop(instance, [])
-        for p in pairs:
-            keys = [c["key"] for c in p["channels"]]
+        notices = [(p["sender"], [c["key"] for c in p["channels"]]) for p in pairs]
+        for _, keys in notices:
             self.release({"keys": keys, "half": "recv"})
-            self._notify(p["sender"], keys, "send")
+
+        def notify():
+            for sender, keys in notices:
+                self._notify(sender, keys, "send")
+        if notices and notify_in_background:
+            threading.Thread(target=notify, daemon=True,
+                             name=f"rdmadev-release {instance}").start()
+        else:
+            notify()
 
     def _open_pair(self, instance, p, attach="attach_senders"):
         grown = attach == "attach_grown"
@@ -523,7 +532,7 @@ class ChannelTable:
             planner = session()
             if planner is not None:
                 planner.let_go(("pairs", r["instance"]))
-            self._release_received(r["instance"])
+            self._release_received(r["instance"], notify_in_background=True)
         return n
 
     def _notify(self, peer, keys, half):
