@@ -11,9 +11,9 @@ from . import errors as _errors
 from ._native.bench import bench_memcpy, bench_pingpong, bench_tcp_pingpong, bench_tcp_stream
 from ._native.channel import (CREDIT_BYTES, RegionLease, RingLayout, RingReceiver, RingSender,
                               bound_channels, channel_counts, channel_recv, channel_send,
-                              channel_want, growing_channels,
+                              channel_want, fail_half, growing_channels,
                               transfer_counts, unbind_channel, unbind_domain, unbind_peer,
-                              wire_layout)
+                              unfail_half, wire_layout)
 from ._native.crypto import client_handshake, handshake_proof, hmac_sha256, server_handshake
 from ._native.domain import (ANY_PEER, Domain, error_kinds, fabric_priority, recent_events,
                              unviable_reason)
@@ -23,7 +23,7 @@ from ._native.region import Region
 __all__ = [
     "Domain", "Region", "Endpoint", "RemoteRegion", "RingLayout", "RingSender", "RingReceiver",
     "CREDIT_BYTES", "ANY_PEER", "wire_layout", "error_kinds", "unbind_channel",
-    "bound_channels", "channel_send", "channel_recv", "channel_want", "growing_channels", "RegionLease", "unbind_domain", "unbind_peer",
+    "bound_channels", "channel_send", "channel_recv", "channel_want", "growing_channels", "fail_half", "unfail_half", "RegionLease", "unbind_domain", "unbind_peer",
     "channel_counts", "transfer_counts", "fabric_priority", "unviable_reason", "recent_events", "hmac_sha256",
     "handshake_proof", "client_handshake", "server_handshake", "bench_memcpy",
     "bench_pingpong", "bench_tcp_pingpong", "bench_tcp_stream",

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 import tf_cluster
+from graph_pass.devices import task_name
+from rdmadev.cluster import channels
 from rdmadev.tf import protocol
 
 HERE = Path(__file__).resolve().parent
@@ -23,6 +25,7 @@ ENV = {"RDMADEV_SECRET": SECRET, "RDMADEV_DEADLINE_S": "60", "TF_CPP_MIN_LOG_LEV
 # A client process: TF import, session setup, a few steps and the reports, with two at once on
 # a loaded 2-core machine.
 CLIENT_TIMEOUT_S = 300
+W0 = task_name("worker", 0)
 WORKERS = 2
 
 
@@ -159,8 +162,11 @@ def _mixed_launcher(job, index, spec_json):
 
 
 @pytest.mark.tf
-def test_a_half_whose_peer_never_plans_it_fails_at_the_deadline():
-    env = {"RDMADEV_DEADLINE_S": "10"}
+def test_a_half_whose_peer_task_runs_without_rdmadev_fails_at_once_naming_it():
+    """The worker serves plain gRPC: the ps's halves can never meet theirs. Its kernels fail as
+    soon as the ps finds the worker does not answer rdmadev's control requests, not at the
+    deadline (here longer than the client may take: the old behaviour times the test out)."""
+    env = {"RDMADEV_DEADLINE_S": str(2 * CLIENT_TIMEOUT_S)}
     cluster = tf_cluster.Cluster(num_ps=1, num_workers=1, env={**ENV, **env},
                                  launcher=_mixed_launcher)
     cluster.start()
@@ -169,8 +175,11 @@ def test_a_half_whose_peer_never_plans_it_fails_at_the_deadline():
     finally:
         cluster.stop()
     assert p.returncode != 0, p.stdout[-2000:]
-    assert "bound for channel" in p.stderr and "the peer task never set up its side" in p.stderr, \
-        p.stderr[-4000:]
+    err = p.stderr
+    assert "InvalidArgumentError" in err and "bound for channel" in err, err[-4000:]
+    assert f"task {W0} does not answer rdmadev's control requests" in err or \
+        f"setting up the pair from task {W0} failed" in err, err[-4000:]
+    assert channels.HALF_FIX in err, err[-4000:]
 
 
 # Two sessions of one graph in one client share its half pairs (same rendezvous attrs, so the

@@ -188,3 +188,38 @@ def test_a_marker_that_could_not_be_written_is_written_by_the_next_send(fabric, 
             assert _core.channel_counts(a) == {"senders": 1, "receivers": 0}
         finally:
             _core.unbind_channel(key)
+
+
+def test_a_half_given_up_on_fails_its_waits_at_once_until_bound_or_retried(fabric, secret):
+    """fail_half (channels.py: a half pair whose peer task runs without rdmadev): a wait for
+    that half fails at once with the reason and the fix; unfail_half makes it wait again, and
+    a bind clears it."""
+    cfg = rdmadev.Config(fabric=fabric, secret=secret)
+    key = f"given-up-{fabric}"
+    _core.fail_half(key, "recv", "the peer task does not answer", "start it with rdmadev")
+    try:
+        with pytest.raises(rdmadev.ConfigError, match=f"No receiver bound for channel '{key}': "
+                           "the peer task does not answer") as e:
+            _core.channel_recv(key, timeout=600)  # at once: the test would time out otherwise
+        assert e.value.hint == "start it with rdmadev"
+        with pytest.raises(rdmadev.DeadlineExceeded, match="No sender bound"):  # other half
+            _core.channel_send(key, b"x", timeout=0.2)
+        _core.unfail_half(key, "recv")
+        with pytest.raises(rdmadev.DeadlineExceeded, match="No receiver bound"):
+            _core.channel_recv(key, timeout=0.2)
+        _core.fail_half(key, "recv", "given up again", "")
+        with rdmadev.open_domain("tx", cfg) as a, rdmadev.open_domain("rx", cfg) as b:
+            tx, rx, _ = _ring(a, b, a.connect(b.address), b.connect(a.address), 64)
+            tx.bind(key)
+            rx.bind(key)  # clears the failure
+            try:
+                _core.channel_send(key, bytes(64))
+                assert _core.channel_recv(key, timeout=60) == (1, bytes(64))
+            finally:
+                _core.unbind_channel(key)
+        with pytest.raises(rdmadev.DeadlineExceeded):  # unbound, and not failed any more
+            _core.channel_recv(key, timeout=0.2)
+        with pytest.raises(ValueError, match="'send' or 'recv'"):
+            _core.fail_half(key, "both", "", "")
+    finally:
+        _core.unfail_half(key, "recv")

@@ -34,6 +34,7 @@ void ChannelRegistry::Bind(const std::string& key, Sender s) {
     auto& slot = senders_[key];
     old = std::move(slot);
     slot = std::move(s);
+    failed_.erase({key, kSend});
   }
   bound_.notify_all();
 }
@@ -45,20 +46,26 @@ void ChannelRegistry::Bind(const std::string& key, Receiver r) {
     auto& slot = receivers_[key];
     old = std::move(slot);
     slot = std::move(r);
+    failed_.erase({key, kRecv});
   }
   bound_.notify_all();
 }
 
 template <typename T>
 T ChannelRegistry::Find(std::map<std::string, T>& table, const std::string& key,
-                        const Deadline& deadline, const char* half) {
+                        const Deadline& deadline, Half half) {
+  const std::string no = std::string("No ") + (half == kSend ? "sender" : "receiver") +
+                         " bound for channel '" + key + "'";
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     auto it = table.find(key);
     if (it != table.end()) return it->second;
+    auto failed = failed_.find({key, half});
+    if (failed != failed_.end()) {
+      throw Error(ErrorKind::kConfig, no + ": " + failed->second.first, 0, failed->second.second);
+    }
     if (deadline.passed()) {
-      throw Error(ErrorKind::kTimeout,
-                  std::string("No ") + half + " bound for channel '" + key + "'", ETIMEDOUT,
+      throw Error(ErrorKind::kTimeout, no, ETIMEDOUT,
                   "the peer task never set up its side (is it running with rdmadev loaded?), "
                   "or the channel's instantiation was released");
     }
@@ -68,7 +75,7 @@ T ChannelRegistry::Find(std::map<std::string, T>& table, const std::string& key,
 
 ChannelRegistry::Sender ChannelRegistry::FindSender(const std::string& key, const Deadline& d,
                                                     Sender* moving_from) {
-  Sender s = Find(senders_, key, d, "sender");
+  Sender s = Find(senders_, key, d, kSend);
   if (moving_from == nullptr) return s;
   std::lock_guard<std::mutex> lock(mu_);
   auto current = senders_.find(key);
@@ -142,7 +149,7 @@ std::vector<ChannelRegistry::Growth> ChannelRegistry::Growing(const Domain* doma
 
 ChannelRegistry::Receiver ChannelRegistry::FindReceiver(const std::string& key,
                                                         const Deadline& d) {
-  return Find(receivers_, key, d, "receiver");
+  return Find(receivers_, key, d, kRecv);
 }
 
 namespace {
@@ -208,8 +215,23 @@ void ChannelRegistry::LetGo(const std::string& key, Half half) {
     auto it = holders_.find({key, half});
     if (it == holders_.end() || --it->second > 0) return;
     holders_.erase(it);
+    failed_.erase({key, half});
   }
   Unbind(key, half);
+}
+
+void ChannelRegistry::Fail(const std::string& key, Half half, const std::string& why,
+                           const std::string& hint) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    failed_[{key, half}] = {why, hint};
+  }
+  bound_.notify_all();  // waiters fail now
+}
+
+void ChannelRegistry::Unfail(const std::string& key, Half half) {
+  std::lock_guard<std::mutex> lock(mu_);
+  failed_.erase({key, half});
 }
 
 ChannelRegistry::Counts ChannelRegistry::CountsFor(const Domain* domain) const {

@@ -91,6 +91,13 @@ class ChannelRegistry {
   // Unbinds every half of `domain` whose peer is task `peer` (it died or restarted).
   size_t UnbindPeer(const Domain* domain, const std::string& peer);
 
+  // A half pair the control plane gave up on (its peer task runs without rdmadev, refused
+  // the setup, ...): a kernel waiting for `half` of `key` fails at once with kConfig, `why`
+  // and `hint`, instead of at its deadline. A Bind of that half, Unfail (the control plane
+  // tries again) or the last holder letting go clears it.
+  void Fail(const std::string& key, Half half, const std::string& why, const std::string& hint);
+  void Unfail(const std::string& key, Half half);
+
   // A half pair's kernels (the TF ops' `owned` attr) hold `half` of `key` while they live:
   // several graphs of one session, or two sessions of one graph, share a pair's channel. The
   // half is unbound when its last holder lets go.
@@ -103,7 +110,7 @@ class ChannelRegistry {
  private:
   template <typename T>
   T Find(std::map<std::string, T>& table, const std::string& key, const Deadline& deadline,
-         const char* half);
+         Half half);
   // Unbinds the halves (of `half`) whose (key, entry) satisfy `pred`; returns how many.
   template <typename Pred>
   size_t UnbindWhere(Half half, Pred pred);
@@ -111,6 +118,8 @@ class ChannelRegistry {
   mutable std::mutex mu_;
   std::condition_variable bound_;
   std::map<std::pair<std::string, int>, int> holders_;  // (key, half) -> kernels holding it
+  // (key, half) -> (why, hint) of a half pair given up on (Fail)
+  std::map<std::pair<std::string, int>, std::pair<std::string, std::string>> failed_;
   std::map<std::string, Sender> senders_;
   std::map<std::string, Receiver> receivers_;
   std::map<std::string, Sender> next_senders_;  // successors (growth)

@@ -69,6 +69,10 @@ GROWTH_MAX_SLOT = 4 << 20
 #: anyway: the fabric's liveness check names the peer).
 WATCH_INTERVAL_S = 0.5
 
+#: The fix named when a half pair cannot be set up: both tasks must run rdmadev.
+HALF_FIX = ("start every task with the grpc+rdmadev protocol (or RDMADEV_AUTO=1), with the "
+            "same RDMADEV_SECRET and rdmadev version in each")
+
 #: Seconds one ``half_sizes`` request waits at the sender for its pass before answering with
 #: what is still missing; the receiver asks again until its deadline. Short, so the control
 #: connection it holds stays free for other requests in between.
@@ -106,6 +110,11 @@ def _planned_bytes(size, layouts, label):
                             "aligned); nothing was allocated",
                             hint="run the same rdmadev version in every task")
     return size
+
+
+def _reason(e):
+    """What exception `e` says, without its fix (the caller names its own)."""
+    return e.args[0] if isinstance(e, RdmadevError) and e.args else f"{type(e).__name__}: {e}"
 
 
 def _let_go(*held):
@@ -343,24 +352,51 @@ class ChannelTable:
     #         as many as a static channel gets when the size is known (it never chunks)
     #         attach_halves -> sender  (attach_senders)
     #
-    # Either pass may run first; a half that never meets its peer fails at the deadline. The
+    # Either pass may run first; a half that never meets its peer fails at the deadline, or at
+    # once when setting it up failed (the peer task runs without rdmadev: _give_up). The
     # kernels wait for their half to be bound (the registry's deadline) and hold it while they
     # live; the last one TF destroys unbinds it (the `owned` attr: ops.cc).
 
-    def want_halves(self, sizes):
+    def want_halves(self, sizes, receivers=None):
         """Records the sending halves this task's pass planned: ``{key: bytes per tensor, or
-        None when its shape is known only at run time}``."""
+        None when its shape is known only at run time}``. `receivers` (``{key: receiving
+        task}``): each is asked, in the background, whether it runs rdmadev at all; the halves
+        to one that does not answer fail at once (HALF_FIX) rather than at the deadline."""
         with self.wanting:
             self.wanted.update(sizes)
             self.wanting.notify_all()
+        by_receiver = {}
+        for key, task in (receivers or {}).items():
+            _core.unfail_half(key, "send")  # a new graph: its halves are being set up again
+            by_receiver.setdefault(task, []).append(key)
+        if by_receiver:
+            threading.Thread(target=self._ask_receivers, args=(by_receiver,), daemon=True,
+                             name=f"rdmadev-halves {self.task}").start()
+
+    def _ask_receivers(self, by_receiver):
+        for task, keys in by_receiver.items():
+            try:
+                self.call(task, {"op": "ping"})
+            except Exception as e:
+                self._give_up(keys, "send", f"its receiving task {task} does not answer rdmadev's "
+                                            f"control requests, so it never sets up its side: {_reason(e)}")
+
+    def _give_up(self, keys, half, why):
+        """Fails `half` of `keys` now (their kernels' waits end with `why`), and says so."""
+        for key in keys:
+            _core.fail_half(key, half, why, HALF_FIX)
+        log.warning("rdmadev: %d half pair(s) of %s stay unbound (first %s), and the steps using "
+                    "them fail: %s", len(keys), self.task, keys[0], why)
 
     def offer_halves(self, sender, channels, on_met=None):
         """Sets up, in the background, the receiving halves `channels` (entries with "key",
         "slots", "capacity_bytes" and "rank_capacity") from task `sender`, skipping those bound
         here already (the session's earlier graph shares them). ``on_met(fabric, bytes)`` is
-        called once they are bound."""
+        called once they are bound; if they cannot be, their kernels fail (HALF_FIX)."""
         bound = set(_core.bound_channels())
         todo = [c for c in channels if "recv:" + c["key"] not in bound]
+        for c in todo:
+            _core.unfail_half(c["key"], "recv")
         if todo:
             threading.Thread(target=self._meet, args=(sender, todo, on_met), daemon=True,
                              name=f"rdmadev-halves {sender}").start()
@@ -385,10 +421,9 @@ class ChannelTable:
                                    attach="attach_halves")
             if on_met is not None:
                 on_met(done["fabric"], size)
-        except Exception as e:  # the kernels time out waiting; this says why
-            log.warning("rdmadev: %d half pair(s) from %s to %s stay unbound (first %s), and the "
-                        "steps using them fail at their deadline: %s", len(channels), sender,
-                        self.task, channels[0]["key"], e)
+        except Exception as e:  # nothing tries again until a new graph offers them
+            self._give_up([c["key"] for c in channels], "recv",
+                          f"setting up the pair from task {sender} failed: {_reason(e)}")
 
     def _sender_sizes(self, sender, keys):
         """``{key: bytes or None}`` from task `sender` once its pass planned every key of
@@ -403,8 +438,7 @@ class ChannelTable:
                     f"task {sender} never planned the sending half of {len(got['missing'])} "
                     f"channel(s) {self.task} planned to receive (first {got['missing'][0]}) "
                     f"within {self.config.deadline_s:g} s",
-                    hint="start every task with the grpc+rdmadev protocol (or RDMADEV_AUTO=1), "
-                         "and run the same rdmadev version in each")
+                    hint=HALF_FIX)
 
     def half_sizes(self, r):
         """What this task's pass planned of the sending halves ``r["keys"]``, waiting up to

@@ -131,7 +131,9 @@ def _meet_halves(rt, halves, report):
     """Records the sending halves of `halves` (swapped Transfers planned on one side) as
     wanted here and offers the receiving ones to their senders (ChannelTable.offer_halves);
     `report` learns each sender's fabric and the bytes registered once they met."""
-    rt.table.want_halves({t.channel_key: t.bytes for t in halves if t.halves == "send"})
+    sending = [t for t in halves if t.halves == "send"]
+    rt.table.want_halves({t.channel_key: t.bytes for t in sending},
+                         {t.channel_key: t.recv_task for t in sending})
     by_sender = {}
     for t in halves:
         if t.halves == "recv":

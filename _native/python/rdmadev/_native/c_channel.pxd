@@ -112,6 +112,8 @@ cdef extern from "registry.h" namespace "rdmadev":
         void Moved(const string& key) nogil
         Receiver FindReceiver(const string& key, const Deadline& d) except +raise_py_error nogil
         size_t Unbind(const string& key, Half half)
+        void Fail(const string& key, Half half, const string& why, const string& hint)
+        void Unfail(const string& key, Half half)
         size_t UnbindDomain(const Domain* domain)
         size_t UnbindPeer(const Domain* domain, const string& peer)
         Counts CountsFor(const Domain* domain)

@@ -27,7 +27,7 @@ from rdmadev._native.region cimport Region
 from rdmadev import errors as _errors
 
 __all__ = ["RingLayout", "RingSender", "RingReceiver", "RegionLease", "CREDIT_BYTES",
-           "wire_layout", "unbind_channel", "unbind_domain", "unbind_peer", "bound_channels", "channel_send",
+           "wire_layout", "unbind_channel", "fail_half", "unfail_half", "unbind_domain", "unbind_peer", "bound_channels", "channel_send",
            "channel_recv", "channel_counts", "transfer_counts"]
 
 _HALVES = {"send": kSend, "recv": kRecv, "both": kBoth}
@@ -350,6 +350,20 @@ def unbind_channel(key, half="both"):
     """Removes `half` ("send", "recv" or "both") of channel `key` from the process-wide table;
     returns how many halves went."""
     return ChannelRegistry.Global().Unbind(as_bytes(key), _half(half))
+
+
+def fail_half(key, half, why, hint=""):
+    """Gives up on `half` ("send" or "recv") of channel `key` until it is bound or
+    unfail_half(): a TF kernel waiting for it fails at once (InvalidArgument: "No <half>
+    bound for channel '<key>': <why>", then `hint`) instead of at its deadline."""
+    if half not in ("send", "recv"):
+        raise ValueError(f"half must be 'send' or 'recv', not {half!r}")
+    ChannelRegistry.Global().Fail(as_bytes(key), _half(half), as_bytes(why), as_bytes(hint))
+
+
+def unfail_half(key, half):
+    """Undoes fail_half(key, half): kernels wait for the half again (it is being set up)."""
+    ChannelRegistry.Global().Unfail(as_bytes(key), _half(half))
 
 
 def unbind_domain(Domain domain):
