@@ -53,7 +53,7 @@ void ChannelRegistry::Bind(const std::string& key, Receiver r) {
 
 template <typename T>
 T ChannelRegistry::Find(std::map<std::string, T>& table, const std::string& key,
-                        const Deadline& deadline, Half half) {
+                        const Deadline& deadline, Half half, const Cancelled& cancelled) {
   const std::string no = std::string("No ") + (half == kSend ? "sender" : "receiver") +
                          " bound for channel '" + key + "'";
   std::unique_lock<std::mutex> lock(mu_);
@@ -64,18 +64,22 @@ T ChannelRegistry::Find(std::map<std::string, T>& table, const std::string& key,
     if (failed != failed_.end()) {
       throw Error(ErrorKind::kConfig, no + ": " + failed->second.first, 0, failed->second.second);
     }
+    if (cancelled && cancelled()) {
+      throw Error(ErrorKind::kClosed, no + ": the step was cancelled while waiting for it");
+    }
     if (deadline.passed()) {
       throw Error(ErrorKind::kTimeout, no, ETIMEDOUT,
                   "the peer task never set up its side (is it running with rdmadev loaded?), "
                   "or the channel's instantiation was released");
     }
-    bound_.wait_for(lock, std::chrono::milliseconds(deadline.remaining_ms(100)));
+    bound_.wait_for(lock, std::chrono::milliseconds(deadline.remaining_ms(kFindPollMs)));
   }
 }
 
 ChannelRegistry::Sender ChannelRegistry::FindSender(const std::string& key, const Deadline& d,
-                                                    Sender* moving_from) {
-  Sender s = Find(senders_, key, d, kSend);
+                                                    Sender* moving_from,
+                                                    const Cancelled& cancelled) {
+  Sender s = Find(senders_, key, d, kSend, cancelled);
   if (moving_from == nullptr) return s;
   std::lock_guard<std::mutex> lock(mu_);
   auto current = senders_.find(key);
@@ -148,8 +152,9 @@ std::vector<ChannelRegistry::Growth> ChannelRegistry::Growing(const Domain* doma
 }
 
 ChannelRegistry::Receiver ChannelRegistry::FindReceiver(const std::string& key,
-                                                        const Deadline& d) {
-  return Find(receivers_, key, d, kRecv);
+                                                        const Deadline& d,
+                                                        const Cancelled& cancelled) {
+  return Find(receivers_, key, d, kRecv, cancelled);
 }
 
 namespace {

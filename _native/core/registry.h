@@ -14,6 +14,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -29,6 +30,9 @@ namespace rdmadev {
 // with the last reference) when the last copy of the returned pointer is dropped.
 std::shared_ptr<void> LeaseRegion(const std::shared_ptr<Domain>& domain,
                                   const std::shared_ptr<Region>& region);
+
+// How long a wait for a half to be bound sleeps between looks at its step's cancellation.
+constexpr int kFindPollMs = 100;
 
 class ChannelRegistry {
  public:
@@ -64,16 +68,20 @@ class ChannelRegistry {
   void Bind(const std::string& key, Sender s);
   void Bind(const std::string& key, Receiver r);
   // Waits until `key` is bound (the control plane may still be exchanging descriptors);
-  // throws kTimeout naming the key at the deadline.
+  // throws kTimeout naming the key at the deadline, kConfig once the half was given up on
+  // (Fail), and kClosed once `cancelled` (asked at least every kFindPollMs; a TF kernel's:
+  // its step was cancelled) returns true.
   // With `moving_from`, a sending successor bound for `key` replaces the half first, and
   // the replaced half, until Moved(key), is put in *moving_from: its ring must carry the
   // marker before anything goes on the successor (a send whose marker failed leaves it for
   // the next one). Otherwise *moving_from is left empty.
+  using Cancelled = std::function<bool()>;
   Sender FindSender(const std::string& key, const Deadline& deadline,
-                    Sender* moving_from = nullptr);
+                    Sender* moving_from = nullptr, const Cancelled& cancelled = nullptr);
   // The marker is on the replaced ring of `key`: its sending half goes.
   void Moved(const std::string& key);
-  Receiver FindReceiver(const std::string& key, const Deadline& deadline);
+  Receiver FindReceiver(const std::string& key, const Deadline& deadline,
+                        const Cancelled& cancelled = nullptr);
 
   // Binds the successor of `key`'s half (growth); it replaces the half when the sender moves.
   void BindSuccessor(const std::string& key, Sender s);
@@ -110,7 +118,7 @@ class ChannelRegistry {
  private:
   template <typename T>
   T Find(std::map<std::string, T>& table, const std::string& key, const Deadline& deadline,
-         Half half);
+         Half half, const Cancelled& cancelled);
   // Unbinds the halves (of `half`) whose (key, entry) satisfy `pred`; returns how many.
   template <typename Pred>
   size_t UnbindWhere(Half half, Pred pred);

@@ -103,6 +103,14 @@ uint32_t StepTagOf(OpKernelContext* ctx) {
   return rdmadev::StepTag(static_cast<uint64_t>(ctx->step_id()));
 }
 
+// Whether TF cancelled the kernel's step: a wait for a half pair to be bound (TF1 sessions)
+// ends then, instead of at its deadline (ChannelRegistry::FindSender/FindReceiver).
+rdmadev::ChannelRegistry::Cancelled StepCancelled(OpKernelContext* ctx) {
+  tensorflow::CancellationManager* cm = ctx->cancellation_manager();
+  if (cm == nullptr) return nullptr;
+  return [cm] { return cm->IsCancelled(); };
+}
+
 // Ends a pending progress wait when TF cancels the step (a failed peer kernel, a closed
 // session): the wait completes with kClosed, which becomes a Cancelled status. The callback is
 // registered before the wait is submitted, and nothing touches the CancellationManager after
@@ -180,7 +188,8 @@ class SendOp : public AsyncOpKernel {
     rdmadev::Deadline deadline = rdmadev::Deadline::After(timeout_s_);
     rdmadev::ChannelRegistry::Sender s, moving_from;
     try {
-      s = rdmadev::ChannelRegistry::Global().FindSender(channel_, deadline, &moving_from);
+      s = rdmadev::ChannelRegistry::Global().FindSender(channel_, deadline, &moving_from,
+                                                        StepCancelled(ctx));
     } catch (const rdmadev::Error& e) {
       ctx->SetStatus(ToStatus(e));
       done();
@@ -388,7 +397,7 @@ class RecvOp : public AsyncOpKernel {
     rdmadev::Deadline deadline = rdmadev::Deadline::After(timeout_s_);
     rdmadev::ChannelRegistry::Receiver r;
     try {
-      r = rdmadev::ChannelRegistry::Global().FindReceiver(channel_, deadline);
+      r = rdmadev::ChannelRegistry::Global().FindReceiver(channel_, deadline, StepCancelled(ctx));
     } catch (const rdmadev::Error& e) {
       ctx->SetStatus(ToStatus(e));
       done();
