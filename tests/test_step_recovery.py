@@ -4,7 +4,6 @@ discarded unread (two Domains in this process, every fabric). The channel is bou
 control plane binds an instantiation's (naming a peer), so its halves go with their last
 kernel: the tests keep every function alive."""
 import os
-import threading
 
 import numpy as np
 import pytest
@@ -16,7 +15,7 @@ import rdmadev  # noqa: E402
 from rdmadev import _core  # noqa: E402
 from rdmadev.tf import ops  # noqa: E402
 from remote_ops import ring_layout  # noqa: E402
-from tf_steps import failed_as_planned, fails_when_run  # noqa: E402
+from tf_steps import failed_as_planned, fails_when_run, failure_of_cancelled  # noqa: E402
 
 SLOTS = 2
 N = 64
@@ -110,18 +109,8 @@ def test_after_a_cancelled_step_the_next_steps_get_their_own_tensors(key):
     def failing():
         return ops.recv(tf.float32, [N], key, timeout_s=600), fails_when_run()
 
-    outcome = []
-
-    def run():
-        try:
-            failing()
-        except Exception as e:  # the test inspects which
-            outcome.append(e)
-
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
-    worker.join(120)  # a hang guard: without cancellation the wait lasts 600 s
-    assert outcome and failed_as_planned(outcome[0]), outcome
+    e = failure_of_cancelled(failing)
+    assert failed_as_planned(e), e
     check_steps(make_step(key))
     del failing
 

@@ -13,7 +13,7 @@ import rdmadev  # noqa: E402
 from rdmadev import _core  # noqa: E402
 from rdmadev.tf import ops  # noqa: E402
 from remote_ops import ring_layout  # noqa: E402
-from tf_steps import failed_as_planned, fails_when_run  # noqa: E402
+from tf_steps import failed_as_planned, fails_when_run, failure_of_cancelled  # noqa: E402
 
 SLOTS = 2
 
@@ -267,26 +267,20 @@ def test_version_check_names_the_fix(monkeypatch):
 def test_a_cancelled_step_ends_the_wait(channel):
     """When another op of the step fails, TF cancels the step: the pending wait ends at once
     (Cancelled) instead of at its 600 s deadline."""
-    import threading
     key, _, _ = channel("cancel", 64)
 
     @tf.function
     def step():
         return ops.recv(tf.float32, [1], key, timeout_s=600), fails_when_run()
 
-    outcome = []
-    worker = threading.Thread(target=lambda: outcome.append(_raises(step)), daemon=True)
-    worker.start()
-    worker.join(120)  # a hang guard, not a timing check: without cancellation it waits 600 s
-    assert outcome, "the wait was not cancelled"
-    assert failed_as_planned(outcome[0]), outcome[0]
+    e = failure_of_cancelled(step)
+    assert failed_as_planned(e), e
 
 
 @pytest.mark.parametrize("half", ["recv", "send"])
 def test_a_cancelled_step_ends_the_wait_for_an_unbound_half(half, request):
     """A TF1 half pair's kernel waits for its half to be bound (the pair meets in the
     background): a cancelled step ends that wait too, instead of its 600 s deadline."""
-    import threading
     key = f"{request.node.name}:never-bound"
 
     @tf.function
@@ -296,17 +290,5 @@ def test_a_cancelled_step_ends_the_wait_for_an_unbound_half(half, request):
         ops.send(tf.ones([1]), key, timeout_s=600)  # kept: stateful
         return fails_when_run()
 
-    outcome = []
-    worker = threading.Thread(target=lambda: outcome.append(_raises(step)), daemon=True)
-    worker.start()
-    worker.join(120)  # a hang guard, not a timing check: without cancellation it waits 600 s
-    assert outcome, "the wait for the unbound half was not cancelled"
-    assert failed_as_planned(outcome[0]), outcome[0]
-
-
-def _raises(fn):
-    try:
-        fn()
-    except Exception as e:  # the test inspects which
-        return e
-    return None
+    e = failure_of_cancelled(step)
+    assert failed_as_planned(e), e

@@ -1,5 +1,11 @@
 """Pieces of TF steps the op tests share."""
+import threading
+
 import tensorflow as tf
+
+#: Seconds a step that should be cancelled may take before the test calls it hung: a hang
+#: guard, not a timing check (the waits it cancels have deadlines of 600 s).
+CANCEL_GUARD_S = 120
 
 
 def failed_as_planned(e):
@@ -18,3 +24,24 @@ def fails_when_run():
     runs."""
     five = tf.random.uniform([], 5, 6, tf.int32)
     return tf.gather(tf.zeros([2]), five)
+
+
+def failure_of_cancelled(step):
+    """Runs `step()` (which uses fails_when_run()) on a thread and returns what it raised;
+    fails the test when it has not returned within CANCEL_GUARD_S (a wait was not cancelled)
+    or returned without raising."""
+    outcome = []
+
+    def run():
+        try:
+            step()
+            outcome.append(None)
+        except Exception as e:  # the caller inspects which
+            outcome.append(e)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(CANCEL_GUARD_S)
+    assert outcome, f"the step still waits after {CANCEL_GUARD_S} s: its wait was not cancelled"
+    assert outcome[0] is not None, "the step did not fail"
+    return outcome[0]
