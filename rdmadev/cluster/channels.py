@@ -92,11 +92,16 @@ def _identity(task):
     return f"{job}:{index}"
 
 
+def _reason(e):
+    """What exception `e` says, without its fix (the caller names its own)."""
+    return e.args[0] if isinstance(e, RdmadevError) and e.args else f"{type(e).__name__}: {e}"
+
+
 def _naming(e, what):
     """Exception `e` again, its message prefixed with `what` (errno and hint kept)."""
     if isinstance(e, RdmadevError):
-        return type(e)(f"{what}: {e.args[0] if e.args else e}", e.errno, e.hint)
-    return ProtocolError(f"{what}: {type(e).__name__}: {e}")
+        return type(e)(f"{what}: {_reason(e)}", e.errno, e.hint)
+    return ProtocolError(f"{what}: {_reason(e)}")
 
 
 def _planned_bytes(size, layouts, label):
@@ -110,11 +115,6 @@ def _planned_bytes(size, layouts, label):
                             "aligned); nothing was allocated",
                             hint="run the same rdmadev version in every task")
     return size
-
-
-def _reason(e):
-    """What exception `e` says, without its fix (the caller names its own)."""
-    return e.args[0] if isinstance(e, RdmadevError) and e.args else f"{type(e).__name__}: {e}"
 
 
 def _let_go(*held):
