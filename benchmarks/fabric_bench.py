@@ -10,12 +10,16 @@ processes are pinned to CPUs 0 and 1; trials alternate between the columns.
     python benchmarks/fabric_bench.py --veth          # tcp against raw TCP between two
                                                       #   network namespaces joined by a
                                                       #   veth pair (root)
+    python benchmarks/fabric_bench.py --heap          # + columns <fabric>+heap: bandwidth
+                                                      #   from memory outside every region
 
 Latency: ping-pong of 8 B and 4 KiB (one-way = round trip / 2), payload plus a 16-byte
 signal per message, the waiter spin-polling its sequence word (RDMADEV_SPIN_US applies).
 Bandwidth: a stream of transfers through a ring of K slots (K in the row label) (the receiver acquires and releases
 each slot without touching the bytes, as with RDMA), timed on the sender until the last
-release. Raw TCP: blocking sockets, TCP_NODELAY, same sizes. Every figure is the median of
+release; from a region of the domain, or with --heap also from plain heap memory, as a TF
+tensor's buffer is (verbs then copies it into its staging and posts without waiting for
+the completion, where from a region it writes without a copy and waits). Raw TCP: blocking sockets, TCP_NODELAY, same sizes. Every figure is the median of
 --trials trials; the loops run in C++ (the path TF kernels take), not in Python. With --veth
 each process joins its own network namespace (tests/netns.py: two "hosts" joined by a veth
 pair, MTU 1500), so the tcp fabric and raw TCP cross the same veth path, as between tasks of
@@ -93,7 +97,8 @@ class Far:
 
     def __init__(self, column, hosts=LOOPBACK):
         self.column = column
-        fabric = "shm" if column == "rawtcp" else column
+        fabric = "shm" if column == "rawtcp" else column.split("+")[0]
+        self.heap = column.endswith(HEAP)
         self.proc, self.conn = pair.spawn(_far_main, fabric, SECRET, hosts)
         self.dom = rdmadev.open_domain("bench:near", _config(fabric, hosts.near, SECRET))
         self.fabric = fabric
@@ -137,8 +142,8 @@ class Far:
                 return _core.bench_pingpong(ep, remote, mine, size, n, True) / n / 2 * 1e6
             return trial
         tx = pair.ring_sender(self.dom, self.conn, slots, size, self.fabric, proc=self.proc)
-        src = self.dom.allocate(size, label="src")
-        self.regions = [src]
+        src = bytearray(b"\x01") * size if self.heap else self.dom.allocate(size, label="src")
+        self.regions = [] if self.heap else [src]
 
         def trial():
             self.conn.send("go")
@@ -242,6 +247,8 @@ def _perftest(kind, size, n):
 
 
 LOCAL_COLUMNS = ("memcpy", "perftest")  # measured here, with no far process of ours
+#: Suffix of a column that streams from heap memory (bandwidth rows only).
+HEAP = "+heap"
 
 
 def run(columns, lat_sizes, bw_sizes, trials, quick, fixed_slots=None, trial_bytes=None,
@@ -262,6 +269,8 @@ def run(columns, lat_sizes, bw_sizes, trials, quick, fixed_slots=None, trial_byt
                     continue
                 if c == "perftest":
                     runs[c] = _perftest(kind, size, n)
+                    continue
+                if c.endswith(HEAP) and kind == "latency":
                     continue
                 far_kind = ("raw" + kind) if c == "rawtcp" else kind
                 runs[c] = fars[c].setup(far_kind, size, n, slots_for(size, fixed_slots))
@@ -286,9 +295,10 @@ def _fmt_size(n):
 
 def table(results, fabrics, lat_sizes, bw_sizes, fixed_slots=None):
     cols = ["memcpy", "rawtcp"] + fabrics + (["perftest"] if "perftest" in results else [])
-    head = f"{'metric':<22}" + "".join(f"{c:>10}" for c in cols)
+    head = f"{'metric':<22}" + "".join(f"{c:>11}" for c in cols)
     ratios = [("shm", "memcpy", "shm/memcpy"), ("tcp", "rawtcp", "tcp/raw tcp"),
-              ("verbs", "perftest", "verbs/perftest")]
+              ("verbs", "perftest", "verbs/perftest"), ("shm" + HEAP, "memcpy", "heap/memcpy"),
+              ("tcp" + HEAP, "rawtcp", "heap/raw tcp"), ("verbs" + HEAP, "perftest", "heap/perftest")]
     ratios = [r for r in ratios if r[0] in fabrics and r[1] in results]
     head += "".join(f"{r[2]:>13}" for r in ratios)
     lines = [head, "-" * len(head)]
@@ -300,7 +310,7 @@ def table(results, fabrics, lat_sizes, bw_sizes, fixed_slots=None):
             if kind == "bw":
                 label += f" K={slots_for(size, fixed_slots)}"
             line = f"{label:<22}" + "".join(
-                f"{v:>10.3f}" if v is not None else f"{'-':>10}" for v in cells)
+                f"{v:>11.3f}" if v is not None else f"{'-':>11}" for v in cells)
             for fab, base, _ in ratios:
                 a, b = results[fab].get(key), results[base].get(key)
                 line += f"{a / b:>13.2f}" if a and b else f"{'-':>13}"
@@ -323,6 +333,9 @@ def main(argv=None):
                     help="MiB moved per bandwidth trial (default 1024, 128 with --quick)")
     ap.add_argument("--lat-iters", type=int, default=None,
                     help="round trips per latency trial (default 20000, 2000 with --quick)")
+    ap.add_argument("--heap", action="store_true",
+                    help="add a column <fabric>+heap per fabric: bandwidth streamed from heap memory "
+                         "(a TF tensor's), not from a region")
     ap.add_argument("--veth", action="store_true",
                     help="tcp and raw TCP between two network namespaces joined by a veth pair (root)")
     ap.add_argument("--json", default=None,
@@ -340,6 +353,8 @@ def main(argv=None):
     started = time.time()
     _pin(0)
     extra = ["perftest"] if args.perftest else []
+    if args.heap:
+        fabrics += [f + HEAP for f in fabrics]
     with contextlib.ExitStack() as stack:
         hosts, where = LOOPBACK, "loopback"
         if args.veth:

@@ -76,6 +76,46 @@ def test_out_of_range_is_refused_before_sending(domain, peer):
         ep.read(remote, 0, src, 8190, 16)
     with pytest.raises(rdmadev.BoundsError, match="signal"):
         ep.write(src, 0, remote, 0, 8, signal=(4092, 1, 0))
+    with pytest.raises(rdmadev.BoundsError, match="outside"):
+        ep.write(bytes(8), 4, remote, 0, 8)  # a bytes-like source is checked the same way
+
+
+# Sizes around verbs' staging (1 MiB pieces, 4 MiB in flight): twice through them all is
+# past the staging's end, so its space is taken back and wraps around.
+STAGED_SIZES = [0, 1, (1 << 20) + 3, 64 << 10, (3 << 20) + 1, 4096 + 5] * 2
+
+
+def test_writes_from_any_memory_land_as_they_were_when_written(domain, peer):
+    """A write from memory outside every region (what a TF send passes; verbs copies it into
+    the endpoint's staging and returns before it lands) may be followed at once by other
+    bytes in the same buffer: every write lands as it was, in order, including those mixed
+    in from a region (verbs: written without a copy)."""
+    ep = _connect_both(domain, peer)
+    total = 64 + sum(STAGED_SIZES)
+    remote = ep.attach(peer.call("alloc", "dst", total))
+    buf = np.empty(max(STAGED_SIZES), np.uint8)
+    region = domain.allocate(max(STAGED_SIZES))
+    expected = np.zeros(total, np.uint8)
+    off = 64
+    for i, n in enumerate(STAGED_SIZES):
+        src = np.frombuffer(region, np.uint8) if i % 4 == 3 else buf
+        src[:n] = expected[off:off + n] = pattern(n, 100 + i)
+        ep.write(region if i % 4 == 3 else buf, 0, remote, off, n, signal=(0, i + 1, n))
+        src[:] = 0xEE  # the source is the caller's again as soon as write returns
+        off += n
+    assert peer.call("wait", "dst", 0, len(STAGED_SIZES), 60) == len(STAGED_SIZES)
+    assert peer.call("matches_bytes", "dst", 64, expected[64:].tobytes())
+
+
+def test_an_endpoint_closed_right_after_a_write_delivers_it(domain, peer):
+    """Close lets writes still on their way land (verbs: it waits for their completions)."""
+    ep = _connect_both(domain, peer)
+    size = 8 << 20
+    remote = ep.attach(peer.call("alloc", "dst", 64 + size))
+    ep.write(pattern(size, 5), 0, remote, 64, size, signal=(0, 1, size))
+    ep.close()
+    assert peer.call("wait", "dst", 0, 1, 60) == 1
+    assert peer.call("matches", "dst", 5, 64, size)
 
 
 def test_attach_rejects_garbage_descriptor(domain, peer):

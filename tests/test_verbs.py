@@ -48,12 +48,16 @@ def test_descriptor_carries_the_registration(vdomain):
     assert vdomain.address.startswith("verbs=") and "/::ffff:" in vdomain.address
 
 
-def test_dead_peer_fails_a_write_within_seconds(vdomain, secret):
+@pytest.mark.parametrize("source", ["region", "buffer"])
+def test_dead_peer_fails_a_write_within_seconds(vdomain, secret, source):
+    """From a region (written without a copy, the write waits for its completion) and from
+    any other memory (staged: the write returns once posted, so the failure comes with a
+    later write, or the endpoint's liveness check)."""
     peer = RemotePeer("verbs", secret)
     try:
         ep = vdomain.connect(peer.address, "verbs")
         remote = ep.attach(peer.call("alloc", "dst", 1 << 20))
-        src = vdomain.allocate(1 << 20)
+        src = vdomain.allocate(1 << 20) if source == "region" else bytearray(1 << 20)
         ep.write(src, 0, remote, 0, 1 << 20, signal=(0, 1, 0))
         peer.kill()
         t0 = time.monotonic()

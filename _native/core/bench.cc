@@ -65,13 +65,12 @@ double BenchPingPong(Endpoint& ep, const RemoteRegion& peer, const Region& mine,
   return Seconds(t0, Clock::now());
 }
 
-double BenchStreamSend(RingSender& tx, const Region& src, uint64_t size, uint64_t count,
+double BenchStreamSend(RingSender& tx, const uint8_t* src, uint64_t size, uint64_t count,
                        const Region& credit, const WaitPolicy& policy, double timeout_s) {
-  src.CheckRange(0, size, "stream");
   Deadline deadline = Deadline::After(timeout_s);
   uint64_t first = tx.sent() + 1;
   auto t0 = Clock::now();
-  for (uint64_t i = 0; i < count; ++i) tx.Send(src.base(), size, deadline);
+  for (uint64_t i = 0; i < count; ++i) tx.Send(src, size, deadline);
   WaitWord(tx.CreditNeeded().first, first + count - 1, deadline, policy, nullptr, "the last release");
   return Seconds(t0, Clock::now());
 }

@@ -18,9 +18,10 @@ double BenchMemcpy(uint64_t size, uint64_t iters);
 double BenchPingPong(Endpoint& ep, const RemoteRegion& peer, const Region& mine, uint64_t size,
                      uint64_t iters, bool initiator, const WaitPolicy& policy, double timeout_s);
 
-// Streams `count` transfers of `size` bytes through a ring and waits until the receiver
-// has released the last one. Returns seconds.
-double BenchStreamSend(RingSender& tx, const Region& src, uint64_t size, uint64_t count,
+// Streams `count` transfers of the `size` bytes at `src` (a region's, or any memory, as a TF
+// tensor's buffer) through a ring and waits until the receiver has released the last one.
+// Returns seconds.
+double BenchStreamSend(RingSender& tx, const uint8_t* src, uint64_t size, uint64_t count,
                        const Region& credit, const WaitPolicy& policy, double timeout_s);
 // Acquires and releases `count` transfers without touching the payload (the receiving CPU
 // does nothing, as with RDMA). Returns seconds from the first acquire to the last release.

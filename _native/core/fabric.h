@@ -62,6 +62,9 @@ class Endpoint {
   // Makes the peer's region (from its descriptor) addressable from here.
   virtual std::shared_ptr<RemoteRegion> Attach(const RegionDesc& desc) = 0;
   // One-sided write of len bytes from src into the peer's region at roff, then the signal.
+  // Returns once src may be reused; the bytes may still be on their way (verbs posts a copy
+  // and goes on), but an endpoint's writes land in the order they were made. A failure seen
+  // after a write returned fails the endpoint's next call and its Alive.
   virtual void Write(const void* src, const RemoteRegion& dst, uint64_t roff, uint64_t len,
                      const Signal* sig, const Deadline& deadline) = 0;
   // One-sided read of len bytes at roff of the peer's region into dst.

@@ -3,8 +3,9 @@
 //
 // Each region is registered once when allocated (verbs_memory.h); its descriptor carries
 // the registration's address and rkey. An endpoint is one reliable-connected (RC) queue
-// pair; a write is RDMA WRITEs from the registered source (or a registered bounce buffer)
-// followed by the signal, a read is RDMA READs. Two tasks connect over a TCP side channel
+// pair; a write is RDMA WRITEs from the registered source (or, copied, from the endpoint's
+// registered staging) followed by the signal, posted without waiting for completion; a read is
+// RDMA READs. Two tasks connect over a TCP side channel
 // that first authenticates both ends with the cluster secret (handshake.h, as the tcp
 // fabric does) and then swaps queue-pair numbers, GIDs and PSNs; it stays open afterwards,
 // so a peer process that dies is noticed at once. reach = "<side-channel host:port>/<GID>".

@@ -1,7 +1,8 @@
 // One verbs endpoint: a reliable-connected queue pair to one peer, with its completion
-// queue, a registered bounce buffer and the side-channel socket that tells when the peer
-// process is gone. Writes are RDMA WRITE chains followed by the two signal words, reads are
-// RDMA READs; completions are polled with the domain's wait policy.
+// queue, registered staging memory and the side-channel socket that tells when the peer
+// process is gone. Writes are RDMA WRITEs followed by the two signal words, posted without
+// waiting for their completion (several in flight, only some signaled); reads are RDMA
+// READs; completions are polled with the domain's wait policy.
 #pragma once
 
 #include <memory>
@@ -16,9 +17,9 @@
 namespace rdmadev {
 
 #if RDMADEV_HAVE_VERBS
-// Send work requests a queue pair may have outstanding. A write posts its payload and
-// signal as one chain (1 WR per message of at most the port's max_msg_sz, + 2 for the
-// signal) and waits for the last; 64 covers a 64-message chain before it waits midway.
+// Send work requests a queue pair may have outstanding. A staged write takes 1 per 1 MiB
+// piece + 2 for the signal, so 64 keeps every piece the staging holds (4) and the writes of
+// dozens of small tensors on the wire at once; a poster waits for completions beyond it.
 constexpr int kVerbsSendDepth = 64;
 
 // Takes ownership of `qp` and of the side-channel socket `fd` (closed by Close).

@@ -1,5 +1,5 @@
 # Raw declarations of _native/core/channel.h, registry.h and bench.h.
-from libc.stdint cimport uint32_t, uint64_t
+from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from libcpp cimport bool
 from libcpp.memory cimport shared_ptr
 from libcpp.string cimport string
@@ -125,7 +125,7 @@ cdef extern from "bench.h" namespace "rdmadev":
     double BenchPingPong(Endpoint& ep, const RemoteRegion& peer, const Region& mine, uint64_t size,
                          uint64_t iters, bool initiator, const WaitPolicy& policy,
                          double timeout_s) except +raise_py_error nogil
-    double BenchStreamSend(RingSender& tx, const Region& src, uint64_t size, uint64_t count,
+    double BenchStreamSend(RingSender& tx, const uint8_t* src, uint64_t size, uint64_t count,
                            const Region& credit, const WaitPolicy& policy,
                            double timeout_s) except +raise_py_error nogil
     double BenchStreamRecv(RingReceiver& rx, uint64_t count, double timeout_s) except +raise_py_error nogil

@@ -238,12 +238,24 @@ cdef class RingSender(Handle):
             n = p.Send(ptr, length, dl, 0, block, block_len)
         return n
 
-    def bench_stream(self, Region src, uint64_t size, uint64_t count, double timeout=120.0):
-        """Benchmark loop in C++: `count` sends, then waits for the last release. Seconds."""
+    def bench_stream(self, src, uint64_t size, uint64_t count, double timeout=120.0):
+        """Benchmark loop in C++: `count` sends of the first `size` bytes of `src` (a Region,
+        or any bytes-like object, as a TF tensor's memory), then waits for the last release.
+        Seconds."""
+        cdef const unsigned char[::1] view
+        cdef const unsigned char* ptr
+        if isinstance(src, Region):
+            (<Region>src)._get().CheckRange(0, size, "stream")
+            ptr = (<Region>src).p.get().base()
+        else:
+            view = memoryview(src).cast("B")
+            if size > <uint64_t>view.shape[0]:
+                raise _errors.BoundsError(f"Failed to stream {size} bytes from a {view.shape[0]}-byte buffer")
+            ptr = &view[0] if view.shape[0] else NULL
         cdef CSender* p = self._get()
         cdef double t
         with nogil:
-            t = BenchStreamSend(p[0], src.p.get()[0], size, count, self.credit.p.get()[0],
+            t = BenchStreamSend(p[0], ptr, size, count, self.credit.p.get()[0],
                                 self.endpoint.policy, timeout)
         return t
 

@@ -13,7 +13,7 @@ from rdmadev._native.c_fabric cimport AliveOf, PolicyFor, Signal
 from rdmadev._native.c_region cimport Region as CRegion, RegionDesc
 from rdmadev._native.region cimport Region
 
-from rdmadev.errors import ClosedError
+from rdmadev.errors import BoundsError, ClosedError
 
 __all__ = ["Endpoint", "RemoteRegion"]
 
@@ -87,16 +87,28 @@ cdef class Endpoint(Handle):
         self._remotes.add(rr)
         return rr
 
-    def write(self, Region local, uint64_t local_offset, RemoteRegion remote,
+    def write(self, local, uint64_t local_offset, RemoteRegion remote,
               uint64_t remote_offset, uint64_t length, signal=None, timeout=30.0):
-        """One-sided write of `length` bytes of `local` into `remote`.
+        """One-sided write of `length` bytes of `local` at `local_offset` into `remote`.
 
         Args:
+            local: a Region of this domain (verbs writes it without a copy, and returns when
+                the write completed), or any bytes-like object (verbs copies it into the
+                endpoint's staging and returns once posted; the fabric's writes land in order).
             signal: optional (offset, seq, aux): after the payload, the peer's region gets
                 aux at offset+8 and then seq at offset with release ordering.
         """
-        cdef CRegion* src = local._get()
-        src.CheckRange(local_offset, length, "write from local region")
+        cdef const unsigned char[::1] view
+        cdef const unsigned char* src
+        if isinstance(local, Region):
+            (<Region>local)._get().CheckRange(local_offset, length, "write from local region")
+            src = (<Region>local)._get().base() + local_offset
+        else:
+            view = memoryview(local).cast("B")
+            if local_offset > <uint64_t>view.shape[0] or length > view.shape[0] - local_offset:
+                raise BoundsError(f"Failed to write from a {view.shape[0]}-byte buffer: bytes "
+                                  f"[{local_offset}, {local_offset + length}) are outside it")
+            src = &view[0] + local_offset if view.shape[0] else NULL
         cdef Signal sig
         cdef Signal* psig = NULL
         if signal is not None:
@@ -106,7 +118,7 @@ cdef class Endpoint(Handle):
         cdef CEndpoint* e = self._get()
         cdef Deadline dl = deadline_of(timeout)
         with nogil:
-            e.Write(src.base() + local_offset, dst[0], remote_offset, length, psig, dl)
+            e.Write(src, dst[0], remote_offset, length, psig, dl)
 
     def read(self, RemoteRegion remote, uint64_t remote_offset, Region local,
              uint64_t local_offset, uint64_t length, timeout=30.0):
