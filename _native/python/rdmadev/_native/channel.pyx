@@ -22,7 +22,7 @@ from rdmadev._native.c_common cimport Deadline, as_bytes, deadline_of, kCacheLin
 from rdmadev._native.c_fabric cimport Domain as CDomain, kSignalBytes
 from rdmadev._native.domain cimport Domain
 from rdmadev._native.endpoint cimport Endpoint, RemoteRegion
-from rdmadev._native.region cimport Region
+from rdmadev._native.region cimport Region, source_view
 
 from rdmadev import errors as _errors
 
@@ -242,16 +242,8 @@ cdef class RingSender(Handle):
         """Benchmark loop in C++: `count` sends of the first `size` bytes of `src` (a Region,
         or any bytes-like object, as a TF tensor's memory), then waits for the last release.
         Seconds."""
-        cdef const unsigned char[::1] view
-        cdef const unsigned char* ptr
-        if isinstance(src, Region):
-            (<Region>src)._get().CheckRange(0, size, "stream")
-            ptr = (<Region>src).p.get().base()
-        else:
-            view = memoryview(src).cast("B")
-            if size > <uint64_t>view.shape[0]:
-                raise _errors.BoundsError(f"Failed to stream {size} bytes from a {view.shape[0]}-byte buffer")
-            ptr = &view[0] if view.shape[0] else NULL
+        cdef const unsigned char[::1] view = source_view(src, 0, size, "stream")
+        cdef const unsigned char* ptr = &view[0] if size else NULL
         cdef CSender* p = self._get()
         cdef double t
         with nogil:

@@ -11,9 +11,9 @@ from rdmadev._native.c_common cimport (AtomicU64, Deadline, Liveness, WaitPolicy
                                        as_bytes, deadline_of)
 from rdmadev._native.c_fabric cimport AliveOf, PolicyFor, Signal
 from rdmadev._native.c_region cimport Region as CRegion, RegionDesc
-from rdmadev._native.region cimport Region
+from rdmadev._native.region cimport Region, source_view
 
-from rdmadev.errors import BoundsError, ClosedError
+from rdmadev.errors import ClosedError
 
 __all__ = ["Endpoint", "RemoteRegion"]
 
@@ -98,17 +98,9 @@ cdef class Endpoint(Handle):
             signal: optional (offset, seq, aux): after the payload, the peer's region gets
                 aux at offset+8 and then seq at offset with release ordering.
         """
-        cdef const unsigned char[::1] view
-        cdef const unsigned char* src
-        if isinstance(local, Region):
-            (<Region>local)._get().CheckRange(local_offset, length, "write from local region")
-            src = (<Region>local)._get().base() + local_offset
-        else:
-            view = memoryview(local).cast("B")
-            if local_offset > <uint64_t>view.shape[0] or length > view.shape[0] - local_offset:
-                raise BoundsError(f"Failed to write from a {view.shape[0]}-byte buffer: bytes "
-                                  f"[{local_offset}, {local_offset + length}) are outside it")
-            src = &view[0] + local_offset if view.shape[0] else NULL
+        cdef const unsigned char[::1] view = source_view(local, local_offset, length,
+                                                         "write from local region")
+        cdef const unsigned char* src = &view[0] if length else NULL
         cdef Signal sig
         cdef Signal* psig = NULL
         if signal is not None:

@@ -1,3 +1,4 @@
+from libc.stdint cimport uint64_t
 from libcpp.memory cimport shared_ptr
 
 from rdmadev._native.handle cimport Handle
@@ -13,3 +14,8 @@ cdef class Region(Handle):
     cdef WaitPolicy policy        # the domain's wait policy
     cdef object domain            # the Python Domain (a child keeps its parent alive)
     cdef CRegion* _get(self) except NULL
+
+
+# The `length` bytes at `offset` of a write's source: a Region (checked as CRegion.CheckRange
+# checks it) or any bytes-like object; the view keeps them alive for a nogil call.
+cdef const unsigned char[::1] source_view(object src, uint64_t offset, uint64_t length, what)

@@ -7,7 +7,7 @@ from libcpp.string cimport string
 from rdmadev._native.c_common cimport (AtomicU64, Deadline, Liveness, WaitPolicy, WaitWord,
                                        as_bytes, deadline_of)
 
-from rdmadev.errors import ClosedError
+from rdmadev.errors import BoundsError, ClosedError
 
 __all__ = ["Region"]
 
@@ -105,3 +105,21 @@ cdef class Region(Handle):
 
     def __repr__(self):
         return f"<rdmadev Region id={self.id} size={self.size}{' closed' if self.closed else ''}>"
+
+
+cdef const unsigned char[::1] source_view(object src, uint64_t offset, uint64_t length, what):
+    """The `length` bytes at `offset` of `src` (a Region of a domain, or any bytes-like object,
+    as a TF tensor's memory) as one contiguous view, for a write's source.
+
+    Raises:
+        BoundsError: the bytes are outside `src`.
+        ClosedError: `src` is a closed Region.
+    """
+    cdef string doing = as_bytes(what)
+    if isinstance(src, Region):
+        (<Region>src)._get().CheckRange(offset, length, doing.c_str())
+    cdef const unsigned char[::1] view = memoryview(src).cast("B")
+    if offset > <uint64_t>view.shape[0] or length > view.shape[0] - offset:
+        raise BoundsError(f"Failed to {what}: bytes [{offset}, {offset + length}) are outside "
+                          f"the {view.shape[0]}-byte buffer")
+    return view[offset:offset + length]
