@@ -327,6 +327,8 @@ def main(argv=None):
                     help="ring slots for bandwidth (default: max(2, 2 MiB / size))")
     ap.add_argument("--perftest", action="store_true",
                     help="add ib_write_bw / ib_write_lat on the verbs device (the verbs baseline)")
+    ap.add_argument("--bw-sizes", default=None,
+                    help="comma-separated bandwidth sizes in bytes (default: 64 KiB to 256 MiB)")
     ap.add_argument("--max-size", type=int, default=None,
                     help="largest bandwidth size in bytes (e.g. 16777216)")
     ap.add_argument("--trial-mib", type=int, default=None,
@@ -348,7 +350,8 @@ def main(argv=None):
         f for f in (args.fabrics or ",".join(rdmadev.viable_fabrics())).split(",") if f]
     json_path = args.json or os.path.join(
         HERE, "results", "fabric_bench_veth.json" if args.veth else "fabric_bench.json")
-    bw_sizes = tuple(s for s in BW_SIZES if (not args.quick or s <= 16 << 20) and
+    sizes = tuple(int(s) for s in args.bw_sizes.split(",")) if args.bw_sizes else BW_SIZES
+    bw_sizes = tuple(s for s in sizes if (not args.quick or s <= 16 << 20) and
                      (args.max_size is None or s <= args.max_size))
     started = time.time()
     _pin(0)

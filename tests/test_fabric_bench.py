@@ -28,3 +28,13 @@ def test_fabric_bench_streams_from_regions_and_from_heap_memory(tmp_path):
                          p.stdout, re.M), p.stdout
     for row in ("64 KiB GB/s K=32", "1 MiB GB/s K=2"):
         assert re.search(rf"^{row}( +{NUMBER}){{10}}$", p.stdout, re.M), p.stdout
+
+
+def test_write_time_measures_writes_from_a_region_and_from_heap_memory():
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "write_time.py"),
+                        "--fabric", "shm", "--writes", "1"],
+                       capture_output=True, text=True, timeout=TIMEOUT_S, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    cell = rf"{NUMBER} \[{NUMBER}-{NUMBER}\]"
+    for size in (64 << 10, 1 << 20, 16 << 20):
+        assert re.search(rf"^ +{size} +{cell} +{cell}$", p.stdout, re.M), p.stdout
