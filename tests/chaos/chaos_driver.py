@@ -34,6 +34,8 @@ SHAPE = [256, WEIGHTS_BYTES // 4 // 256]
 def main():
     spec, mode = json.loads(sys.argv[1]), sys.argv[2]
     steps = int(sys.argv[3]) if len(sys.argv) > 3 else 0  # 0: until failure or SIGINT
+    # This process's own device: the step returns its results here (see step()).
+    coordinator = task_name("chief" if len(sys.argv) > 4 else "localhost", 0)
     if len(sys.argv) > 4:
         tf.config.experimental_connect_to_cluster(
             tf.train.ClusterSpec({**spec, "chief": [sys.argv[4]]}), job_name="chief")
@@ -49,7 +51,12 @@ def main():
                 sent.append(w + 1.0)
         with tf.device(PS):
             w.assign((sent[0] + sent[1]) * 0.5)
-            return tf.reduce_max(tf.abs(w - w[0, 0])) == 0.0, w[0, 0]
+            same, value = tf.reduce_max(tf.abs(w - w[0, 0])) == 0.0, w[0, 0]
+        # Moved to this process inside the call: a task killed once the step has run fails the
+        # call (whose error rdmadev names), not a later read of results left on the ps, which
+        # TF reports as a bare "Connection reset by peer".
+        with tf.device(coordinator):
+            return tf.identity(same), tf.identity(value)
 
     fn = rdmadev.optimize(tf.function(step)) if mode == "rdmadev" else tf.function(step)
     n = 0
