@@ -1,7 +1,10 @@
 """The TensorFlow write/wait ops over a real channel (two Domains in this process, every
 fabric): values identical, zero-copy aliasing returns the slot on release, clear errors."""
+import dataclasses
 import gc
 import os
+import struct
+import threading
 
 import numpy as np
 import pytest
@@ -20,9 +23,12 @@ SLOTS = 2
 
 @pytest.fixture
 def channel(fabric, secret, request):
-    """Returns bind(name, capacity) -> (sender, receiver) bound under `name`."""
+    """Returns bind(name, capacity) -> (sender, receiver) bound under `name`. Parametrized
+    indirectly, the sending domain's RDMADEV_MAX_REGISTERED_BYTES (1: it may stage nothing)."""
     cfg = rdmadev.Config(fabric=fabric, secret=secret)
-    a, b = rdmadev.open_domain("tx", cfg), rdmadev.open_domain("rx", cfg)
+    limit = getattr(request, "param", None)
+    tx_cfg = cfg if limit is None else dataclasses.replace(cfg, max_registered_bytes=limit)
+    a, b = rdmadev.open_domain("tx", tx_cfg), rdmadev.open_domain("rx", cfg)
     ab, ba = a.connect(b.address), b.connect(a.address)
     names = []
 
@@ -182,7 +188,6 @@ def test_a_dynamic_channel_carries_the_shape(channel, dtype, shape, planned):
 def _through(key, x, dtype, shape, timeout_s=30):
     """Sends `x` from a thread (a chunked send waits for the receiver's credits) and receives
     it here."""
-    import threading
     errors = []
 
     def send():
@@ -199,15 +204,89 @@ def _through(key, x, dtype, shape, timeout_s=30):
     return y
 
 
-def test_a_tensor_many_times_a_slot_streams_through_two(channel):
-    """1 MiB through 4 KiB slots (K=2): 256 chunks, the sender waiting for each credit while
-    the receiver copies them into the output, with shapes changing from step to step."""
+def _moved(before):
+    """What this process's channels did since transfer_counts() gave `before`."""
+    after = _core.transfer_counts()
+    return {k: after[k] - before[k] for k in ("received", "staged", "stages")}
+
+
+@pytest.mark.parametrize("channel, path", [(None, "staged"), (1, "chunks")],
+                         indirect=["channel"])
+def test_a_tensor_many_times_a_slot_arrives_whole(channel, path):
+    """1 MiB through 4 KiB slots (K=2), shapes changing from step to step. Staged: the sender
+    copies each tensor larger than a slot into its stage and the receiver reads it from there
+    in one go, one transfer each, with one stage registered (the first tensor and a quarter
+    more holds the later ones). When the sender's RDMADEV_MAX_REGISTERED_BYTES leaves no room
+    for a stage (here 1 byte), the same tensors stream through the two slots in chunks, the
+    sender waiting for each credit while the receiver copies them into the output."""
     key, _, rx = channel("stream", 4096, rank=2)
-    for rows in (4096, 1, 1000):
+    before = _core.transfer_counts()
+    for rows in (4096, 1, 1000, 4096):
         x = tf.random.stateless_uniform([rows, 64], [rows, 3])
         y = _through(key, x, tf.float32, [None, 64], timeout_s=60)
         np.testing.assert_array_equal(x.numpy(), y.numpy())
     assert rx.held == 0
+    if path == "staged":
+        assert _moved(before) == {"received": 4, "staged": 3, "stages": 1}
+    else:  # 1 MiB, 256 B, 250 KiB, 1 MiB in 4 KiB chunks
+        assert _moved(before) == {"received": 256 + 1 + 63 + 256, "staged": 0, "stages": 0}
+
+
+def test_a_stage_is_not_written_again_before_the_receiver_read_it(channel):
+    """Two staged tensors in a row, the second sent while the first is still unread: a slot
+    is free for it, but its sender waits until the receiver has read the first out of the
+    stage (its credit), so each arrives as it was sent."""
+    key, _, rx = channel("busy", 4096, rank=1)
+    first, second = tf.fill([4096], 1.0), tf.fill([4096], 2.0)
+    ops.send(first, key)
+    errors = []
+
+    def send():
+        try:
+            ops.send(second, key)
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    sender.join(0.5)  # gives a sender that would not wait the time to overwrite the stage
+    np.testing.assert_array_equal(ops.recv(tf.float32, [None], key).numpy(), first.numpy())
+    sender.join(30)
+    assert not sender.is_alive() and not errors, errors
+    np.testing.assert_array_equal(ops.recv(tf.float32, [None], key).numpy(), second.numpy())
+    assert rx.held == 0
+
+
+def _record(region, offset, length):
+    """A staged transfer's record (stage.h): the region's descriptor, offset, length."""
+    return region.descriptor + struct.pack("<QQ", offset, length)
+
+
+@pytest.mark.parametrize("record, shape, error, match", [
+    (lambda r: _record(r, 0, 400), [1, 1000], tf.errors.InvalidArgumentError,
+     "record names 400 bytes at offset 0 of a 8192-byte stage for a tensor of 4000 bytes"),
+    (lambda r: _record(r, 8000, 4000), [1, 1000], tf.errors.InvalidArgumentError,
+     "names 4000 bytes at offset 8000 of a 8192-byte stage"),
+    (lambda r: b"\0" * 96, [1, 1000], tf.errors.InvalidArgumentError,
+     "not an rdmadev region descriptor"),
+    (lambda r: _record(r, 0, 1 << 42), [1, 1 << 40], tf.errors.ResourceExhaustedError,
+     "exceeds RDMADEV_MAX_TENSOR_BYTES=1048576"),
+])
+def test_a_staged_record_that_does_not_add_up_is_refused(channel, record, shape, error, match):
+    """A sender that writes its own stage records (no TF op in between): the receiver checks
+    the record against the shape and the stage before it reads or allocates anything, and
+    the channel carries the next tensor."""
+    import resource
+    key, tx, rx = channel("record", 256, rank=1)
+    stage = channel.sender_domain.allocate(8192)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    tx.send_record(record(stage), shape_block=struct.pack(f"<{len(shape)}Q", *shape))
+    with pytest.raises(error, match=match):
+        ops.recv(tf.float32, [None], key, max_bytes=1 << 20)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 * 1024  # KiB
+    assert rx.held == 0
+    ops.send(tf.ones([3]), key)
+    np.testing.assert_array_equal(ops.recv(tf.float32, [None], key).numpy(), np.ones(3))
 
 
 def test_a_dynamic_tensor_past_the_limit_is_refused_by_the_sender(channel):

@@ -7,7 +7,8 @@ namespace rdmadev {
 
 namespace {
 
-std::atomic<uint64_t> g_sent{0}, g_received{0}, g_discarded{0}, g_abandoned{0}, g_grown{0};
+std::atomic<uint64_t> g_sent{0}, g_received{0}, g_discarded{0}, g_abandoned{0}, g_grown{0},
+    g_staged{0}, g_stages{0};
 
 // Rings beyond 2^48 bytes are a corrupted plan, not a real tensor: no host maps that much.
 constexpr uint64_t kMaxRingBytes = uint64_t(1) << 48;
@@ -29,7 +30,7 @@ void RingLayout::Validate() const {
   if (payload_offset % kCacheLine != 0 || payload_offset < kSlotHeaderBytes) {
     BadLayout("payload_offset", payload_offset, "is not a multiple of 64 that is >= 64 (the header)");
   }
-  if (capacity >= kMovedLength) {
+  if (capacity >= kStagedLength) {
     BadLayout("capacity_bytes", capacity, "reaches the protocol's 2^40 bytes per tensor");
   }
   if (payload_offset + capacity > slot_bytes) {
@@ -52,10 +53,14 @@ TransferCounts CountedTransfers() {
   c.discarded = g_discarded.load(std::memory_order_relaxed);
   c.abandoned = g_abandoned.load(std::memory_order_relaxed);
   c.grown = g_grown.load(std::memory_order_relaxed);
+  c.staged = g_staged.load(std::memory_order_relaxed);
+  c.stages = g_stages.load(std::memory_order_relaxed);
   return c;
 }
 
 void CountGrown() { g_grown.fetch_add(1, std::memory_order_relaxed); }
+void CountStaged() { g_staged.fetch_add(1, std::memory_order_relaxed); }
+void CountStage() { g_stages.fetch_add(1, std::memory_order_relaxed); }
 
 uint32_t StepTag(uint64_t x) {
   // splitmix64's finalizer: step ids are counters or random, either way spread over 24 bits.
@@ -117,6 +122,24 @@ uint64_t RingSender::Send(const void* src, uint64_t len, const Deadline& deadlin
                 0, "the tensor is larger than planned: re-plan the channel for this size");
   }
   uint64_t n = PostLocked(src, len, len | (uint64_t(tag & kMaxTag) << kTagShift), shape, shape_len,
+                          deadline);
+  g_sent.fetch_add(1, std::memory_order_relaxed);
+  return n;
+}
+
+uint64_t RingSender::SendStaged(const std::string& record, const Deadline& deadline, uint32_t tag,
+                                const void* shape, uint64_t shape_len) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!layout_.shape_bytes() || shape_len > layout_.shape_bytes() || record.size() > layout_.capacity) {
+    throw Error(ErrorKind::kBounds,
+                "Failed to send staged: the channel's slots (" + std::to_string(layout_.capacity) +
+                    " bytes, a " + std::to_string(layout_.shape_bytes()) +
+                    "-byte shape block) cannot hold a " + std::to_string(record.size()) +
+                    "-byte stage record and a " + std::to_string(shape_len) + "-byte shape",
+                0, "stage only on a dynamic channel whose slots hold a stage record");
+  }
+  uint64_t n = PostLocked(record.data(), record.size(),
+                          kStagedLength | (uint64_t(tag & kMaxTag) << kTagShift), shape, shape_len,
                           deadline);
   g_sent.fetch_add(1, std::memory_order_relaxed);
   return n;
@@ -206,6 +229,10 @@ Slot RingReceiver::TakeLocked(uint64_t n, uint64_t seen) {
     moved.moved = true;
     return moved;
   }
+  // A staged slot holds its record where the payload goes (RingSender::SendStaged).
+  const bool staged = len == kStagedLength && layout_.shape_bytes() &&
+                      layout_.capacity >= kStageRecordBytes;
+  if (staged) len = kStageRecordBytes;
   if (n != acquired_ + 1 || seen != n || len > layout_.capacity) {
     throw Error(ErrorKind::kProtocol, "Channel out of step: slot " + std::to_string(slot) +
                                           " holds sequence " + std::to_string(seen) + " (" +
@@ -217,8 +244,10 @@ Slot RingReceiver::TakeLocked(uint64_t n, uint64_t seen) {
   g_received.fetch_add(1, std::memory_order_relaxed);
   const uint8_t* shape =
       layout_.shape_bytes() ? ring_->base() + layout_.header(slot) + kShapeBlockOffset : nullptr;
-  return Slot{n, ring_->base() + layout_.payload(slot), len,
-              static_cast<uint32_t>(word >> kTagShift), shape};
+  Slot taken{n, ring_->base() + layout_.payload(slot), len,
+             static_cast<uint32_t>(word >> kTagShift), shape};
+  taken.staged = staged;
+  return taken;
 }
 
 bool RingReceiver::Abandon(uint64_t n) {

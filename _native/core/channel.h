@@ -40,6 +40,11 @@ constexpr uint32_t kMaxTag = (1u << (64 - kTagShift)) - 1;
 // The length of the marker transfer that moves a channel to its successor ring: above any
 // capacity a layout may have (RingLayout::Validate caps capacity below it).
 constexpr uint64_t kMovedLength = kMaxPayloadBytes - 1;
+// The length of a staged transfer (stage.h): the slot carries a StageRecord naming where the
+// sender staged the tensor, not the tensor. Below kMovedLength and above every capacity too.
+constexpr uint64_t kStagedLength = kMaxPayloadBytes - 2;
+// Bytes of an encoded StageRecord: the stage's region descriptor, u64 offset, u64 length.
+constexpr uint64_t kStageRecordBytes = RegionDesc::kEncodedSize + 16;
 // The tag of step `step_id` (never 0): a 24-bit hash, so a stale transfer is mistaken for the
 // current step's with probability 2^-24, and only after a failed step left one behind.
 uint32_t StepTag(uint64_t step_id);
@@ -92,9 +97,14 @@ struct TransferCounts {
   uint64_t discarded = 0;  // stale transfers of a failed step, dropped unread
   uint64_t abandoned = 0;  // waits that ended without a transfer
   uint64_t grown = 0;      // larger rings this process registered for its receivers (growth)
+  uint64_t staged = 0;     // transfers this process sent staged (a tensor larger than a slot)
+  uint64_t stages = 0;     // stage regions this process registered for its senders
 };
 // Counts one larger ring registered for a receiver (the registry binds its successor).
 void CountGrown();
+// Counts one transfer sent staged, and one stage region registered.
+void CountStaged();
+void CountStage();
 TransferCounts CountedTransfers();
 
 // Both halves are safe to call from several threads (TF kernels, the progress thread,
@@ -110,6 +120,11 @@ class RingSender {
   // step `tag` (0: untagged); returns n.
   uint64_t Send(const void* src, uint64_t len, const Deadline& deadline, uint32_t tag = 0,
                 const void* shape = nullptr, uint64_t shape_len = 0);
+  // Like Send, for a tensor the sender staged (stage.h): the slot carries `record` (an encoded
+  // StageRecord, kStageRecordBytes) and the length word kStagedLength. Needs a dynamic
+  // channel whose slots hold a record.
+  uint64_t SendStaged(const std::string& record, const Deadline& deadline, uint32_t tag,
+                      const void* shape, uint64_t shape_len);
   // Writes the marker that moves the channel to its successor ring (nothing follows on
   // this one), waiting for a credit like Send; returns n.
   uint64_t SendMoved(const Deadline& deadline);
@@ -142,6 +157,7 @@ struct Slot {
   uint32_t tag = 0;  // the sender's step tag (0: untagged)
   const uint8_t* shape = nullptr;  // the slot's shape block (dynamic channels), else null
   bool moved = false;  // the marker: the sender moved to the successor ring (no data)
+  bool staged = false;  // data/length are a StageRecord (stage.h), not the tensor
 };
 
 class RingReceiver {

@@ -24,6 +24,9 @@ struct DomainOptions {
   // each fabric validates its own keys (see fabric.h), a key of no fabric is refused.
   FabricOptions fabric_options;
   WaitPolicy wait;
+  // Bytes of regions this domain may hold before a stage (stage.h) is refused: the task's
+  // RDMADEV_MAX_REGISTERED_BYTES, which the control plane applies to rings (0: no limit).
+  uint64_t max_registered_bytes = 0;
 };
 
 class Domain : public std::enable_shared_from_this<Domain> {

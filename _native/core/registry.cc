@@ -27,7 +27,18 @@ ChannelRegistry& ChannelRegistry::Global() {
   return *registry;                                          // outlive static destructors
 }
 
+namespace {
+// A bound half's staging parts: the sender's stage, the receiver's reader of its peer's.
+void Equip(ChannelRegistry::Sender& s) {
+  if (!s.stage) s.stage = std::make_shared<Stage>(s.reader);
+}
+void Equip(ChannelRegistry::Receiver& r) {
+  if (!r.staged) r.staged = std::make_shared<StageReader>();
+}
+}  // namespace
+
 void ChannelRegistry::Bind(const std::string& key, Sender s) {
+  Equip(s);
   Sender old;  // a rebound key's previous half goes after unlocking
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -40,6 +51,7 @@ void ChannelRegistry::Bind(const std::string& key, Sender s) {
 }
 
 void ChannelRegistry::Bind(const std::string& key, Receiver r) {
+  Equip(r);
   Receiver old;  // a rebound key's previous half goes after unlocking
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -107,6 +119,7 @@ void ChannelRegistry::Moved(const std::string& key) {
 }
 
 void ChannelRegistry::BindSuccessor(const std::string& key, Sender s) {
+  Equip(s);
   Sender old;
   std::lock_guard<std::mutex> lock(mu_);
   old = std::move(next_senders_[key]);
@@ -114,6 +127,7 @@ void ChannelRegistry::BindSuccessor(const std::string& key, Sender s) {
 }
 
 void ChannelRegistry::BindSuccessor(const std::string& key, Receiver r) {
+  Equip(r);
   Receiver old;
   std::lock_guard<std::mutex> lock(mu_);
   old = std::move(next_receivers_[key]);

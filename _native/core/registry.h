@@ -23,6 +23,7 @@
 
 #include "channel.h"
 #include "domain.h"
+#include "stage.h"
 
 namespace rdmadev {
 
@@ -47,12 +48,16 @@ class ChannelRegistry {
     // The credit region of the ring this one succeeded: the receiver may still write a
     // credit into it until it takes the marker, so it stays registered meanwhile.
     std::shared_ptr<void> prior;
+    // Where tensors larger than a slot are staged (dynamic channels; Bind makes it).
+    std::shared_ptr<Stage> stage;
+    std::string reader;  // the receiving task's identity: the only peer granted the stage
   };
   struct Receiver {
     std::shared_ptr<RingReceiver> ring;
     std::shared_ptr<Domain> domain;
     std::shared_ptr<void> lease;  // the pair's ring region
     std::string peer;             // the sending task
+    std::shared_ptr<StageReader> staged;  // reads staged tensors (Bind makes it)
   };
   struct Counts {
     uint64_t senders = 0, receivers = 0;

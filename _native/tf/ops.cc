@@ -246,11 +246,22 @@ class SendOp : public AsyncOpKernel {
       const auto data = x_.tensor_data();
       const uint64_t len = data.size();
       for (;;) {
-        const auto& ring = from_.ring ? from_.ring : s_.ring;  // the marker's ring first
+        const auto& half = from_.ring ? from_ : s_;  // the marker's ring first
+        const auto& ring = half.ring;
         auto need = ring->CreditNeeded();
         if (need.second != 0 && need.first->load(std::memory_order_acquire) < need.second) {
           WaitForCredit(ring, need.first, need.second);
           return;
+        }
+        // A stage is free once the credit covers the transfer that named it (the receiver
+        // reads it before releasing that slot): before it is written again, and before the
+        // marker lets the old half, and with it its stage, go.
+        if ((from_.ring || Staging()) && half.stage) {
+          const uint64_t busy = half.stage->busy();
+          if (need.first->load(std::memory_order_acquire) < busy) {
+            WaitForCredit(ring, need.first, busy);
+            return;
+          }
         }
         try {
           if (from_.ring) {
@@ -258,6 +269,10 @@ class SendOp : public AsyncOpKernel {
             from_ = {};
             rdmadev::ChannelRegistry::Global().Moved(channel_);  // the old sending half goes
             continue;
+          }
+          if (Staging() && SendStaged()) {
+            Done();
+            return;
           }
           const bool first = !started_;
           const uint64_t chunk = block_.empty() ? len : std::min(len - sent_, s_.ring->layout().capacity);
@@ -282,6 +297,41 @@ class SendOp : public AsyncOpKernel {
     }
 
    private:
+    // Whether this tensor should go staged (stage.h): a dynamic channel's tensor larger than
+    // a slot, whose slots hold a stage record, unless the stage was refused for it.
+    bool Staging() const {
+      const auto& lay = s_.ring->layout();
+      return !block_.empty() && !chunking_ && x_.tensor_data().size() > lay.capacity &&
+             lay.capacity >= rdmadev::kStageRecordBytes;
+    }
+
+    // Copies the tensor into the channel's stage and writes the record; false (chunks
+    // instead) when the task's registered-memory limit leaves no room for the stage.
+    bool SendStaged() {
+      const auto data = x_.tensor_data();
+      const int64_t since = trace_.Mark();
+      std::shared_ptr<rdmadev::Region> stage;
+      try {
+        stage = s_.stage->Room(s_.domain, data.size());
+      } catch (const rdmadev::Error& e) {  // e.g. verbs could not pin it (RLIMIT_MEMLOCK)
+        rdmadev::LogEvent("channel " + channel_ + ": no stage for a tensor of " +
+                          std::to_string(data.size()) + " bytes, it goes in chunks: " + e.what());
+      }
+      if (!stage) {
+        chunking_ = true;
+        return false;
+      }
+      std::memcpy(stage->base(), data.data(), data.size());
+      rdmadev::StageRecord record{stage->desc(), 0, data.size()};
+      const uint64_t n = s_.ring->SendStaged(record.Encode(), deadline_, tag_, block_.data(),
+                                             block_.size() * sizeof(uint64_t));
+      s_.stage->set_busy(n);
+      rdmadev::CountStaged();
+      trace_.Phase("rdmadev.write", since);
+      ++chunks_;
+      return true;
+    }
+
     void Done() {
       trace_.End("rdmadev.send", channel_, s_.peer, x_.tensor_data().size(), chunks_);
       done_();
@@ -332,6 +382,7 @@ class SendOp : public AsyncOpKernel {
     const std::string channel_;
     uint64_t sent_ = 0;
     bool started_ = false;
+    bool chunking_ = false;  // the stage was refused: this tensor goes in chunks
     TransferTrace trace_;
     int64_t credit_since_ = 0;  // when the current credit wait began (trace on)
     uint64_t chunks_ = 0;
@@ -541,6 +592,14 @@ class RecvOp : public AsyncOpKernel {
           r_ = std::move(next);
           return true;
         }
+        if (gathering_ && slot.staged) {
+          r_.ring->Release(slot.seq, rdmadev::Deadline::After(60));
+          Finish(tensorflow::errors::InvalidArgument(
+              "rdmadev channel ", op_->channel_, ": a staged transfer where the tensor's next "
+              "chunk was due (", filled_, " of ", total_, " bytes received): the sender does "
+              "not follow the protocol"));
+          return false;
+        }
         if (gathering_) {
           auto s = Gather(slot);
           if (!s.ok() || filled_ == total_) {
@@ -552,6 +611,10 @@ class RecvOp : public AsyncOpKernel {
         if (tag_ && slot.tag && slot.tag != tag_) {
           r_.ring->Discard(n_, rdmadev::Deadline::After(60));
           return true;
+        }
+        if (slot.staged) {
+          Finish(DeliverStaged(slot));
+          return false;
         }
         auto s = slot.shape ? DeliverDynamic(slot) : Deliver(slot, op_->static_shape_);
         if (!s.ok() || !gathering_) {
@@ -633,6 +696,34 @@ class RecvOp : public AsyncOpKernel {
           total_ = bytes;
           gathering_ = true;
         }
+      }
+      r_.ring->Release(slot.seq, rdmadev::Deadline::After(60));
+      return s;
+    }
+
+    // A staged tensor (stage.h): read from the sender's stage straight into the output, then
+    // the slot released, which frees the stage. The channel then wants slots that hold it.
+    tensorflow::Status DeliverStaged(const rdmadev::Slot& slot) {
+      TensorShape shape;
+      uint64_t bytes = 0;
+      auto s = ShapeOf(slot, &shape, &bytes);
+      Tensor* out = nullptr;
+      try {
+        const auto record = rdmadev::StageRecord::Decode(slot.data, slot.length);
+        if (s.ok()) s = ctx_->allocate_output(0, shape, &out);
+        if (s.ok()) {
+          const int64_t since = trace_.Mark();
+          r_.staged->Read(*r_.ring->endpoint(), record, const_cast<char*>(out->tensor_data().data()),
+                          bytes, deadline_);
+          trace_.Phase("rdmadev.copy", since);
+          Count(bytes);
+          r_.ring->Want(bytes);
+        }
+      } catch (const rdmadev::Error& e) {  // a bad record is the sender's fault, as a bad shape
+        const auto kind = e.kind() == rdmadev::ErrorKind::kProtocol ? rdmadev::ErrorKind::kBounds
+                                                                    : e.kind();
+        s = ToStatus(kind, "rdmadev channel " + op_->channel_ + ": " + e.what() +
+                               (e.hint().empty() ? "" : ". Fix: " + e.hint()));
       }
       r_.ring->Release(slot.seq, rdmadev::Deadline::After(60));
       return s;

@@ -136,7 +136,10 @@ def _bind_halves(channels, half, lease, peer, make, failing, successor=False):
                 h = make(i, c)
             except Exception as e:
                 raise _naming(e, failing(c["key"])) from None
-            h.bind(c["key"], lease, peer=peer, successor=successor)
+            if half == "send":  # the receiver alone may read what the sender stages
+                h.bind(c["key"], lease, peer=peer, successor=successor, reader=_identity(peer))
+            else:
+                h.bind(c["key"], lease, peer=peer, successor=successor)
     except BaseException:
         if not successor:  # a grown pair has one channel: nothing of it was bound
             for c in channels:
@@ -534,7 +537,7 @@ class ChannelTable:
             if r.get("drop"):
                 sender.close()
             else:
-                sender.bind(key, lease, peer=receiver, successor=True)
+                sender.bind(key, lease, peer=receiver, successor=True, reader=_identity(receiver))
         return len(held)
 
     def _drop_grown(self, sender, keys):

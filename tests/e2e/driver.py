@@ -554,30 +554,32 @@ def growing(mode):
     spec = [tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.float32)]
     fn = tf.function(step, input_signature=spec)
     fn = rdmadev.optimize(fn) if mode == "rdmadev" else fn
-    values, chunks, grown = [], [], []
+    values, chunks, grown, staged = [], [], [], []
     ps = lambda: rdmadev.counters()[PS]  # noqa: E731
+    worker = lambda: rdmadev.counters()[W0]  # noqa: E731
     for i, (n, wait) in enumerate([(3000, True), (3000, False), (2000, False), (100000, True),
                                    (100000, False), (0, False), (90000, False)]):
-        before = ps() if mode == "rdmadev" else None
+        before = (ps(), worker()) if mode == "rdmadev" else None
         values.append(float(fn(tf.constant(n), tf.constant(1.0 + i / 8))))
         if mode != "rdmadev":
             continue
         after = ps()
         deadline = time.monotonic() + GROWTH_WAIT_S
-        while wait and after["grown"] == before["grown"] and time.monotonic() < deadline:
+        while wait and after["grown"] == before[0]["grown"] and time.monotonic() < deadline:
             time.sleep(0.1)
             after = ps()
-        chunks.append(after["received"] - before["received"])
-        grown.append(after["grown"] - before["grown"])
-    return {"values": values, "chunks": chunks, "grown": grown,
+        chunks.append(after["received"] - before[0]["received"])
+        grown.append(after["grown"] - before[0]["grown"])
+        staged.append(worker()["staged"] - before[1]["staged"])
+    return {"values": values, "chunks": chunks, "grown": grown, "staged": staged,
             "report": fn.report if mode == "rdmadev" else ""}
 
 
 def profile(mode, cluster):
     """A step whose transfers are known (a 1 MiB variable read ps -> worker, copied out as its
     consumer, ReverseV2, is not one that keeps nothing; 3.2 MB of tf.unique'd ids worker -> ps
-    on a dynamic channel: in 1 MiB chunks the first time, then in one slot once ps grew the
-    channel, aliased by its consumer Sum), run while TF's profiler traces every task; returns
+    on a dynamic channel of 1 MiB slots: staged and read by ps the first time, then in one
+    slot once ps grew the channel, aliased by its consumer Sum), run while TF's profiler traces every task; returns
     what the trace says each channel moved."""
     from rdmadev.tf import profile as prof
     import tempfile
@@ -599,7 +601,7 @@ def profile(mode, cluster):
     before = rdmadev.counters()[PS] if mode == "rdmadev" else None
     first = [float(t) for t in fn(ids)]
     first_chunks = grown = 0
-    if mode == "rdmadev":  # the ids came in 4 chunks: ps moves their channel to larger slots
+    if mode == "rdmadev":  # the ids came staged: ps moves their channel to larger slots
         after = rdmadev.counters()[PS]
         first_chunks = after["received"] - before["received"]
         deadline = time.monotonic() + GROWTH_WAIT_S

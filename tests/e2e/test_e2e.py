@@ -283,15 +283,17 @@ def test_an_embedding_step_with_run_time_shapes_is_bitwise_identical(cluster, en
 
 
 def test_a_channel_grows_past_its_capacity_mid_training(cluster):
-    """A dynamic tensor larger than its 4 KiB slots arrives in chunks once; ps then moves the
-    channel to slots that hold it (a re-registration, counted as grown) and later steps of up
-    to that size take one transfer; a much larger one chunks and grows once more, a tensor of
-    0 elements moves too, and smaller ones never grow it again. Bitwise equal to gRPC."""
+    """A dynamic tensor larger than its 4 KiB slots is staged once (the worker copies it into
+    a region of its own, ps reads it from there); ps then moves the channel to slots that
+    hold it (a re-registration, counted as grown) and later steps of up to that size go in
+    one slot; a much larger one is staged and grows it once more, a tensor of 0 elements
+    moves too, and smaller ones never grow it again. Bitwise equal to gRPC."""
     grpc = run_driver(cluster, "grpc", "growing")
     rdma = run_driver(cluster, "rdmadev", "growing", env={"RDMADEV_DYNAMIC_CAPACITY": "4K"})
     assert rdma["values"] == grpc["values"]
-    # 12000 B in 4 KiB slots: 3 chunks, then 64 KiB slots; 400000 B in those: 7 chunks.
-    assert rdma["chunks"] == [3, 1, 1, 7, 1, 1, 1], rdma["chunks"]
+    # 12000 B past 4 KiB slots, then 400000 B past the 64 KiB ones: one transfer each.
+    assert rdma["chunks"] == [1, 1, 1, 1, 1, 1, 1], rdma["chunks"]
+    assert rdma["staged"] == [1, 0, 0, 1, 0, 0, 0], rdma["staged"]
     assert rdma["grown"] == [1, 0, 0, 1, 0, 0, 0], rdma["grown"]
 
 
@@ -325,11 +327,11 @@ def test_every_swapped_transfer_is_on_tfs_profiler_timeline(cluster):
     assert read_recv["peer"] == "/job:ps/replica:0/task:0"
     assert read_send["phases"] == {"write": read_send["n"]}
     assert read_recv["phases"] == {"wait_data": read_recv["n"], "copy": read_recv["n"]}
-    # The unique'd ids: 400,000 int64 on a dynamic channel of 1 MiB slots, so 4 chunks (gathered
-    # by copies) the first time; ps then grew the channel (before the trace), so one slot
-    # each, aliased by Sum (the report's shm+zc).
+    # The unique'd ids: 400,000 int64 on a dynamic channel of 1 MiB slots, so staged (one
+    # transfer, read by ps) the first time; ps then grew the channel (before the trace), so
+    # one slot each, aliased by Sum (the report's shm+zc).
     assert re.search(r"^\s*shm\+zc\s.*Unique DT_INT64 run-time shape$", rdma["report"], re.M), rdma["report"]
-    assert rdma["first_chunks"] == 4 and rdma["grown"] == 1
+    assert rdma["first_chunks"] == 1 and rdma["grown"] == 1
     ids_send, ids_recv = by_side["worker:0 send"], by_side["ps:0 recv"]
     assert ids_send["bytes"] == ids_recv["bytes"] == [3200000]
     assert ids_send["chunks"] == ids_recv["chunks"] == [1]

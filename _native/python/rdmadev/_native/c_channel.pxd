@@ -19,6 +19,7 @@ cdef extern from "channel.h" namespace "rdmadev":
     uint64_t kShapeRankOffset
     uint64_t kShapeDimsOffset
     uint64_t kShapeDimBytes
+    uint64_t kStageRecordBytes
 
     cdef cppclass RingLayout:
         uint32_t slots
@@ -44,6 +45,8 @@ cdef extern from "channel.h" namespace "rdmadev":
         uint64_t discarded
         uint64_t abandoned
         uint64_t grown
+        uint64_t staged
+        uint64_t stages
 
     TransferCounts CountedTransfers()
 
@@ -53,6 +56,8 @@ cdef extern from "channel.h" namespace "rdmadev":
                    WaitPolicy policy) except +raise_py_error
         uint64_t Send(const void* src, uint64_t n, const Deadline& d, uint32_t tag,
                       const void* shape, uint64_t shape_len) except +raise_py_error nogil
+        uint64_t SendStaged(const string& record, const Deadline& d, uint32_t tag,
+                            const void* shape, uint64_t shape_len) except +raise_py_error nogil
         uint64_t SendMoved(const Deadline& d) except +raise_py_error nogil
         uint64_t sent()
 
@@ -82,6 +87,7 @@ cdef extern from "registry.h" namespace "rdmadev":
         shared_ptr[Domain] domain
         shared_ptr[void] lease
         string peer
+        string reader
 
     cdef cppclass Receiver "rdmadev::ChannelRegistry::Receiver":
         shared_ptr[RingReceiver] ring

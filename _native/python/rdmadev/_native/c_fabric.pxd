@@ -52,6 +52,7 @@ cdef extern from "domain.h" namespace "rdmadev":
         string tcp_listen
         map[string, string] fabric_options
         WaitPolicy wait
+        uint64_t max_registered_bytes
 
     cdef cppclass Domain:
         @staticmethod

@@ -194,7 +194,7 @@ cdef class RingSender(Handle):
             raise _errors.ClosedError("Failed to use RingSender: it is closed")
         return self.sp.get()
 
-    def bind(self, key, RegionLease lease=None, peer="", successor=False):
+    def bind(self, key, RegionLease lease=None, peer="", successor=False, reader=""):
         """Publishes this sender under channel `key` for the TF write kernel.
 
         Args:
@@ -202,6 +202,8 @@ cdef class RingSender(Handle):
             peer: the receiving task (a dead peer's halves are unbound, unbind_peer()).
             successor: bind it as the successor of `key`'s sender (growth: the write kernel
                 moves to it before its next tensor).
+            reader: the receiving task's domain identity ("job:index"), the only peer granted
+                the stage of tensors larger than a slot ("": any authenticated peer).
         """
         cdef Sender entry
         self._get()
@@ -210,6 +212,7 @@ cdef class RingSender(Handle):
         if lease is not None:
             entry.lease = lease.p
         entry.peer = as_bytes(peer)
+        entry.reader = as_bytes(reader)
         if successor:
             ChannelRegistry.Global().BindSuccessor(as_bytes(key), entry)
         else:
@@ -236,6 +239,21 @@ cdef class RingSender(Handle):
         cdef uint64_t block_len = len(shape_block)
         with nogil:
             n = p.Send(ptr, length, dl, 0, block, block_len)
+        return n
+
+    def send_record(self, bytes record, timeout=30.0, bytes shape_block=b""):
+        """Writes a staged transfer: `record` (a region descriptor, then u64 offset and u64
+        length of the tensor in that region) and `shape_block`, as the TF write kernel does
+        for a tensor larger than a slot; the receiver reads the tensor from that region
+        before it releases the slot. Returns seq."""
+        cdef CSender* p = self._get()
+        cdef string rec = record
+        cdef Deadline dl = deadline_of(timeout)
+        cdef uint64_t n
+        cdef const char* block = shape_block
+        cdef uint64_t block_len = len(shape_block)
+        with nogil:
+            n = p.SendStaged(rec, dl, 0, block, block_len)
         return n
 
     def bench_stream(self, src, uint64_t size, uint64_t count, double timeout=120.0):
@@ -387,13 +405,15 @@ def channel_counts(Domain domain=None):
 
 
 def transfer_counts():
-    """{"sent", "received", "discarded", "abandoned", "grown"}: transfers completed by every
-    channel of this process; of the received, those discarded unread (left by a failed step),
-    and receives that ended without a transfer (cancelled, timed out); larger rings
-    registered for this process's receivers (growth: each a re-registration)."""
+    """{"sent", "received", "discarded", "abandoned", "grown", "staged", "stages"}: transfers
+    completed by every channel of this process; of the received, those discarded unread (left
+    by a failed step), and receives that ended without a transfer (cancelled, timed out);
+    larger rings registered for this process's receivers (growth: each a re-registration);
+    tensors sent staged (larger than a slot, read by the receiver) and the stage regions
+    registered for them (each a registration)."""
     cdef TransferCounts c = CountedTransfers()
     return {"sent": c.sent, "received": c.received, "discarded": c.discarded,
-            "abandoned": c.abandoned, "grown": c.grown}
+            "abandoned": c.abandoned, "grown": c.grown, "staged": c.staged, "stages": c.stages}
 
 
 def growing_channels(Domain domain):
