@@ -44,8 +44,9 @@ PLAN_VERSION = 2
 #: sender still waits for the credit if it ever comes first, so the ring stays correct.
 STATIC_SLOTS = 1
 #: Slots of a dynamic channel (run-time shapes, half pairs): two, because a tensor larger than a
-#: slot streams through them in chunks (the sender writes chunk i+1 while the receiver copies
-#: chunk i), and a grown channel's move is announced in a slot of the old ring.
+#: slot that its sender cannot stage streams through them in chunks (the sender writes chunk i+1
+#: while the receiver copies chunk i), and a grown channel's move is announced in a slot of the
+#: old ring while the receiver may still hold the last tensor's.
 DYNAMIC_SLOTS = 2
 #: Dims a dynamic channel's shape block holds when the rank itself is unknown. Rank 8 covers every
 #: tensor of common models (conv kernels are rank 4, attention tensors rank 4-5); a larger rank at

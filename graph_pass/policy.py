@@ -12,7 +12,7 @@ Rules, first match wins:
 5. only one half loaded -> keep when the ops cannot carry half pairs (``carries["half_pairs"]``)
    or no ``half_pair_capacity`` is set; else swap as a dynamic channel of that capacity (a
    known size above it fails the plan unless the ops carry dynamic shapes, which send a larger
-   tensor in chunks). Both halves see the same attrs and config, so they decide alike.
+   tensor staged or in chunks). Both halves see the same attrs and config, so they decide alike.
 6. a control edge's empty dummy -> swap as a header-only signal.
 7. a static shape -> swap with exact-size slots (keep if below ``min_bytes``).
 8. a dynamic shape -> keep when the ops cannot carry dynamic shapes (``carries["dynamic_shapes"]``);
@@ -79,7 +79,7 @@ def decide(t, config):
     Raises:
         PlanError: a half pair whose known size exceeds ``half_pair_capacity`` when the ops
             carry no dynamic shapes (the other half cannot know the size, and only a dynamic
-            channel sends a tensor larger than its slots, in chunks).
+            channel sends a tensor larger than its slots, staged or in chunks).
     """
     if t.client_terminated:
         return Decision("client_terminated", f"{t.label}: client_terminated=true")

@@ -11,7 +11,7 @@ own their memory) and it stores nothing past the step.
 The size threshold, ``plan.config.zero_copy_min_bytes`` (see
 ``graph_pass.plan.DEFAULT_ZERO_COPY_MIN_BYTES`` for why), is applied here to a static
 channel, whose bytes are known, and by the receiving op to each tensor of a dynamic or half
-pair channel (the bridge passes it along); a dynamic tensor that came in chunks is copied.
+pair channel (the bridge passes it along); a dynamic tensor that was staged or came in chunks is copied.
 
 Results go on the Transfer (``zero_copy``) and on the receiving node under ``data["rdmadev"]``.
 """

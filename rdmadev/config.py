@@ -39,9 +39,10 @@ VARIABLES = (
     ("RDMADEV_ENABLED", "1", "0 turns rdmadev off everywhere: optimize() and RDMADEV_AUTO leave every function on TF's gRPC path."),
     ("RDMADEV_PLUGIN", "1", "0 keeps rdmadev's loader in site-packages/tensorflow-plugins/ inactive: `import tensorflow` then registers no grpc+rdmadev protocol (`rdmadev serve` still loads it)."),
     ("RDMADEV_AUTO", "0", "1 rewrites every function instantiated in the process (in tasks started by `rdmadev serve`: functions they partition, e.g. ParameterServerStrategy steps), so scripts run unchanged."),
-    ("RDMADEV_MAX_REGISTERED_BYTES", "(half of RAM)", "Bytes of channel regions a task registers at most (all its peers together; a K/M/G/T suffix counts in 1024s): a setup request past it is refused with a RegionError naming this variable."),
-    ("RDMADEV_DYNAMIC_CAPACITY", "1M", "Payload bytes each slot of a channel whose tensor has a shape known only at run time starts with (ids after tf.unique, gathered rows, sparse gradients; a K/M/G suffix counts in 1024s). The shape travels with the tensor; one larger than a slot goes in slot-sized chunks, and the receiving task then moves the channel to slots that hold it and a quarter more, up to 4 MiB (`grown` in rdmadev.counters()), within RDMADEV_MAX_REGISTERED_BYTES. A starting size, never a limit."),
-    ("RDMADEV_ZERO_COPY_MIN_BYTES", "64K", "Bytes a received tensor must carry for its receive to hand TF the slot itself instead of a copy (K/M/G/T suffix), where the planner found that every consumer of the tensor keeps nothing (`+zc` in the report); the slot goes back to the sender when TF frees the tensor. A tensor that came in chunks is always copied; a value above every tensor (e.g. 1T) turns aliasing off."),
+    ("RDMADEV_MAX_REGISTERED_BYTES", "(half of RAM)", "Bytes of channel regions a task registers at most (all its peers together; a K/M/G/T suffix counts in 1024s): a setup request past it is refused with a RegionError naming this variable, and a sender with no room left for a stage sends a tensor larger than its slots in chunks instead."),
+    ("RDMADEV_DYNAMIC_CAPACITY", "1M", "Payload bytes each slot of a channel whose tensor has a shape known only at run time starts with (ids after tf.unique, gathered rows, sparse gradients; a K/M/G suffix counts in 1024s). The shape travels with the tensor; one larger than a slot is staged by its sender and read by the receiver (`staged` in rdmadev.counters()) or sent in slot-sized chunks (RDMADEV_STAGE_BELOW_SLOT_BYTES), and the receiving task then moves the channel to slots that hold it and a quarter more, up to 4 MiB (`grown`), within RDMADEV_MAX_REGISTERED_BYTES. A starting size, never a limit."),
+    ("RDMADEV_STAGE_BELOW_SLOT_BYTES", "1M", "A tensor of a run-time shape larger than its channel's slots is staged when the slots hold fewer than this many bytes (K/M/G/T suffix): its sender copies it whole into a region of its own and the receiver reads it from there in one go (a one-sided read). From this slot size on it goes in slot-sized chunks through the ring instead, where the sender's copy of one chunk overlaps the receiver's copy of the last. 0 never stages."),
+    ("RDMADEV_ZERO_COPY_MIN_BYTES", "64K", "Bytes a received tensor must carry for its receive to hand TF the slot itself instead of a copy (K/M/G/T suffix), where the planner found that every consumer of the tensor keeps nothing (`+zc` in the report); the slot goes back to the sender when TF frees the tensor. A tensor that was staged or came in chunks is always copied; a value above every tensor (e.g. 1T) turns aliasing off."),
     ("RDMADEV_MAX_TENSOR_BYTES", "2G", "Bytes one tensor of a run-time shape may carry (K/M/G/T suffix): a larger one fails its step with an error naming this variable, and a peer claiming more cannot make the receiver allocate it. Set the same value on every task."),
     ("RDMADEV_CONTROL_PORT_OFFSET", "10000", "rdmadev's control service of a task listens at the task's TF port + this offset (minus it when that passes 65535), on the host of its cluster-spec address."),
     ("RDMADEV_DEVICE", "(auto)", "RDMA device for the verbs fabric (e.g. mlx5_0, rxe0); default: the first device with an ACTIVE port."),
@@ -61,10 +62,16 @@ FABRIC_OPTION_VARIABLES = (
 # the host nor a peer asking for huge regions can take a task's memory (or, on verbs, its pinned
 # pages) from under TF itself.
 DEFAULT_MAX_REGISTERED_BYTES = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
-# Default RDMADEV_DYNAMIC_CAPACITY: a slot holds the rows an embedding lookup of a few thousand
-# unique ids x 64 floats gathers in one or two chunks, and K such slots cost a receiver 2 MiB per
-# dynamic channel.
+# Default RDMADEV_DYNAMIC_CAPACITY: a slot holds the rows an embedding lookup of 4096 unique
+# ids x 64 floats gathers, and K = 2 such slots cost a receiver 2 MiB per dynamic channel.
 DEFAULT_DYNAMIC_CAPACITY = 1 << 20
+# Default RDMADEV_STAGE_BELOW_SLOT_BYTES: where staging a tensor larger than a slot stops paying.
+# A chunk costs a credit round trip (on tcp a frame back and a thread wake-up, ~60 us here) but
+# lets the sender copy chunk i+1 while the receiver copies chunk i; a stage is one transfer, but
+# the receiver reads it only after the sender copied all of it. benchmarks/staged.py, same run,
+# staged time / chunked time on shm and tcp: 0.42-0.92 with 64 KiB slots, 0.95-1.25 with 1 MiB,
+# 1.01-1.75 with 4 MiB (the largest slots growth gives; 8-128 MiB tensors).
+DEFAULT_STAGE_BELOW_SLOT_BYTES = 1 << 20
 # Default RDMADEV_MAX_TENSOR_BYTES: what TF's own gRPC path carries in one tensor message.
 DEFAULT_MAX_TENSOR_BYTES = 2 << 30
 # Suffixes RDMADEV_MAX_REGISTERED_BYTES takes (binary units).
@@ -136,6 +143,7 @@ class Config:
     max_registered_bytes: int = DEFAULT_MAX_REGISTERED_BYTES
     dynamic_capacity: int = DEFAULT_DYNAMIC_CAPACITY
     max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES
+    stage_below_slot_bytes: int = DEFAULT_STAGE_BELOW_SLOT_BYTES
     # None: the planner's default (graph_pass.plan.DEFAULT_ZERO_COPY_MIN_BYTES, where it is
     # explained; not imported here, which would load the planner with every Config).
     zero_copy_min_bytes: object = None
@@ -193,6 +201,8 @@ class Config:
                                        DEFAULT_MAX_REGISTERED_BYTES),
             dynamic_capacity=_size(env, "RDMADEV_DYNAMIC_CAPACITY", DEFAULT_DYNAMIC_CAPACITY),
             max_tensor_bytes=_size(env, "RDMADEV_MAX_TENSOR_BYTES", DEFAULT_MAX_TENSOR_BYTES),
+            stage_below_slot_bytes=_size(env, "RDMADEV_STAGE_BELOW_SLOT_BYTES",
+                                         DEFAULT_STAGE_BELOW_SLOT_BYTES),
             zero_copy_min_bytes=_size(env, "RDMADEV_ZERO_COPY_MIN_BYTES", None),
         )
 

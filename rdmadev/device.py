@@ -103,4 +103,5 @@ def open_domain(name, config=None, fabrics=None, tcp_addr=None):
     return _native(cfg, _core.Domain, name, names, secret=secret,
                    tcp_listen=tcp_addr or cfg.tcp_addr, spin_us=cfg.spin_us, yield_us=cfg.yield_us,
                    fabric_options=cfg.fabric_options(),
-                   max_registered_bytes=cfg.max_registered_bytes)
+                   max_registered_bytes=cfg.max_registered_bytes,
+                   stage_below_slot_bytes=cfg.stage_below_slot_bytes)

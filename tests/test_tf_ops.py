@@ -24,10 +24,9 @@ SLOTS = 2
 @pytest.fixture
 def channel(fabric, secret, request):
     """Returns bind(name, capacity) -> (sender, receiver) bound under `name`. Parametrized
-    indirectly, the sending domain's RDMADEV_MAX_REGISTERED_BYTES (1: it may stage nothing)."""
+    indirectly: Config fields of the sending domain."""
     cfg = rdmadev.Config(fabric=fabric, secret=secret)
-    limit = getattr(request, "param", None)
-    tx_cfg = cfg if limit is None else dataclasses.replace(cfg, max_registered_bytes=limit)
+    tx_cfg = dataclasses.replace(cfg, **getattr(request, "param", {}))
     a, b = rdmadev.open_domain("tx", tx_cfg), rdmadev.open_domain("rx", cfg)
     ab, ba = a.connect(b.address), b.connect(a.address)
     names = []
@@ -210,15 +209,19 @@ def _moved(before):
     return {k: after[k] - before[k] for k in ("received", "staged", "stages")}
 
 
-@pytest.mark.parametrize("channel, path", [(None, "staged"), (1, "chunks")],
-                         indirect=["channel"])
+@pytest.mark.parametrize("channel, path", [
+    ({}, "staged"),
+    ({"max_registered_bytes": 1}, "chunks"),  # no room for a stage
+    ({"stage_below_slot_bytes": 4096}, "chunks"),  # slots not below the setting
+], indirect=["channel"], ids=["staged", "chunks-no-room", "chunks-large-slots"])
 def test_a_tensor_many_times_a_slot_arrives_whole(channel, path):
     """1 MiB through 4 KiB slots (K=2), shapes changing from step to step. Staged: the sender
     copies each tensor larger than a slot into its stage and the receiver reads it from there
     in one go, one transfer each, with one stage registered (the first tensor and a quarter
     more holds the later ones). When the sender's RDMADEV_MAX_REGISTERED_BYTES leaves no room
-    for a stage (here 1 byte), the same tensors stream through the two slots in chunks, the
-    sender waiting for each credit while the receiver copies them into the output."""
+    for a stage (here 1 byte), or its RDMADEV_STAGE_BELOW_SLOT_BYTES is not above the slots,
+    the same tensors stream through the two slots in chunks, the sender waiting for each
+    credit while the receiver copies them into the output."""
     key, _, rx = channel("stream", 4096, rank=2)
     before = _core.transfer_counts()
     for rows in (4096, 1, 1000, 4096):

@@ -27,6 +27,9 @@ struct DomainOptions {
   // Bytes of regions this domain may hold before a stage (stage.h) is refused: the task's
   // RDMADEV_MAX_REGISTERED_BYTES, which the control plane applies to rings (0: no limit).
   uint64_t max_registered_bytes = 0;
+  // A sender stages a dynamic tensor larger than its channel's slots when they hold fewer
+  // bytes than this, else sends it in chunks (RDMADEV_STAGE_BELOW_SLOT_BYTES; 0: never stage).
+  uint64_t stage_below_slot_bytes = 0;
 };
 
 class Domain : public std::enable_shared_from_this<Domain> {

@@ -8,11 +8,15 @@
 // the sender writes into it again only once its credit covers the transfer that named it.
 // So a tensor of any size takes one slot, one write of the record and one read, with no round
 // trip per slot-sized chunk; the receiving task then grows the channel's slots (growth), so
-// later tensors of that size fit a slot again.
+// later tensors of that size fit a slot again. Senders stage only on channels whose slots are
+// smaller than DomainOptions::stage_below_slot_bytes: with larger slots, chunks overlap the
+// sender's and the receiver's copies, which staging cannot (rdmadev/config.py explains the
+// default with the figures).
 //
 // The stage is granted to the receiving task alone, counts against the sending domain's
-// max_registered_bytes, and grows (the tensor and a quarter more) when a larger tensor
-// comes; when the limit forbids a stage, the sender falls back to chunks through the slots.
+// max_registered_bytes, grows (the tensor and a quarter more) when a larger tensor comes and
+// goes with its ring (growth gives the channel a new one); when the limit forbids a stage,
+// the sender falls back to chunks through the slots.
 #pragma once
 
 #include <cstdint>

@@ -55,7 +55,9 @@ REGISTER_OP("RdmadevSend")
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
     .Doc("Writes x into the next slot of rdmadev channel `channel` (one-sided). On a dynamic "
          "channel the slot's shape block carries x's shape, and a tensor larger than a slot "
-         "goes in slot-sized chunks; max_bytes (0: no limit) bounds what it may send. An "
+         "is staged (copied into the channel's stage for the receiver to read), or sent in "
+         "slot-sized chunks when the task's registered-memory limit leaves no room for a "
+         "stage; max_bytes (0: no limit) bounds what it may send. An "
          "owned kernel (a half pair) holds its half of the channel while it lives; the last "
          "one destroyed unbinds it.");
 
@@ -80,8 +82,8 @@ REGISTER_OP("RdmadevRecv")
     })
     .Doc("Waits for the next transfer on rdmadev channel `channel` and outputs it. On a dynamic "
          "channel its shape is the one the sender wrote (compatible with `shape`), at most "
-         "max_bytes (0: no limit) bytes, gathered from as many chunks as it was sent in. With "
-         "zero_copy a tensor of at least zero_copy_min_bytes that came in one slot aliases it "
+         "max_bytes (0: no limit) bytes, read from the sender's stage or gathered from as many "
+         "chunks as it was sent in. With zero_copy a tensor of at least zero_copy_min_bytes that came in one slot aliases it "
          "(the slot goes back to the sender when the tensor is freed). An owned kernel (a "
          "half pair) holds its half of the channel while it lives; the last one destroyed "
          "unbinds it.");
@@ -197,7 +199,7 @@ class SendOp : public AsyncOpKernel {
     }
     std::vector<uint64_t> block;
     const rdmadev::RingLayout& lay = s.ring->layout();
-    if (lay.shape_bytes()) {  // a dynamic channel: the shape travels, large tensors in chunks
+    if (lay.shape_bytes()) {  // a dynamic channel: the shape travels, large tensors staged
       const uint64_t bytes = x.tensor_data().size();
       OP_REQUIRES_ASYNC(ctx, max_bytes_ <= 0 || bytes <= static_cast<uint64_t>(max_bytes_),
                         tensorflow::errors::ResourceExhausted(
@@ -226,10 +228,11 @@ class SendOp : public AsyncOpKernel {
   }
 
  private:
-  // One execution: writes the tensor in one slot, or on a dynamic channel in as many
-  // slot-sized chunks as it needs (the first carrying the shape), each as soon as the
-  // receiver has given a slot back, waiting for credits on the progress thread. When the
-  // channel moves to a larger ring (growth), the marker goes on the old ring first.
+  // One execution: writes the tensor in one slot; on a dynamic channel, one larger than a
+  // slot goes staged (stage.h), or when no stage fits in as many slot-sized chunks as it
+  // needs (the first carrying the shape), each as soon as the receiver has given a slot back.
+  // Credits are waited for on the progress thread. When the channel moves to a larger ring
+  // (growth), the marker goes on the old ring first.
   class Sending : public std::enable_shared_from_this<Sending> {
    public:
     Sending(OpKernelContext* ctx, Tensor x, rdmadev::ChannelRegistry::Sender s,
@@ -297,12 +300,14 @@ class SendOp : public AsyncOpKernel {
     }
 
    private:
-    // Whether this tensor should go staged (stage.h): a dynamic channel's tensor larger than
-    // a slot, whose slots hold a stage record, unless the stage was refused for it.
+    // Whether this tensor goes staged (stage.h): a dynamic channel's tensor larger than a
+    // slot, when the slots hold a stage record but are smaller than the domain's
+    // stage_below_slot_bytes (larger slots pipeline chunks better), and no stage was refused.
     bool Staging() const {
       const auto& lay = s_.ring->layout();
       return !block_.empty() && !chunking_ && x_.tensor_data().size() > lay.capacity &&
-             lay.capacity >= rdmadev::kStageRecordBytes;
+             lay.capacity >= rdmadev::kStageRecordBytes &&
+             lay.capacity < s_.domain->options().stage_below_slot_bytes;
     }
 
     // Copies the tensor into the channel's stage and writes the record; false (chunks

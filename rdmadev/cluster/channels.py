@@ -50,18 +50,18 @@ HALF_PAIRS = "halves"
 #: Label of the regions grown channels move to.
 GROWN = "grown"
 
-#: A grown channel's slots hold the largest tensor that arrived in chunks plus 1/GROWTH_HEADROOM
+#: A grown channel's slots hold the largest tensor that was staged (or chunked) plus 1/GROWTH_HEADROOM
 #: of it, rounded up to GROWTH_ALIGN bytes: sizes that creep up (sequences of varying length)
 #: then re-register a logarithmic number of times, and a ring wastes at most a quarter.
 GROWTH_HEADROOM = 4
 GROWTH_ALIGN = 64 << 10
-#: Slots grow to at most this many bytes; larger tensors keep going in chunks of it. The
-#: receiver copies a chunked tensor out of its slots: two slots of a few MiB stay in the
-#: last-level cache (32 MiB here) while chunks stream through them, and a channel does not
-#: register twice its largest tensor (alexnet's 150 MB gradient at 224 px: 380 MB per worker
-#: on the ps). Against unbounded growth, the same hour, neither tf_cnn_benchmarks alexnet
-#: (1.27x against 1.23x gRPC) nor cnn.py --between_graph alexnet (1.89x against 1.95x) moved
-#: beyond the noise (BENCHMARKS.md, "Between-graph").
+#: Slots grow to at most this many bytes; larger tensors keep being staged (stage.h). A ring
+#: has two slots, so unbounded growth would register twice the largest tensor on the receiver
+#: (alexnet's 150 MB gradient at 224 px: 380 MB per worker on the ps) where a stage registers
+#: it and a quarter once, on the sender. Against unbounded growth, the same hour (when larger
+#: tensors went in chunks of this size), neither tf_cnn_benchmarks alexnet (1.27x against
+#: 1.23x gRPC) nor cnn.py --between_graph alexnet (1.89x against 1.95x) moved beyond the noise
+#: (BENCHMARKS.md, "Between-graph").
 GROWTH_MAX_SLOT = 4 << 20
 
 #: Seconds between two looks for dead peers (their halves are then unbound): how long a dead
@@ -466,8 +466,9 @@ class ChannelTable:
 
     # -- growth --
     #
-    # A dynamic channel's tensor larger than its slots arrives in chunks, one round trip
-    # each; the wait kernel records its size (RingReceiver::Want). The receiving task's
+    # A dynamic channel's tensor larger than its slots is staged by its sender and read (or,
+    # with no room for a stage, comes in chunks); the wait kernel records its size
+    # (RingReceiver::Want). The receiving task's
     # watcher then moves the channel to a ring whose slots hold it (channel.h, "Growth"):
     #
     #     receiver: allocates the larger ring
@@ -480,12 +481,12 @@ class ChannelTable:
 
     def _grow_channels(self):
         """Moves every receiving half here whose tensors outgrew its slots to a larger ring
-        (up to GROWTH_MAX_SLOT); one that cannot grow keeps its slots (a WARNING says why)
-        and its chunks."""
+        (up to GROWTH_MAX_SLOT); one that cannot grow keeps its slots (a WARNING says why),
+        and its larger tensors go on staged."""
         for g in _core.growing_channels(self.domain):
             if g["key"] in self.not_grown or self.closing.is_set():
                 continue
-            if g["capacity_bytes"] >= GROWTH_MAX_SLOT:  # chunks of its size are as fast
+            if g["capacity_bytes"] >= GROWTH_MAX_SLOT:  # larger tensors stay staged
                 self.not_grown.add(g["key"])
                 continue
             try:
@@ -493,7 +494,7 @@ class ChannelTable:
             except Exception as e:
                 self.not_grown.add(g["key"])
                 log.warning("rdmadev: channel %s from %s keeps its %d-byte slots, and its "
-                            "tensors of up to %d bytes go in chunks: %s", g["key"], g["peer"],
+                            "tensors of up to %d bytes go staged: %s", g["key"], g["peer"],
                             g["capacity_bytes"], g["wanted"], e)
 
     def _grow(self, g):
@@ -509,8 +510,8 @@ class ChannelTable:
         size = round_up(g["slots"] * slot, REGION_ALIGNMENT)
         self._open_pair(GROWN, {"sender": g["peer"], "bytes": size, "channels": [channel]},
                         attach="attach_grown")
-        log.info("rdmadev: channel %s from %s moved to %d-byte slots (tensors of %d bytes came "
-                 "in chunks of %d)", g["key"], g["peer"], capacity, wanted, g["capacity_bytes"])
+        log.info("rdmadev: channel %s from %s moved to %d-byte slots (tensors of %d bytes did "
+                 "not fit its %d)", g["key"], g["peer"], capacity, wanted, g["capacity_bytes"])
 
     def attach_grown(self, r):
         """attach_senders for the larger ring of channels this task sends to
@@ -620,12 +621,13 @@ class ChannelTable:
 
         Returns:
             ``{"channels", "senders", "receivers", "regions", "registered_bytes",
-            "transfers", "sent", "received", "discarded", "abandoned", "grown", "waits", "fds",
-            "memfd_maps", "notices", "peers", "silent_peers", "py_threads"}``: channel halves bound here, regions and their bytes in
+            "transfers", "sent", "received", "discarded", "abandoned", "grown", "staged", "stages",
+            "waits", "fds", "memfd_maps", "notices", "peers", "silent_peers", "py_threads"}``:
+            channel halves bound here, regions and their bytes in
             this task's Domain, transfers completed by this process (of the received, those a
             failed step left behind and that were discarded unread; receives that ended
             without a transfer), larger rings registered for channels whose tensors outgrew
-            their slots (growth), waits pending on the progress thread, open file descriptors,
+            their slots (growth), tensors sent staged and the stages registered for them, waits pending on the progress thread, open file descriptors,
             mappings of rdmadev memfds (its own regions and peers' mapped here), release
             requests sent to peers and failed, the peer tasks this task has endpoints to and
             those marked silent (liveness.py), Python threads (rdmadev's own: control

@@ -578,8 +578,8 @@ def growing(mode):
 def profile(mode, cluster):
     """A step whose transfers are known (a 1 MiB variable read ps -> worker, copied out as its
     consumer, ReverseV2, is not one that keeps nothing; 3.2 MB of tf.unique'd ids worker -> ps
-    on a dynamic channel of 1 MiB slots: staged and read by ps the first time, then in one
-    slot once ps grew the channel, aliased by its consumer Sum), run while TF's profiler traces every task; returns
+    on a dynamic channel of 1 MiB slots: in 1 MiB chunks the first time, then in one slot
+    once ps grew the channel, aliased by its consumer Sum), run while TF's profiler traces every task; returns
     what the trace says each channel moved."""
     from rdmadev.tf import profile as prof
     import tempfile
@@ -601,7 +601,7 @@ def profile(mode, cluster):
     before = rdmadev.counters()[PS] if mode == "rdmadev" else None
     first = [float(t) for t in fn(ids)]
     first_chunks = grown = 0
-    if mode == "rdmadev":  # the ids came staged: ps moves their channel to larger slots
+    if mode == "rdmadev":  # the ids came in 4 chunks: ps moves their channel to larger slots
         after = rdmadev.counters()[PS]
         first_chunks = after["received"] - before["received"]
         deadline = time.monotonic() + GROWTH_WAIT_S

@@ -327,11 +327,12 @@ def test_every_swapped_transfer_is_on_tfs_profiler_timeline(cluster):
     assert read_recv["peer"] == "/job:ps/replica:0/task:0"
     assert read_send["phases"] == {"write": read_send["n"]}
     assert read_recv["phases"] == {"wait_data": read_recv["n"], "copy": read_recv["n"]}
-    # The unique'd ids: 400,000 int64 on a dynamic channel of 1 MiB slots, so staged (one
-    # transfer, read by ps) the first time; ps then grew the channel (before the trace), so
-    # one slot each, aliased by Sum (the report's shm+zc).
+    # The unique'd ids: 400,000 int64 on a dynamic channel of 1 MiB slots (not below
+    # RDMADEV_STAGE_BELOW_SLOT_BYTES, so not staged), so 4 chunks (gathered by copies) the first
+    # time; ps then grew the channel (before the trace), so one slot each, aliased by Sum (the
+    # report's shm+zc).
     assert re.search(r"^\s*shm\+zc\s.*Unique DT_INT64 run-time shape$", rdma["report"], re.M), rdma["report"]
-    assert rdma["first_chunks"] == 1 and rdma["grown"] == 1
+    assert rdma["first_chunks"] == 4 and rdma["grown"] == 1
     ids_send, ids_recv = by_side["worker:0 send"], by_side["ps:0 recv"]
     assert ids_send["bytes"] == ids_recv["bytes"] == [3200000]
     assert ids_send["chunks"] == ids_recv["chunks"] == [1]

@@ -53,6 +53,7 @@ cdef extern from "domain.h" namespace "rdmadev":
         map[string, string] fabric_options
         WaitPolicy wait
         uint64_t max_registered_bytes
+        uint64_t stage_below_slot_bytes
 
     cdef cppclass Domain:
         @staticmethod

@@ -78,11 +78,13 @@ cdef class Domain(Handle):
             validates its own keys (see rdmadev.Config.fabric_options()).
         max_registered_bytes: region bytes past which a channel's sender stages no tensor
             (it sends in chunks instead); 0: no limit (RDMADEV_MAX_REGISTERED_BYTES).
+        stage_below_slot_bytes: a channel's sender stages a tensor larger than its slots when
+            they hold fewer bytes than this; 0: never (RDMADEV_STAGE_BELOW_SLOT_BYTES).
     """
 
     def __cinit__(self, name, fabrics, secret=b"", tcp_listen="127.0.0.1:0",
                   double spin_us=20, double yield_us=200, fabric_options=None,
-                  uint64_t max_registered_bytes=0):
+                  uint64_t max_registered_bytes=0, uint64_t stage_below_slot_bytes=0):
         self._rings, self._endpoints, self._regions = (
             weakref.WeakSet(), weakref.WeakSet(), weakref.WeakSet())
         cdef DomainOptions o
@@ -93,6 +95,7 @@ cdef class Domain(Handle):
             o.fabrics.push_back(as_bytes(f))
         o.tcp_listen = as_bytes(tcp_listen)
         o.max_registered_bytes = max_registered_bytes
+        o.stage_below_slot_bytes = stage_below_slot_bytes
         o.wait.spin_ns = <uint64_t>(spin_us * 1000)
         o.wait.yield_ns = <uint64_t>(yield_us * 1000)
         self.policy = o.wait
