@@ -31,16 +31,26 @@ StageRecord StageRecord::Decode(const uint8_t* bytes, uint64_t n) {
   return r;
 }
 
-std::shared_ptr<Region> Stage::Room(const std::shared_ptr<Domain>& domain, uint64_t len) {
+std::shared_ptr<Region> Stage::Room(const std::shared_ptr<Domain>& domain, uint64_t len,
+                                    const std::string& channel) {
   std::lock_guard<std::mutex> lock(mu_);
   if (region_ && region_->size() >= len) return region_;
+  if (failed_) return nullptr;
   const uint64_t size = RoundUp(len + len / kStageHeadroom, kPageSize);
   const uint64_t limit = domain->options().max_registered_bytes;
   const uint64_t had = region_ ? region_->size() : 0;
   if (limit && domain->RegionStats().second - had + size > limit) return nullptr;
   lease_.reset();  // the old stage goes first: it counts against the limit too
   region_.reset();
-  auto region = domain->Allocate(size, "stage");
+  std::shared_ptr<Region> region;
+  try {
+    region = domain->Allocate(size, "stage");
+  } catch (const Error& e) {
+    failed_ = true;
+    LogEvent("channel " + channel + ": no stage of " + std::to_string(size) +
+             " bytes, its tensors larger than a slot go in chunks: " + e.what());
+    return nullptr;
+  }
   region->Grant(reader_.empty() ? kAnyPeer : reader_);
   lease_ = LeaseRegion(domain, region);
   region_ = std::move(region);

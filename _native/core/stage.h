@@ -56,8 +56,11 @@ class Stage {
   explicit Stage(std::string reader) : reader_(std::move(reader)) {}
   // A region of at least `len` bytes for the next staged transfer: the current stage, or a
   // larger one that replaces it (the old one goes: its transfer is credited). Null when the
-  // domain's max_registered_bytes leaves no room for it. Throws kRegion when allocation fails.
-  std::shared_ptr<Region> Room(const std::shared_ptr<Domain>& domain, uint64_t len);
+  // domain's max_registered_bytes leaves no room for it, or for good once allocating one
+  // failed (e.g. verbs could not pin it under RLIMIT_MEMLOCK), which is logged once, naming
+  // `channel`: the sender then uses chunks, which need no memory of their own.
+  std::shared_ptr<Region> Room(const std::shared_ptr<Domain>& domain, uint64_t len,
+                               const std::string& channel);
   // The transfer that last named the stage: it is free once the sender's credit reaches it.
   uint64_t busy() const;
   void set_busy(uint64_t n);
@@ -68,6 +71,7 @@ class Stage {
   std::shared_ptr<Region> region_;
   std::shared_ptr<void> lease_;  // releases region_ from its domain with the stage
   uint64_t busy_ = 0;
+  bool failed_ = false;  // allocating a stage failed: no more attempts
 };
 
 // The receiving half's side: reads a staged tensor, attaching the sender's stage once (again

@@ -55,9 +55,10 @@ REGISTER_OP("RdmadevSend")
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
     .Doc("Writes x into the next slot of rdmadev channel `channel` (one-sided). On a dynamic "
          "channel the slot's shape block carries x's shape, and a tensor larger than a slot "
-         "is staged (copied into the channel's stage for the receiver to read), or sent in "
-         "slot-sized chunks when the task's registered-memory limit leaves no room for a "
-         "stage; max_bytes (0: no limit) bounds what it may send. An "
+         "is staged (copied into the channel's stage for the receiver to read) when the slots "
+         "are below the task's RDMADEV_STAGE_BELOW_SLOT_BYTES and its registered-memory limit "
+         "leaves room, else sent in slot-sized chunks; max_bytes (0: no limit) bounds what it "
+         "may send. An "
          "owned kernel (a half pair) holds its half of the channel while it lives; the last "
          "one destroyed unbinds it.");
 
@@ -83,8 +84,8 @@ REGISTER_OP("RdmadevRecv")
     .Doc("Waits for the next transfer on rdmadev channel `channel` and outputs it. On a dynamic "
          "channel its shape is the one the sender wrote (compatible with `shape`), at most "
          "max_bytes (0: no limit) bytes, read from the sender's stage or gathered from as many "
-         "chunks as it was sent in. With zero_copy a tensor of at least zero_copy_min_bytes that came in one slot aliases it "
-         "(the slot goes back to the sender when the tensor is freed). An owned kernel (a "
+         "chunks as it was sent in. With zero_copy a tensor of at least zero_copy_min_bytes "
+         "that came in one slot aliases it (the slot goes back to the sender when the tensor is freed). An owned kernel (a "
          "half pair) holds its half of the channel while it lives; the last one destroyed "
          "unbinds it.");
 
@@ -229,8 +230,8 @@ class SendOp : public AsyncOpKernel {
 
  private:
   // One execution: writes the tensor in one slot; on a dynamic channel, one larger than a
-  // slot goes staged (stage.h), or when no stage fits in as many slot-sized chunks as it
-  // needs (the first carrying the shape), each as soon as the receiver has given a slot back.
+  // slot goes staged (stage.h) or in as many slot-sized chunks as it needs (the first
+  // carrying the shape), each as soon as the receiver has given a slot back.
   // Credits are waited for on the progress thread. When the channel moves to a larger ring
   // (growth), the marker goes on the old ring first.
   class Sending : public std::enable_shared_from_this<Sending> {
@@ -311,17 +312,11 @@ class SendOp : public AsyncOpKernel {
     }
 
     // Copies the tensor into the channel's stage and writes the record; false (chunks
-    // instead) when the task's registered-memory limit leaves no room for the stage.
+    // instead) when the channel has no stage for it (Stage::Room).
     bool SendStaged() {
       const auto data = x_.tensor_data();
       const int64_t since = trace_.Mark();
-      std::shared_ptr<rdmadev::Region> stage;
-      try {
-        stage = s_.stage->Room(s_.domain, data.size());
-      } catch (const rdmadev::Error& e) {  // e.g. verbs could not pin it (RLIMIT_MEMLOCK)
-        rdmadev::LogEvent("channel " + channel_ + ": no stage for a tensor of " +
-                          std::to_string(data.size()) + " bytes, it goes in chunks: " + e.what());
-      }
+      std::shared_ptr<rdmadev::Region> stage = s_.stage->Room(s_.domain, data.size(), channel_);
       if (!stage) {
         chunking_ = true;
         return false;
