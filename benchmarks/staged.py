@@ -35,21 +35,6 @@ def _mib(text):
     return int(float(text[:-1]) * unit) if unit else int(float(text) * MIB)
 
 
-def _channel(tx, rx, key, slot_bytes):
-    """Binds a dynamic channel (rank 1, 2 slots of `slot_bytes`) from domain tx to rx."""
-    import rdmadev
-    from graph_pass.layout import slot_bytes as layout_of
-    sb, payload = layout_of(slot_bytes, 1)
-    layout = rdmadev.RingLayout(2, sb, payload, slot_bytes, 0)
-    ring, credit = rx.allocate(layout.bytes), tx.allocate(rdmadev.CREDIT_BYTES)
-    to_rx, to_tx = tx.connect(rx.address), rx.connect(tx.address)
-    sender = rdmadev.RingSender(to_rx, to_rx.attach(ring.descriptor), layout, credit)
-    receiver = rdmadev.RingReceiver(ring, layout, to_tx, to_tx.attach(credit.descriptor))
-    sender.bind(key)
-    receiver.bind(key)
-    return sender, receiver
-
-
 def _trial(key, x, count):
     """Seconds to move `count` tensors `x` through channel `key` (sent from a thread)."""
     import tensorflow as tf
@@ -91,6 +76,7 @@ def main():
     import tensorflow as tf
     import rdmadev
     from rdmadev import _core
+    from rdmadev.testing.pair import bind_local, ring_layout
 
     secret = os.urandom(16)
     print(f"{'fabric':6} {'slot':>5} {'MiB':>5} {'staged ms':>22} {'chunks ms':>22} "
@@ -101,8 +87,9 @@ def main():
         staging = rdmadev.open_domain("tx:0", dataclasses.replace(cfg, stage_below_slot_bytes=1 << 40))
         chunking = rdmadev.open_domain("tx:1", dataclasses.replace(cfg, stage_below_slot_bytes=0))
         keys = {"staged": f"bench-staged-{fabric}", "chunks": f"bench-chunks-{fabric}"}
-        _channel(staging, rx, keys["staged"], _mib(slot))
-        _channel(chunking, rx, keys["chunks"], _mib(slot))
+        layout = ring_layout(2, _mib(slot), rank=1)  # a dynamic channel's two slots
+        bind_local(staging, rx, keys["staged"], layout)
+        bind_local(chunking, rx, keys["chunks"], layout)
         try:
             for mib in (float(s) for s in args.sizes.split(",")):
                 if mib * MIB <= _mib(slot):

@@ -2,20 +2,12 @@
 peer's Domain and the regions, endpoints and remote regions it made, by key."""
 import numpy as np
 
-from graph_pass.layout import slot_bytes
-from rdmadev import RingLayout
+from rdmadev.testing.pair import ring_layout
 
 
 def pattern(n, seed):
     """n deterministic bytes for `seed` (both processes compute the same)."""
     return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
-
-
-def ring_layout(slots, capacity, offset=0, rank=None):
-    """The plan's layout of a ring of `slots` slots of `capacity` payload bytes (with a shape
-    block of `rank` dims: a dynamic channel)."""
-    sb, payload_offset = slot_bytes(capacity, rank)
-    return RingLayout(slots, sb, payload_offset, capacity, offset)
 
 
 def alloc(state, key, size, grant=("*",)):

@@ -4,7 +4,8 @@ import pytest
 
 import rdmadev
 from rdmadev import _core
-from remote_ops import pattern, ring_layout
+from rdmadev.testing.pair import ring_layout
+from remote_ops import pattern
 
 SEED = 1000
 

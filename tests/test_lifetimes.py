@@ -9,7 +9,7 @@ import weakref
 import pytest
 
 import rdmadev
-from remote_ops import ring_layout
+from rdmadev.testing.pair import ring_layout
 
 
 @pytest.fixture

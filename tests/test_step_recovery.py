@@ -14,7 +14,7 @@ tf = pytest.importorskip("tensorflow")
 import rdmadev  # noqa: E402
 from rdmadev import _core  # noqa: E402
 from rdmadev.tf import ops  # noqa: E402
-from remote_ops import ring_layout  # noqa: E402
+from rdmadev.testing.pair import ring_layout  # noqa: E402
 from tf_steps import failed_as_planned, fails_when_run, failure_of_cancelled  # noqa: E402
 
 SLOTS = 2

@@ -14,8 +14,8 @@ tf = pytest.importorskip("tensorflow")
 
 import rdmadev  # noqa: E402
 from rdmadev import _core  # noqa: E402
+from rdmadev.testing.pair import bind_local, ring_layout  # noqa: E402
 from rdmadev.tf import ops  # noqa: E402
-from remote_ops import ring_layout  # noqa: E402
 from tf_steps import failed_as_planned, fails_when_run, failure_of_cancelled  # noqa: E402
 
 SLOTS = 2
@@ -28,18 +28,11 @@ def channel(fabric, secret, request):
     cfg = rdmadev.Config(fabric=fabric, secret=secret)
     tx_cfg = dataclasses.replace(cfg, **getattr(request, "param", {}))
     a, b = rdmadev.open_domain("tx", tx_cfg), rdmadev.open_domain("rx", cfg)
-    ab, ba = a.connect(b.address), b.connect(a.address)
     names = []
 
     def bind(name, capacity, rank=None, slots=SLOTS):
-        layout = ring_layout(slots, capacity, rank=rank)
-        ring = b.allocate(layout.bytes)
-        credit = a.allocate(rdmadev.CREDIT_BYTES)
-        tx = rdmadev.RingSender(ab, ab.attach(ring.descriptor), layout, credit)
-        rx = rdmadev.RingReceiver(ring, layout, ba, ba.attach(credit.descriptor))
         key = f"{request.node.name}:{name}"
-        tx.bind(key)
-        rx.bind(key)
+        tx, rx = bind_local(a, b, key, ring_layout(slots, capacity, rank=rank))
         names.append(key)
         return key, tx, rx
 
@@ -184,19 +177,25 @@ def test_a_dynamic_channel_carries_the_shape(channel, dtype, shape, planned):
     assert rx.held == 0
 
 
-def _through(key, x, dtype, shape, timeout_s=30):
-    """Sends `x` from a thread (a chunked send waits for the receiver's credits) and receives
-    it here."""
+def _sending(x, key, timeout_s=30):
+    """Starts sending `x` on channel `key` from a thread (a send may wait for the receiver's
+    credits); returns (thread, errors it raised)."""
     errors = []
 
     def send():
         try:
             ops.send(x, key, timeout_s=timeout_s)
-        except Exception as e:  # reported below, with the receiver's outcome
+        except Exception as e:  # reported by the caller, with the receiver's outcome
             errors.append(e)
 
     sender = threading.Thread(target=send, daemon=True)
     sender.start()
+    return sender, errors
+
+
+def _through(key, x, dtype, shape, timeout_s=30):
+    """Sends `x` from a thread and receives it here."""
+    sender, errors = _sending(x, key, timeout_s)
     y = ops.recv(dtype, shape, key, timeout_s=timeout_s)
     sender.join(timeout_s)
     assert not sender.is_alive() and not errors, errors
@@ -242,22 +241,33 @@ def test_a_stage_is_not_written_again_before_the_receiver_read_it(channel):
     key, _, rx = channel("busy", 4096, rank=1)
     first, second = tf.fill([4096], 1.0), tf.fill([4096], 2.0)
     ops.send(first, key)
-    errors = []
-
-    def send():
-        try:
-            ops.send(second, key)
-        except Exception as e:  # reported below
-            errors.append(e)
-
-    sender = threading.Thread(target=send, daemon=True)
-    sender.start()
+    sender, errors = _sending(second, key)
     sender.join(0.5)  # gives a sender that would not wait the time to overwrite the stage
     np.testing.assert_array_equal(ops.recv(tf.float32, [None], key).numpy(), first.numpy())
     sender.join(30)
     assert not sender.is_alive() and not errors, errors
     np.testing.assert_array_equal(ops.recv(tf.float32, [None], key).numpy(), second.numpy())
     assert rx.held == 0
+
+
+def _block(dims):
+    """A shape block claiming `dims` (rank first), as a sender writes it."""
+    return struct.pack(f"<{len(dims)}Q", *dims)
+
+
+def _refused_unallocated(key, rx, write, error, match):
+    """`write()` puts a hostile transfer on channel `key`: its receive fails with `error`
+    matching `match`, without allocating what was claimed (maxrss), holds no slot, and the
+    channel carries the next tensor."""
+    import resource
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    write()
+    with pytest.raises(error, match=match):
+        ops.recv(tf.float32, [None], key, max_bytes=1 << 20)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 * 1024  # KiB
+    assert rx.held == 0
+    ops.send(tf.ones([3]), key)
+    np.testing.assert_array_equal(ops.recv(tf.float32, [None], key).numpy(), np.ones(3))
 
 
 def _record(region, offset, length):
@@ -279,17 +289,10 @@ def test_a_staged_record_that_does_not_add_up_is_refused(channel, record, shape,
     """A sender that writes its own stage records (no TF op in between): the receiver checks
     the record against the shape and the stage before it reads or allocates anything, and
     the channel carries the next tensor."""
-    import resource
     key, tx, rx = channel("record", 256, rank=1)
     stage = channel.sender_domain.allocate(8192)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    tx.send_record(record(stage), shape_block=struct.pack(f"<{len(shape)}Q", *shape))
-    with pytest.raises(error, match=match):
-        ops.recv(tf.float32, [None], key, max_bytes=1 << 20)
-    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 * 1024  # KiB
-    assert rx.held == 0
-    ops.send(tf.ones([3]), key)
-    np.testing.assert_array_equal(ops.recv(tf.float32, [None], key).numpy(), np.ones(3))
+    _refused_unallocated(key, rx, lambda: tx.send_record(record(stage), shape_block=_block(shape)),
+                         error, match)
 
 
 def test_a_dynamic_tensor_past_the_limit_is_refused_by_the_sender(channel):
@@ -310,18 +313,10 @@ def test_a_peer_claiming_a_huge_shape_cannot_make_the_receiver_allocate_it(
         channel, claim, error, match):
     """A sender that writes its own shape block (no TF op in between): the receiver refuses
     the claim before allocating anything, and the channel carries the next tensor."""
-    import resource
-    import struct
     key, tx, rx = channel("claim", 256, rank=4)
     src = channel.sender_domain.allocate(4096)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    tx.send(src, 0, 64, shape_block=struct.pack(f"<{len(claim)}Q", *claim))
-    with pytest.raises(error, match=match):
-        ops.recv(tf.float32, [None], key, max_bytes=1 << 20)
-    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 * 1024  # KiB
-    assert rx.held == 0
-    ops.send(tf.ones([3]), key)
-    np.testing.assert_array_equal(ops.recv(tf.float32, [None], key).numpy(), np.ones(3))
+    _refused_unallocated(key, rx, lambda: tx.send(src, 0, 64, shape_block=_block(claim)),
+                         error, match)
 
 
 def test_unsupported_dtype_and_missing_channel(channel):

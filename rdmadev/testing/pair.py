@@ -14,7 +14,7 @@ from graph_pass.layout import slot_bytes
 from .._core import CREDIT_BYTES, RingLayout, RingReceiver, RingSender
 from ..errors import DeadlineExceeded, PeerLostError
 
-__all__ = ["spawn", "ring_layout", "ring_receiver", "ring_sender", "recv", "stop"]
+__all__ = ["spawn", "ring_layout", "ring_receiver", "ring_sender", "bind_local", "recv", "stop"]
 
 
 def spawn(target, *args):
@@ -57,10 +57,25 @@ def stop(proc, conn=None, timeout=10.0):
         proc.join(timeout)
 
 
-def ring_layout(slots, capacity):
-    """The layout a plan would give a static channel of `capacity` bytes (graph_pass.layout)."""
-    stride, payload_offset = slot_bytes(capacity)
-    return RingLayout(slots, stride, payload_offset, capacity)
+def ring_layout(slots, capacity, offset=0, rank=None):
+    """The layout a plan would give a channel of `slots` slots of `capacity` payload bytes at
+    `offset` of its region: a static one, or with `rank` a dynamic one whose shape block holds
+    that many dims (graph_pass.layout)."""
+    stride, payload_offset = slot_bytes(capacity, rank)
+    return RingLayout(slots, stride, payload_offset, capacity, offset)
+
+
+def bind_local(tx, rx, key, layout):
+    """Sets up a channel laid out by `layout` from Domain `tx` to Domain `rx`, both of this
+    process, and binds both halves under `key` for the TF ops (no control plane: a channel
+    bound by hand). Returns (RingSender, RingReceiver); unbind with _core.unbind_channel(key)."""
+    ring, credit = rx.allocate(layout.bytes, label="ring"), tx.allocate(CREDIT_BYTES, label="credit")
+    to_rx, to_tx = tx.connect(rx.address), rx.connect(tx.address)
+    sender = RingSender(to_rx, to_rx.attach(ring.descriptor), layout, credit)
+    receiver = RingReceiver(ring, layout, to_tx, to_tx.attach(credit.descriptor))
+    sender.bind(key)
+    receiver.bind(key)
+    return sender, receiver
 
 
 def ring_receiver(domain, conn, slots, capacity, fabric="auto", epoch=0, timeout=60.0, proc=None):

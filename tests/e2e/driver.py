@@ -559,18 +559,19 @@ def growing(mode):
     worker = lambda: rdmadev.counters()[W0]  # noqa: E731
     for i, (n, wait) in enumerate([(3000, True), (3000, False), (2000, False), (100000, True),
                                    (100000, False), (0, False), (90000, False)]):
-        before = (ps(), worker()) if mode == "rdmadev" else None
+        if mode == "rdmadev":
+            before, before_worker = ps(), worker()
         values.append(float(fn(tf.constant(n), tf.constant(1.0 + i / 8))))
         if mode != "rdmadev":
             continue
         after = ps()
         deadline = time.monotonic() + GROWTH_WAIT_S
-        while wait and after["grown"] == before[0]["grown"] and time.monotonic() < deadline:
+        while wait and after["grown"] == before["grown"] and time.monotonic() < deadline:
             time.sleep(0.1)
             after = ps()
-        chunks.append(after["received"] - before[0]["received"])
-        grown.append(after["grown"] - before[0]["grown"])
-        staged.append(worker()["staged"] - before[1]["staged"])
+        chunks.append(after["received"] - before["received"])
+        grown.append(after["grown"] - before["grown"])
+        staged.append(worker()["staged"] - before_worker["staged"])
     return {"values": values, "chunks": chunks, "grown": grown, "staged": staged,
             "report": fn.report if mode == "rdmadev" else ""}
 
@@ -579,8 +580,8 @@ def profile(mode, cluster):
     """A step whose transfers are known (a 1 MiB variable read ps -> worker, copied out as its
     consumer, ReverseV2, is not one that keeps nothing; 3.2 MB of tf.unique'd ids worker -> ps
     on a dynamic channel of 1 MiB slots: in 1 MiB chunks the first time, then in one slot
-    once ps grew the channel, aliased by its consumer Sum), run while TF's profiler traces every task; returns
-    what the trace says each channel moved."""
+    once ps grew the channel, aliased by its consumer Sum), run while TF's profiler traces
+    every task; returns what the trace says each channel moved."""
     from rdmadev.tf import profile as prof
     import tempfile
 

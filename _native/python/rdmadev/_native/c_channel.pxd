@@ -19,7 +19,6 @@ cdef extern from "channel.h" namespace "rdmadev":
     uint64_t kShapeRankOffset
     uint64_t kShapeDimsOffset
     uint64_t kShapeDimBytes
-    uint64_t kStageRecordBytes
 
     cdef cppclass RingLayout:
         uint32_t slots
