@@ -388,6 +388,7 @@ def test_monitored_training_session_with_a_global_step_trains_as_on_grpc():
 
 
 @pytest.mark.tf
+@pytest.mark.slow
 def test_monitored_training_session_recovers_from_a_killed_ps():
     """kill -9 of a ps mid-job, then the ps started again: MonitoredTrainingSession sees the
     run fail (rdmadev's error for a lost peer is TF's UnavailableError, which it recovers

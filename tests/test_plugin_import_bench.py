@@ -5,9 +5,13 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: Three TF imports of 3-6 s each, with headroom for a loaded machine.
 TIMEOUT_S = 240
+
+pytestmark = pytest.mark.slow
 
 
 def test_plugin_import_one_round():

@@ -17,6 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT_S = 600
 
 
+@pytest.mark.slow
 def test_a_short_soak_is_flat(tmp_path):
     out = tmp_path / "soak.json"
     p = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "soak.py"), "--steps",
