@@ -217,16 +217,24 @@ class VerbsEndpoint : public Endpoint {
   void Close() override {
     closing_.store(true, std::memory_order_release);  // ends a transfer waiting below
     std::lock_guard<std::mutex> lock(mu_);
-    std::lock_guard<std::mutex> state(state_mu_);
-    if (closed_) return;
-    closed_ = true;
+    bool broken;
+    {
+      // Closed from here on: Alive answers "closed" at once instead of waiting out the drain.
+      std::lock_guard<std::mutex> state(state_mu_);
+      if (closed_) return;
+      closed_ = true;
+      broken = !broken_.empty();
+    }
     // Writes still on the wire land first (their callers were told they were sent), unless
     // the queue pair failed or the peer is gone.
     Deadline drain = Deadline::After(kDrainSeconds);
-    while (broken_.empty() && !pending_.empty() && !drain.passed() && !PeerHungUp(fd_)) {
+    while (!broken && !pending_.empty() && !drain.passed() && !PeerHungUp(fd_)) {
       std::string error;
       if (!PollLocked(&error, "write")) std::this_thread::sleep_for(std::chrono::microseconds(100));
-      if (!error.empty()) broken_ = error;
+      if (!error.empty()) {
+        MarkBroken(error);
+        broken = true;
+      }
     }
     qp_.reset();  // QP (then its CQ) before the staging's registration
     if (staging_mr_) mem_->DeregisterBuffer(staging_mr_);
