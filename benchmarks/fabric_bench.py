@@ -28,6 +28,7 @@ benchmarks/cnn.py --netns.
 import argparse
 import collections
 import contextlib
+import dataclasses
 import json
 import os
 import platform
@@ -66,7 +67,10 @@ def _netns():
 
 
 def _config(fabric, host, secret):
-    return rdmadev.Config(fabric=fabric, secret=secret, tcp_addr=f"{host}:0")
+    """The environment's settings (RDMADEV_SPIN_US, RDMADEV_YIELD_US, ...) with this run's
+    fabric, secret and address."""
+    return dataclasses.replace(rdmadev.Config.from_env(), fabric=fabric, secret=secret,
+                               tcp_addr=f"{host}:0")
 
 
 # Bandwidth rings hold at least this many bytes (K = max(2, RING_BYTES / size) slots):

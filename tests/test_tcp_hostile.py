@@ -2,6 +2,7 @@
 changes, the serving process survives and keeps serving a well-behaved peer."""
 import hashlib
 import os
+import socket
 import struct
 import time
 
@@ -222,3 +223,40 @@ def test_a_flood_of_failed_handshakes_logs_a_bounded_number_of_lines(victim):
     assert [l for l in logged if "failed handshakes" in l and "leaving out the rest" in l], logged
     assert len(logged) == budget + 1, logged
     _still_serves(victim)
+
+
+def test_frames_in_pieces_at_any_pace_all_apply():
+    """The server's receiver polls between frames while frames keep coming and blocks once
+    they stop (tcp.cc, PollGate). With a 5 ms poll budget, frames cut into pieces arrive back
+    to back, then 1 ms apart (pieces land while it polls), then 12 ms apart (polls miss, the
+    gate closes, reads block), then back to back again: each applies whole and in order."""
+    cfg = rdmadev.Config(fabric="tcp", secret=SECRET, spin_us=5000)
+    with rdmadev.open_domain("paced", cfg) as dom:
+        region = dom.allocate(SIZE, label="paced", grant=["intruder"])
+        rid, _, rkey = tc.parse_desc(region.descriptor)
+        region.store(0, 0)
+        s, ok = tc.connect(dom.address, SECRET)
+        assert ok
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        slots, length, base = 10, 384, 128  # payloads after the signal words
+        payload = lambda k: bytes((k * 7 + i) % 256 for i in range(length))  # noqa: E731
+        seq = 0
+        for phase, (frames, pause_s) in enumerate(((40, 0.0), (12, 0.001), (12, 0.012), (40, 0.0))):
+            for _ in range(frames):
+                seq += 1
+                data = tc.frame(tc.OP_WRITE, rid, rkey, base + (seq % slots) * length, length,
+                                payload(seq), signal=(0, seq, seq))
+                cuts = (0, 30, tc.FRAME.size + 100, len(data))  # inside the header, the payload
+                for a, b in zip(cuts, cuts[1:]):
+                    time.sleep(pause_s)
+                    s.sendall(data[a:b])
+                if pause_s:
+                    assert region.wait(0, seq, timeout=30) == seq, f"phase {phase}"
+            assert region.wait(0, seq, timeout=30) == seq, f"phase {phase}"
+            assert region.load(8) == seq
+            view = memoryview(region)
+            for k in range(seq - slots + 1, seq + 1):
+                off = base + (k % slots) * length
+                assert bytes(view[off:off + length]) == payload(k), f"phase {phase}, frame {k}"
+            del view
+        s.close()

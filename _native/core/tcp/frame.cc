@@ -31,7 +31,7 @@ ServeResult ServeFrames(ByteStream& stream, const std::string& peer, const Regio
   ServeResult out;
   for (;;) {
     FrameHeader h;
-    size_t got = stream.Recv(&h, sizeof h);
+    size_t got = stream.Recv(&h, sizeof h, /*next_frame=*/true);
     if (got == 0) return out;  // end of stream between frames: the peer left cleanly
     if (got < sizeof h) {
       out.rejected = "truncated frame: connection ended after " + std::to_string(got) + " of the " +
@@ -46,7 +46,7 @@ ServeResult ServeFrames(ByteStream& stream, const std::string& peer, const Regio
     }
     uint8_t* base = region->base();
     if (h.op == kOpWrite) {
-      if (h.length && stream.Recv(base + h.offset, h.length) < h.length) {
+      if (h.length && stream.Recv(base + h.offset, h.length, /*next_frame=*/false) < h.length) {
         out.rejected = "truncated frame: connection ended inside a " + std::to_string(h.length) +
                        "-byte payload";
         return out;

@@ -38,8 +38,10 @@ class ByteStream {
  public:
   virtual ~ByteStream() = default;
   // Reads n bytes; returns how many arrived, fewer than n only when the stream ended or
-  // failed first (the connection is then over).
-  virtual size_t Recv(void* dst, size_t n) = 0;
+  // failed first (the connection is then over). `next_frame`: the read waits for the start
+  // of the next frame, which may be long in coming; otherwise the rest of a frame whose
+  // header arrived, which is already on its way.
+  virtual size_t Recv(void* dst, size_t n, bool next_frame) = 0;
   virtual bool SendAll(const void* a, size_t na, const void* b, size_t nb) = 0;
 };
 

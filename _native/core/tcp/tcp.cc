@@ -22,29 +22,67 @@ namespace {
 // Domain-separation tag of the handshake (see handshake.h).
 constexpr char kTag[] = "rdmadev-tcp-v1";
 
-// Socket reads and writes for the serving side (one thread per connection). A read first
-// polls the socket without blocking for up to `spin_ns` (the domain's spin budget): a
-// blocked receiver thread costs a cross-vCPU wakeup (~30 us here) per frame, a polling
-// one sees the next frame within ~3 us (research/limits.md: TCP busy-poll 2.7 us).
+// Whether the receiver thread polls its socket before blocking. Polling pays while frames
+// come closer together than the spin budget (a stream of writes: each is seen within ~3 us
+// instead of after a ~30 us wakeup); it costs when they come further apart (small tensors
+// going back and forth): the receiver then holds its core for the whole budget after every
+// frame, and that is the core the waiter woken by the frame's signal needs when both share
+// one. So the gate keeps a score of recent polls, up by one for a poll that found data and
+// down by one for one that did not, and is open while the score is above zero: a stream's
+// occasional miss (a sender waiting for credits) keeps it open, a run of misses closes it.
+// While closed, every kProbeEvery-th wait polls anyway, so a stream that starts is noticed.
+class PollGate {
+ public:
+  bool ShouldPoll() { return score_ > 0 || ++closed_waits_ % kProbeEvery == 0; }
+  void Polled(bool found) {
+    score_ = found ? std::min(score_ + 1, kMaxScore) : std::max(score_ - 1, 0);
+    closed_waits_ = 0;
+  }
+
+ private:
+  // Misses in a row that close the gate after a run of hits.
+  static constexpr int kMaxScore = 4;
+  // A closed gate costs a stream at most this many wakeups before a probe; a ping-pong pays
+  // the budget on 1/kProbeEvery of its frames.
+  static constexpr unsigned kProbeEvery = 16;
+  int score_ = kMaxScore;
+  unsigned closed_waits_ = 0;
+};
+
+// Socket reads and writes for the serving side (one thread per connection). A read that
+// finds no data polls the socket without blocking for up to `spin_ns` (the domain's spin
+// budget) when the gate says so, then blocks (research/limits.md: TCP busy-poll 2.7 us, a
+// cross-vCPU wakeup ~30 us).
 class SocketStream : public ByteStream {
  public:
   explicit SocketStream(int fd, uint64_t spin_ns = 0) : fd_(fd), spin_ns_(spin_ns) {}
-  size_t Recv(void* dst, size_t n) override {
+  size_t Recv(void* dst, size_t n, bool next_frame) override {
     auto* p = static_cast<uint8_t*>(dst);
     size_t done = 0;
     if (spin_ns_ > 0 && n > 0) {
-      auto until = Clock::now() + std::chrono::nanoseconds(spin_ns_);
-      do {
-        ssize_t got = recv(fd_, p + done, n - done, MSG_DONTWAIT);
-        if (got > 0) {
-          done += static_cast<size_t>(got);
-          if (done == n) return n;
-        } else if (got == 0 || (errno != EAGAIN && errno != EINTR)) {
-          return done;
-        } else {
+      ssize_t got = recv(fd_, p, n, MSG_DONTWAIT);
+      if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR)) return 0;
+      if (got > 0) done = static_cast<size_t>(got);
+      if (done == n) return n;
+      // Waiting between frames is what the gate decides on; the rest of a frame is coming.
+      const bool between = next_frame && done == 0;
+      if (!between || gate_.ShouldPoll()) {
+        bool found = false;
+        auto until = Clock::now() + std::chrono::nanoseconds(spin_ns_);
+        do {
           _mm_pause();
-        }
-      } while (Clock::now() < until);
+          got = recv(fd_, p + done, n - done, MSG_DONTWAIT);
+          if (got > 0) {
+            done += static_cast<size_t>(got);
+            found = true;
+            if (done == n) break;
+          } else if (got == 0 || (errno != EAGAIN && errno != EINTR)) {
+            return done;
+          }
+        } while (Clock::now() < until);
+        if (between) gate_.Polled(found);
+        if (done == n) return n;
+      }
     }
     while (done < n) {
       ssize_t got = recv(fd_, p + done, n - done, MSG_WAITALL);
@@ -77,6 +115,7 @@ class SocketStream : public ByteStream {
  private:
   int fd_;
   uint64_t spin_ns_;
+  PollGate gate_;
 };
 
 class TcpEndpoint : public Endpoint {
@@ -215,7 +254,7 @@ class TcpFabric : public Fabric {
 class BufferStream : public ByteStream {
  public:
   explicit BufferStream(const std::string& b) : buf_(b) {}
-  size_t Recv(void* dst, size_t n) override {
+  size_t Recv(void* dst, size_t n, bool) override {
     size_t got = std::min(n, buf_.size() - pos_);  // what is left, as a socket would give it
     std::memcpy(dst, buf_.data() + pos_, got);
     pos_ += got;
