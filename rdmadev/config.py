@@ -29,7 +29,7 @@ FABRIC_CHOICES = ("auto", "shm", "tcp", "verbs")
 VARIABLES = (
     ("RDMADEV_FABRIC", "auto", "Fabric for every peer: auto (best both ends reach: shm > verbs > tcp), shm, tcp or verbs."),
     ("RDMADEV_SLOTS", "the planner's", "Slots of every channel ring (>= 1): how many transfers may be in flight before the sender waits for a credit. By default the planner gives a static-shape channel 1 (one tensor per step, released before the next step writes) and a run-time-shape channel 2 (its chunks stream through them)."),
-    ("RDMADEV_SPIN_US", "20", "Microseconds a waiter spins before yielding: a spin-polled word is seen in ~0.2 us, a sleeping waiter pays ~30 us to wake here."),
+    ("RDMADEV_SPIN_US", "20", "Microseconds a waiter spins before yielding, and the tcp fabric's receiver thread polls for the next frame while frames keep coming: a spin-polled word is seen in ~0.2 us, a sleeping waiter pays ~30 us to wake here."),
     ("RDMADEV_YIELD_US", "200", "Microseconds a waiter then yields the core (sched_yield) before it sleeps with backoff (at most 100 us per sleep)."),
     ("RDMADEV_DEADLINE_S", "300", "Seconds any wait or transfer may take before it fails with DeadlineExceeded (never a hang)."),
     ("RDMADEV_LIVENESS_S", "10", "Seconds a peer task may leave rdmadev's heartbeats unanswered (it is stopped, overloaded or cut off) before every wait on it fails with Unavailable naming the task; its channels work again once it answers. 0 turns heartbeats off (then only RDMADEV_DEADLINE_S ends such waits)."),
