@@ -60,27 +60,18 @@ class SocketStream : public ByteStream {
     auto* p = static_cast<uint8_t*>(dst);
     size_t done = 0;
     if (spin_ns_ > 0 && n > 0) {
-      ssize_t got = recv(fd_, p, n, MSG_DONTWAIT);
-      if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR)) return 0;
-      if (got > 0) done = static_cast<size_t>(got);
+      if (!TryRecv(p, n, &done)) return done;
       if (done == n) return n;
       // Waiting between frames is what the gate decides on; the rest of a frame is coming.
       const bool between = next_frame && done == 0;
       if (!between || gate_.ShouldPoll()) {
-        bool found = false;
+        const size_t before = done;
         auto until = Clock::now() + std::chrono::nanoseconds(spin_ns_);
         do {
           _mm_pause();
-          got = recv(fd_, p + done, n - done, MSG_DONTWAIT);
-          if (got > 0) {
-            done += static_cast<size_t>(got);
-            found = true;
-            if (done == n) break;
-          } else if (got == 0 || (errno != EAGAIN && errno != EINTR)) {
-            return done;
-          }
-        } while (Clock::now() < until);
-        if (between) gate_.Polled(found);
+          if (!TryRecv(p, n, &done)) return done;
+        } while (done < n && Clock::now() < until);
+        if (between) gate_.Polled(done > before);
         if (done == n) return n;
       }
     }
@@ -113,6 +104,14 @@ class SocketStream : public ByteStream {
   }
 
  private:
+  // Takes what has arrived of bytes *done..n without blocking; false when the stream ended
+  // or failed.
+  bool TryRecv(uint8_t* p, size_t n, size_t* done) {
+    ssize_t got = recv(fd_, p + *done, n - *done, MSG_DONTWAIT);
+    if (got > 0) *done += static_cast<size_t>(got);
+    return got > 0 || (got < 0 && (errno == EAGAIN || errno == EINTR));
+  }
+
   int fd_;
   uint64_t spin_ns_;
   PollGate gate_;
