@@ -2,12 +2,12 @@
 
 A received tensor that aliases its slot returns the slot to the sender only when TF frees
 it, and credits return in order: a tensor that outlives its step (returned to the caller,
-forwarded into a variable -- AssignVariableOp shares its input buffer -- or kept by any
-op whose output may alias its input) stalls the channel K transfers later. So a transfer
+forwarded into a variable -- AssignVariableOp shares its input buffer -- or a view of it
+that is) stalls the channel K transfers later. So a transfer
 is marked zero-copy only when every consumer of the received tensor (seen through the ops
-that forward it, ``FORWARDING_OPS``) is an op that reads it and keeps nothing: its outputs
-are fresh allocations (TF does not forward a buffer it does not own, and slot buffers do not
-own their memory) and it stores nothing past the step.
+whose output may be a view of it, ``FORWARDING_OPS``) is an op that reads it and keeps
+nothing: its outputs are fresh allocations (TF does not forward a buffer it does not own, and
+slot buffers do not own their memory) and it stores nothing past the step.
 The size threshold, ``plan.config.zero_copy_min_bytes`` (see
 ``graph_pass.plan.DEFAULT_ZERO_COPY_MIN_BYTES`` for why), is applied here to a static
 channel, whose bytes are known, and by the receiving op to each tensor of a dynamic or half
@@ -25,8 +25,8 @@ log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
 
 # Ops that read a tensor input and neither return it, nor alias it, nor store it.
-# Deliberately absent: Slice/StridedSlice, Cast, ExpandDims, Squeeze, _Retval,
-# AssignVariableOp, Enter/Switch/Merge, TensorList*/TensorArray* (alias or retain).
+# Deliberately absent: _Retval, AssignVariableOp, Enter/Switch/Merge,
+# TensorList*/TensorArray* (alias or retain); the views below are FORWARDING_OPS.
 NON_RETAINING_OPS = frozenset({
     "MatMul", "BatchMatMulV2", "_MklMatMul", "_MklNativeMatMul", "_MklFusedMatMul",
     "_MklNativeFusedMatMul", "_FusedMatMul",
@@ -45,25 +45,31 @@ NON_RETAINING_OPS = frozenset({
     # or writes into a variable, reading the received ids or rows only (tests/e2e: the sparse
     # scenario with RDMADEV_ZERO_COPY_MIN_BYTES=1).
     "GatherV2", "ResourceGather", "ResourceScatterSub",
+    # A lookup sharded over several tables stitches each shard's gathered rows into a fresh
+    # tensor (memcpy per row; tests/e2e: the views scenario).
+    "DynamicStitch", "ParallelDynamicStitch",
 })
 
-# Ops whose output is their input's buffer: safe exactly when what consumes that output is
-# (TF1 graphs read a received variable value through an Identity).
-FORWARDING_OPS = frozenset({"Identity"})
+# Ops whose output 0 may be input 0's buffer or a view into it (a slice along the first
+# dimension shares its input's buffer; a same-type Cast returns its input): safe exactly when
+# what consumes that output is. Their other inputs (a shape, slice bounds) are only read. TF1
+# graphs read a received variable value through an Identity; each view is run in TF by
+# tests/e2e's views scenario.
+FORWARDING_OPS = frozenset({"Identity", "Reshape", "ExpandDims", "Squeeze", "Slice", "StridedSlice", "Cast"})
 #: Forwarding ops followed from one received tensor before giving up (a chain of Identities).
 MAX_FORWARDS = 4
 
 
 def _keeps_nothing(graph, key, forwards=0):
     """True when every data consumer of `key`'s output keeps nothing of it, looking through
-    up to MAX_FORWARDS forwarding ops; False without consumers (the tensor is a result)."""
-    consumers = [dst for _, dst, e in graph.out_edges(key, data=True) if not e.get("control")]
+    up to MAX_FORWARDS views of it; False without consumers (the tensor is a result)."""
+    consumers = [(dst, e["dst_input"]) for _, dst, e in graph.out_edges(key, data=True) if not e.get("control")]
     if not consumers:
         return False
-    for dst in consumers:
+    for dst, index in consumers:
         op = graph.nodes[dst]["op"]
-        if op in FORWARDING_OPS and forwards < MAX_FORWARDS:
-            if not _keeps_nothing(graph, dst, forwards + 1):
+        if op in FORWARDING_OPS:
+            if index == 0 and not (forwards < MAX_FORWARDS and _keeps_nothing(graph, dst, forwards + 1)):
                 return False
         elif op not in NON_RETAINING_OPS:
             return False

@@ -540,6 +540,53 @@ def sparse(mode):
             "report": fn.report if mode == "rdmadev" else ""}
 
 
+#: Ops whose output may be a view of their input's buffer, as the views scenario uses them.
+VIEWS = ("Reshape", "ExpandDims", "Squeeze", "Slice", "StridedSlice", "Cast")
+
+
+def views(mode):
+    """Tensors computed on ps each step (every step's bytes differ), each read on the worker
+    through one op that may return a view of its input's buffer into an op that keeps
+    nothing; one more through a view that is the function's result (it outlives the step);
+    and the rows of a lookup sharded over two tables, stitched on the worker
+    (ParallelDynamicStitch). Returns each step's sums and the result's digest. Grappler's
+    arithmetic optimizer is off here, as it would drop the same-type Cast."""
+    tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
+    with tf.device(PS):
+        v = tf.Variable(tf.random.stateless_normal([64, 64], [3, 1]))
+        shards = [tf.Variable(tf.random.stateless_normal([50, 16], [4, k])) for k in range(2)]
+
+    def step(i, ids):
+        with tf.device(PS):
+            base = v + tf.cast(i, tf.float32)
+            sent = {op: tf.multiply(tf.expand_dims(base, 0) if op == "Squeeze" else base, float(k + 2),
+                                    name=f"for_{op}") for k, op in enumerate(VIEWS)}
+            result = tf.multiply(base, 9.0, name="for_result")
+        with tf.device(W0):
+            m = tf.ones([64, 8])
+            read = [tf.reshape(sent["Reshape"], [4096]) * 2.0,
+                    tf.expand_dims(sent["ExpandDims"], 0) * 2.0,
+                    tf.matmul(tf.squeeze(sent["Squeeze"], 0), m),
+                    tf.slice(sent["Slice"], [8, 0], [32, 64]) + 1.0,
+                    tf.matmul(sent["StridedSlice"][:16], m),
+                    tf.matmul(tf.raw_ops.Cast(x=sent["Cast"], DstT=tf.float32), m),
+                    tf.nn.embedding_lookup(shards, ids) * 2.0]
+            sums = tf.stack([tf.reduce_sum(r) for r in read])
+            kept = tf.reshape(result, [-1])
+        return sums, kept
+
+    spec = [tf.TensorSpec([], tf.int64), tf.TensorSpec([None], tf.int64)]
+    fn = tf.function(step, input_signature=spec)
+    fn = rdmadev.optimize(fn) if mode == "rdmadev" else fn
+    rng = np.random.default_rng(11)
+    sums, kept = [], []
+    for i, n in enumerate([40, 7, 100, 0, 63]):
+        s, k = fn(tf.constant(i, tf.int64), tf.constant(rng.integers(0, 100, n)))
+        sums.append(s.numpy().tolist())
+        kept.append(hashlib.sha256(k.numpy().tobytes()).hexdigest())
+    return {"sums": sums, "kept": kept, "report": fn.report if mode == "rdmadev" else ""}
+
+
 def growing(mode):
     """One dynamic tensor worker -> ps whose size grows past its slots twice (the driver runs
     with RDMADEV_DYNAMIC_CAPACITY=4K): after each first oversized step the driver waits for
@@ -675,7 +722,7 @@ def main():
         result = {"train": train, "noop": noop, "big": big, "retrace": retrace,
                   "train_until_killed": train_until_killed, "mixed": mixed,
                   "conv": conv, "sparse": sparse, "overlapping": overlapping, "cond": cond, "growing": growing, "loop": loop,
-                  "batch_norm": batch_norm}[scenario](mode)
+                  "batch_norm": batch_norm, "views": views}[scenario](mode)
     print("RESULT " + json.dumps(result))
 
 

@@ -276,10 +276,27 @@ def test_an_embedding_step_with_run_time_shapes_is_bitwise_identical(cluster, en
     assert set(kept) <= {"client_task"}, report
     assert report.count("run-time shape") >= 3, report
     # Aliased where every consumer keeps nothing: the ids (ResourceGather, ResourceScatterSub),
-    # the rows (GatherV2), the gradients (Mul); not the shape (Reshape keeps it).
+    # the rows (GatherV2), the gradients (Mul); not a shape (its slices reach ConcatV2 and
+    # UnsortedSegmentSum, which zero_copy.py does not list).
     aliased = set(re.findall(r"^\s*shm\+zc\s+\S+ -> \S+\s+edge_\d+_(\S+) \S+ run-time shape", report, re.M))
     assert aliased == {"Unique", "Gather", "gradient_tape/Gather/Reshape",
                        "gradient_tape/MatMul/MatMul_1"}, report
+
+
+def test_views_of_received_tensors_read_them_in_their_slots(cluster):
+    """With RDMADEV_ZERO_COPY_MIN_BYTES=1 a tensor read through a view (Reshape, ExpandDims,
+    Squeeze, Slice, StridedSlice, a same-type Cast) by ops that keep nothing is aliased in its
+    slot, and so are gathered rows stitched by a sharded lookup; one whose view is the
+    function's result is copied. Bitwise equal to gRPC over steps whose bytes all differ."""
+    grpc = run_driver(cluster, "grpc", "views")
+    rdma = run_driver(cluster, "rdmadev", "views", env={"RDMADEV_ZERO_COPY_MIN_BYTES": "1"})
+    assert rdma["sums"] == grpc["sums"] and rdma["kept"] == grpc["kept"]
+    report = rdma["report"]
+    fabric = dict((name, f) for f, name in re.findall(r"^\s*(\S+)\s+\S+ -> \S+\s+edge_\d+_for_(\w+) ", report, re.M))
+    views = ("Reshape", "ExpandDims", "Squeeze", "Slice", "StridedSlice", "Cast")  # driver.VIEWS
+    assert fabric == {**{v: "shm+zc" for v in views}, "result": "shm"}, report
+    rows = re.findall(r"^\s*(\S+)\s+\S+ -> \S+\s+edge_\d+_embedding_lookup/\S+ DT_FLOAT run-time shape", report, re.M)
+    assert rows == ["shm+zc", "shm+zc"], report
 
 
 def test_a_channel_grows_past_its_capacity_mid_training(cluster):

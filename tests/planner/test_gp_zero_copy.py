@@ -20,7 +20,8 @@ def test_consumers_that_keep_nothing_allow_zero_copy():
     assert _plan(["MatMul", "Relu"]).zero_copy is True
 
 
-def test_any_aliasing_or_retaining_consumer_forbids_it():
+def test_any_retaining_consumer_or_view_that_is_a_result_forbids_it():
+    # A view (Identity, Reshape, StridedSlice) with no consumer is the function's result.
     for risky in ("Identity", "Reshape", "StridedSlice", "_Retval", "AssignVariableOp"):
         assert _plan(["MatMul", risky]).zero_copy is False, risky
 
@@ -45,6 +46,39 @@ def test_identities_are_looked_through():
     assert _plan_chain(["Identity"], "_Retval") is False
     assert _plan_chain(["Identity"], "AssignVariableOp") is False
     assert _plan_chain(["Identity"] * 5, "MatMul") is False  # past MAX_FORWARDS: copied
+
+
+VIEWS = ("Reshape", "ExpandDims", "Squeeze", "Slice", "StridedSlice", "Cast")
+
+
+def test_views_are_looked_through_like_identities():
+    """Each op whose output may be a view of its input's buffer is safe exactly when what
+    consumes the view keeps nothing (tests/e2e: the views scenario runs each in TF)."""
+    for view in VIEWS:
+        assert _plan_chain([view], "MatMul") is True, view
+        assert _plan_chain([view, "Identity"], "AddV2") is True, view
+        assert _plan_chain([view], "_Retval") is False, view
+        assert _plan_chain([view], "AssignVariableOp") is False, view
+
+
+def test_a_views_shape_or_bounds_input_is_only_read():
+    """A received tensor that is the shape of a Reshape (or the bounds of a slice) is read by
+    it, not viewed: the Reshape's result may outlive the step without holding the slot."""
+    for op in ("Reshape", "StridedSlice"):
+        ps, w = Partition(dev("ps")), Partition(dev("worker"))
+        ps.var("v", BIG)
+        pair(ps, w, "edge_1_v", "v/read", recv_name="v/_recv", shape=BIG)
+        w.node("x", "Placeholder", dtype=("type", FLOAT))
+        w.node("view", op, ["x", "v/_recv"], T=("type", FLOAT))
+        w.node("out", "_Retval", ["view"], T=("type", FLOAT))
+        (t,) = graph_pass.plan_partitions(partitions(ps, w)).transfers
+        assert t.zero_copy is True, op
+
+
+def test_stitching_gathered_rows_keeps_nothing():
+    """A sharded embedding lookup stitches each shard's rows into a fresh tensor."""
+    for stitch in ("DynamicStitch", "ParallelDynamicStitch"):
+        assert _plan([stitch]).zero_copy is True, stitch
 
 
 def test_small_tensors_are_copied():
