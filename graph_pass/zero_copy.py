@@ -3,11 +3,10 @@
 A received tensor that aliases its slot returns the slot to the sender only when TF frees
 it, and credits return in order: a tensor that outlives its step (returned to the caller,
 forwarded into a variable -- AssignVariableOp shares its input buffer -- or a view of it
-that is) stalls the channel K transfers later. So a transfer
-is marked zero-copy only when every consumer of the received tensor (seen through the ops
-whose output may be a view of it, ``FORWARDING_OPS``) is an op that reads it and keeps
-nothing: its outputs are fresh allocations (TF does not forward a buffer it does not own, and
-slot buffers do not own their memory) and it stores nothing past the step.
+that is) stalls the channel K transfers later. So a transfer is marked zero-copy only when
+every consumer of the received tensor, followed through every op whose result may still be
+its buffer (views, reductions, and past a slice the ops that compute in place), is an op
+that only reads it: its outputs are fresh allocations and it stores nothing past the step.
 The size threshold, ``plan.config.zero_copy_min_bytes`` (see
 ``graph_pass.plan.DEFAULT_ZERO_COPY_MIN_BYTES`` for why), is applied here to a static
 channel, whose bytes are known, and by the receiving op to each tensor of a dynamic or half
@@ -19,59 +18,65 @@ import logging
 
 from .load import NS
 
-__all__ = ["mark_zero_copy", "NON_RETAINING_OPS", "FORWARDING_OPS"]
+__all__ = ["mark_zero_copy", "READ_ONLY_OPS", "IN_PLACE_OPS", "VIEW_OPS", "SLICE_OPS"]
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
 
-# Ops that read a tensor input and neither return it, nor alias it, nor store it.
-# Deliberately absent: _Retval, AssignVariableOp, Enter/Switch/Merge,
-# TensorList*/TensorArray* (alias or retain); the views below are FORWARDING_OPS.
-NON_RETAINING_OPS = frozenset({
-    "MatMul", "BatchMatMulV2", "_MklMatMul", "_MklNativeMatMul", "_MklFusedMatMul",
-    "_MklNativeFusedMatMul", "_FusedMatMul",
+# What each op listed here may do with the received tensor's buffer. The slot's own buffer
+# does not own its memory, so TF never writes an op's result into it ("forwarding" needs
+# OwnsMemory). A slice of it is a SubBuffer, which TF does count as owning memory: past a
+# slice, any op that forwards may return (and a variable may take over) the slot itself.
+
+#: Ops whose results are fresh allocations or that have none: the received tensor is only
+#: read. oneDNN's input gradient of a conv reads the filter (TF's CPU build rewrites
+#: Conv2DBackpropInput to it before the pass sees the graph; tests/e2e: the conv scenario);
+#: embedding lookups and sparse updates read the ids or rows (tests/e2e: the sparse
+#: scenario); a lookup sharded over several tables stitches each shard's rows into a fresh
+#: tensor (tests/e2e: the views scenario).
+READ_ONLY_OPS = frozenset({
+    "MatMul", "BatchMatMulV2", "_MklMatMul", "_MklNativeMatMul",
     "Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "_MklConv2D", "_MklNativeConv2D",
-    "_FusedConv2D", "_MklFusedConv2D", "_MklNativeFusedConv2D", "DepthwiseConv2dNative",
-    "Add", "AddV2", "AddN", "Sub", "Mul", "RealDiv", "Maximum", "Minimum", "Neg", "Square",
-    "BiasAdd", "BiasAddGrad", "Relu", "ReluGrad", "Sum", "Mean", "Max", "Min", "Prod",
+    "DepthwiseConv2dNative", "_MklNativeConv2DBackpropInput", "BiasAddGrad",
     "AssignAddVariableOp", "AssignSubVariableOp",
     "ResourceApplyGradientDescent", "ResourceApplyMomentum", "ResourceApplyKerasMomentum",
     "ResourceApplyAdam", "ResourceApplyAdagrad", "ResourceApplyRMSProp",
-    # oneDNN's input gradient of a conv, which reads the filter (TF's CPU build rewrites
-    # Conv2DBackpropInput to it before the pass sees the graph; tests/e2e: the conv scenario
-    # with RDMADEV_ZERO_COPY_MIN_BYTES=1).
-    "_MklNativeConv2DBackpropInput",
-    # Embedding lookups and their sparse updates: each allocates its output (gathered rows)
-    # or writes into a variable, reading the received ids or rows only (tests/e2e: the sparse
-    # scenario with RDMADEV_ZERO_COPY_MIN_BYTES=1).
-    "GatherV2", "ResourceGather", "ResourceScatterSub",
-    # A lookup sharded over several tables stitches each shard's gathered rows into a fresh
-    # tensor (memcpy per row; tests/e2e: the views scenario).
-    "DynamicStitch", "ParallelDynamicStitch",
+    "GatherV2", "ResourceGather", "ResourceScatterSub", "DynamicStitch", "ParallelDynamicStitch",
 })
+#: Ops that may write their result into an input buffer that owns its memory and has no
+#: other user (elementwise ops; fused ops with an addend): read-only for the slot's own
+#: buffer, a view of it past a slice.
+IN_PLACE_OPS = frozenset({
+    "Add", "AddV2", "AddN", "Sub", "Mul", "RealDiv", "Maximum", "Minimum", "Neg", "Square",
+    "BiasAdd", "Relu", "ReluGrad", "_FusedMatMul", "_MklFusedMatMul", "_MklNativeFusedMatMul",
+    "_FusedConv2D", "_MklFusedConv2D", "_MklNativeFusedConv2D",
+})
+#: Ops whose output 0 may be input 0's buffer itself: views (a same-type Cast returns its
+#: input) and reductions, which return their input when every reduced dimension has size 1.
+#: Their other inputs (a shape, axes) are only read. TF1 graphs read a received variable
+#: value through an Identity.
+VIEW_OPS = frozenset({"Identity", "Reshape", "ExpandDims", "Squeeze", "Cast", "Sum", "Mean", "Max", "Min", "Prod"})
+#: Ops whose output 0 may be a slice of input 0 (a SubBuffer: counted as owning memory).
+SLICE_OPS = frozenset({"Slice", "StridedSlice"})
+#: Views followed from one received tensor before giving up.
+MAX_VIEWS = 4
 
-# Ops whose output 0 may be input 0's buffer or a view into it (a slice along the first
-# dimension shares its input's buffer; a same-type Cast returns its input): safe exactly when
-# what consumes that output is. Their other inputs (a shape, slice bounds) are only read. TF1
-# graphs read a received variable value through an Identity; each view is run in TF by
-# tests/e2e's views scenario.
-FORWARDING_OPS = frozenset({"Identity", "Reshape", "ExpandDims", "Squeeze", "Slice", "StridedSlice", "Cast"})
-#: Forwarding ops followed from one received tensor before giving up (a chain of Identities).
-MAX_FORWARDS = 4
 
-
-def _keeps_nothing(graph, key, forwards=0):
-    """True when every data consumer of `key`'s output keeps nothing of it, looking through
-    up to MAX_FORWARDS views of it; False without consumers (the tensor is a result)."""
+def _keeps_nothing(graph, key, sliced=False, views=0):
+    """True when every data consumer of `key`'s output keeps nothing of it, following what
+    may still be its buffer for up to MAX_VIEWS ops; False without consumers (the tensor is
+    a result). `sliced`: that buffer is a slice of the slot (see IN_PLACE_OPS)."""
     consumers = [(dst, e["dst_input"]) for _, dst, e in graph.out_edges(key, data=True) if not e.get("control")]
     if not consumers:
         return False
     for dst, index in consumers:
         op = graph.nodes[dst]["op"]
-        if op in FORWARDING_OPS:
-            if index == 0 and not (forwards < MAX_FORWARDS and _keeps_nothing(graph, dst, forwards + 1)):
+        if op in READ_ONLY_OPS or (op in IN_PLACE_OPS and not sliced):
+            continue
+        if op in IN_PLACE_OPS or (op in VIEW_OPS | SLICE_OPS and index == 0):
+            if views >= MAX_VIEWS or not _keeps_nothing(graph, dst, sliced or op in SLICE_OPS, views + 1):
                 return False
-        elif op not in NON_RETAINING_OPS:
+        elif op not in VIEW_OPS | SLICE_OPS:  # a view's shape, axes or bounds are only read
             return False
     return True
 

@@ -547,14 +547,18 @@ VIEWS = ("Reshape", "ExpandDims", "Squeeze", "Slice", "StridedSlice", "Cast")
 def views(mode):
     """Tensors computed on ps each step (every step's bytes differ), each read on the worker
     through one op that may return a view of its input's buffer into an op that keeps
-    nothing; one more through a view that is the function's result (it outlives the step);
-    and the rows of a lookup sharded over two tables, stitched on the worker
-    (ParallelDynamicStitch). Returns each step's sums and the result's digest. Grappler's
+    nothing; one through a view that is the function's result (it outlives the step), one
+    through a slice plus one assigned to a variable (AddV2 may compute into the slice and the
+    variable keep that buffer); and the rows of a lookup sharded over two tables, stitched on
+    the worker (ParallelDynamicStitch). Returns each step's sums, the result's digest and the
+    variable. Grappler's
     arithmetic optimizer is off here, as it would drop the same-type Cast."""
     tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
     with tf.device(PS):
         v = tf.Variable(tf.random.stateless_normal([64, 64], [3, 1]))
         shards = [tf.Variable(tf.random.stateless_normal([50, 16], [4, k])) for k in range(2)]
+    with tf.device(W0):
+        held = tf.Variable(tf.zeros([16, 64]))
 
     def step(i, ids):
         with tf.device(PS):
@@ -562,17 +566,21 @@ def views(mode):
             sent = {op: tf.multiply(tf.expand_dims(base, 0) if op == "Squeeze" else base, float(k + 2),
                                     name=f"for_{op}") for k, op in enumerate(VIEWS)}
             result = tf.multiply(base, 9.0, name="for_result")
+            for_held = tf.multiply(base, 10.0, name="for_held")
         with tf.device(W0):
             m = tf.ones([64, 8])
             read = [tf.reshape(sent["Reshape"], [4096]) * 2.0,
                     tf.expand_dims(sent["ExpandDims"], 0) * 2.0,
                     tf.matmul(tf.squeeze(sent["Squeeze"], 0), m),
-                    tf.slice(sent["Slice"], [8, 0], [32, 64]) + 1.0,
+                    tf.matmul(tf.slice(sent["Slice"], [8, 0], [32, 64]), m),
                     tf.matmul(sent["StridedSlice"][:16], m),
                     tf.matmul(tf.raw_ops.Cast(x=sent["Cast"], DstT=tf.float32), m),
                     tf.nn.embedding_lookup(shards, ids) * 2.0]
             sums = tf.stack([tf.reduce_sum(r) for r in read])
             kept = tf.reshape(result, [-1])
+            # A slice is a sub-buffer, which TF counts as owned memory: AddV2 may write its sum
+            # into it and the variable then takes that buffer over.
+            held.assign(for_held[:16] + 1.0)
         return sums, kept
 
     spec = [tf.TensorSpec([], tf.int64), tf.TensorSpec([None], tf.int64)]
@@ -584,7 +592,8 @@ def views(mode):
         s, k = fn(tf.constant(i, tf.int64), tf.constant(rng.integers(0, 100, n)))
         sums.append(s.numpy().tolist())
         kept.append(hashlib.sha256(k.numpy().tobytes()).hexdigest())
-    return {"sums": sums, "kept": kept, "report": fn.report if mode == "rdmadev" else ""}
+    return {"sums": sums, "kept": kept, "held": held.numpy().ravel().tolist(),
+            "report": fn.report if mode == "rdmadev" else ""}
 
 
 def growing(mode):
@@ -627,7 +636,7 @@ def profile(mode, cluster):
     """A step whose transfers are known (a 1 MiB variable read ps -> worker, copied out as its
     consumer, ReverseV2, is not one that keeps nothing; 3.2 MB of tf.unique'd ids worker -> ps
     on a dynamic channel of 1 MiB slots: in 1 MiB chunks the first time, then in one slot
-    once ps grew the channel, aliased by its consumer Sum), run while TF's profiler traces
+    once ps grew the channel, aliased by its consumer Mul), run while TF's profiler traces
     every task; returns what the trace says each channel moved."""
     from rdmadev.tf import profile as prof
     import tempfile
@@ -640,7 +649,7 @@ def profile(mode, cluster):
             uniq = tf.unique(x)[0]
             read = tf.reduce_sum(tf.reverse(v, [0]) * 2.0)
         with tf.device(PS):
-            total = tf.reduce_sum(uniq)
+            total = tf.reduce_sum(uniq * 2)  # not Sum alone: it may return its input
         return read, total
 
     fn = tf.function(step, input_signature=[tf.TensorSpec([None], tf.int64)])

@@ -45,7 +45,7 @@ def test_identities_are_looked_through():
     assert _plan_chain(["Identity", "Identity"], "Relu") is True
     assert _plan_chain(["Identity"], "_Retval") is False
     assert _plan_chain(["Identity"], "AssignVariableOp") is False
-    assert _plan_chain(["Identity"] * 5, "MatMul") is False  # past MAX_FORWARDS: copied
+    assert _plan_chain(["Identity"] * 5, "MatMul") is False  # past MAX_VIEWS: copied
 
 
 VIEWS = ("Reshape", "ExpandDims", "Squeeze", "Slice", "StridedSlice", "Cast")
@@ -56,9 +56,26 @@ def test_views_are_looked_through_like_identities():
     consumes the view keeps nothing (tests/e2e: the views scenario runs each in TF)."""
     for view in VIEWS:
         assert _plan_chain([view], "MatMul") is True, view
-        assert _plan_chain([view, "Identity"], "AddV2") is True, view
+        assert _plan_chain([view, "Identity"], "MatMul") is True, view
         assert _plan_chain([view], "_Retval") is False, view
         assert _plan_chain([view], "AssignVariableOp") is False, view
+
+
+def test_a_reduction_may_return_its_input():
+    """TF's reductions return their input's buffer when every reduced dimension has size 1."""
+    assert _plan_chain(["Sum"], "MatMul") is True
+    assert _plan_chain(["Mean"], "_Retval") is False
+
+
+def test_past_a_slice_ops_that_compute_in_place_are_views():
+    """A slice is a SubBuffer, which TF counts as owning memory: an elementwise op may write
+    its result into it, and that result is then the slot (tests/e2e: the views scenario's
+    variable assigned from a slice plus one). The slot's own buffer is never written in place."""
+    assert _plan_chain(["StridedSlice", "AddV2"], "MatMul") is True
+    assert _plan_chain(["StridedSlice", "AddV2"], "_Retval") is False
+    assert _plan_chain(["Slice", "Relu"], "AssignVariableOp") is False
+    assert _plan_chain(["Reshape", "AddV2"], "_Retval") is True
+    assert _plan_chain(["AddV2"], "AssignVariableOp") is True
 
 
 def test_a_views_shape_or_bounds_input_is_only_read():
