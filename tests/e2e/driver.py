@@ -551,8 +551,7 @@ def views(mode):
     through a slice plus one assigned to a variable (AddV2 may compute into the slice and the
     variable keep that buffer); and the rows of a lookup sharded over two tables, stitched on
     the worker (ParallelDynamicStitch). Returns each step's sums, the result's digest and the
-    variable. Grappler's
-    arithmetic optimizer is off here, as it would drop the same-type Cast."""
+    variable. Grappler's arithmetic optimizer is off here, as it would drop the same-type Cast."""
     tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
     with tf.device(PS):
         v = tf.Variable(tf.random.stateless_normal([64, 64], [3, 1]))
