@@ -1,5 +1,6 @@
 """README's examples, as a user runs them: train through rdmadev, match gRPC, exit quietly."""
 import os
+import re
 import subprocess
 import sys
 
@@ -26,9 +27,12 @@ def _run(script, *args):
 def test_main_command_trains_with_parameter_server_strategy_and_exits_quietly():
     out = _run("train_pss.py", "--steps", "8")
     assert "losses and weights identical to TF's gRPC path: yes" in out
-    # every worker ran the optimized step and reported it
-    for k in (0, 1):
-        assert f"on /job:worker/replica:0/task:{k}): 11 transfers swapped, 0 stayed on gRPC" in out
+    # Every worker that ran the optimized step reported it, with all 11 transfers swapped.
+    # ClusterCoordinator gives a step to whichever worker is free, so under load one worker
+    # may run all 8 (a CI run on 2026-11-27 had no report from task 0).
+    ran = re.findall(r"on /job:worker/replica:0/task:(\d)\): (.*)$", out, re.M)
+    assert ran and {k for k, _ in ran} <= {"0", "1"}, out
+    assert all(said == "11 transfers swapped, 0 stayed on gRPC" for _, said in ran), out
 
 
 def test_in_graph_example_matches_grpc_and_exits_quietly():
