@@ -71,12 +71,15 @@ def _keeps_nothing(graph, key, sliced=False, views=0):
         return False
     for dst, index in consumers:
         op = graph.nodes[dst]["op"]
-        if op in READ_ONLY_OPS or (op in IN_PLACE_OPS and not sliced):
-            continue
-        if op in IN_PLACE_OPS or (op in VIEW_OPS | SLICE_OPS and index == 0):
-            if views >= MAX_VIEWS or not _keeps_nothing(graph, dst, sliced or op in SLICE_OPS, views + 1):
-                return False
-        elif op not in VIEW_OPS | SLICE_OPS:  # a view's shape, axes or bounds are only read
+        if op in IN_PLACE_OPS:
+            follow = sliced  # it computes into its input only when that is a slice
+        elif op in VIEW_OPS or op in SLICE_OPS:
+            follow = index == 0  # its other inputs (a shape, axes, bounds) are only read
+        elif op in READ_ONLY_OPS:
+            follow = False
+        else:
+            return False
+        if follow and (views >= MAX_VIEWS or not _keeps_nothing(graph, dst, sliced or op in SLICE_OPS, views + 1)):
             return False
     return True
 
