@@ -5,6 +5,7 @@ import gc
 import os
 import struct
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -16,7 +17,8 @@ import rdmadev  # noqa: E402
 from rdmadev import _core  # noqa: E402
 from rdmadev.testing.pair import bind_local, ring_layout  # noqa: E402
 from rdmadev.tf import ops  # noqa: E402
-from tf_steps import failed_as_planned, fails_when_run, failure_of_cancelled  # noqa: E402
+from tf_steps import (CANCEL_GUARD_S, failed_as_planned, fails_when_run,  # noqa: E402
+                      failure_of_cancelled)
 
 SLOTS = 2
 
@@ -36,7 +38,7 @@ def channel(fabric, secret, request):
         names.append(key)
         return key, tx, rx
 
-    bind.sender_domain = a  # for a test that writes the ring by hand
+    bind.sender_domain, bind.receiver_domain = a, b  # for tests that look at a domain
     yield bind
     for key in names:
         _core.unbind_channel(key)
@@ -369,3 +371,45 @@ def test_a_cancelled_step_ends_the_wait_for_an_unbound_half(half, request):
 
     e = failure_of_cancelled(step)
     assert failed_as_planned(e), e
+
+
+def _until(predicate, timeout_s=CANCEL_GUARD_S):
+    """Polls `predicate` every 10 ms until it holds or `timeout_s` passed (a hang guard)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return predicate()
+
+
+@pytest.mark.parametrize("half", ["recv", "send"])
+def test_unbinding_a_half_ends_its_pending_wait(channel, half):
+    """A step whose peer will never write (its step failed elsewhere, the peer task alive and
+    not cancelled) waits on a half the control plane then unbinds (the function released, the
+    peer restarted): the wait ends then, naming the channel, not at its 600 s deadline; until
+    it does, the wait holds the ring's region."""
+    key, tx, rx = channel("unbound", 64, slots=1)
+    domain = channel.receiver_domain if half == "recv" else channel.sender_domain
+    if half == "send":
+        ops.send(tf.ones([16]), key)  # fills the one slot: the next send waits for a credit
+    outcome = []
+
+    def run():
+        try:
+            if half == "recv":
+                ops.recv(tf.float32, [16], key, timeout_s=600)
+            else:
+                ops.send(tf.ones([16]), key, timeout_s=600)
+            outcome.append(None)
+        except Exception as e:  # inspected below
+            outcome.append(e)
+
+    waiter = threading.Thread(target=run, daemon=True)
+    waiter.start()
+    assert _until(lambda: domain.pending_waits == 1), "the op never waited"
+    assert _core.unbind_channel(key, half) == 1
+    waiter.join(CANCEL_GUARD_S)
+    assert outcome, f"the wait outlived its unbound channel by {CANCEL_GUARD_S} s"
+    e = outcome[0]
+    assert isinstance(e, tf.errors.UnavailableError), e
+    assert f"channel {key}" in str(e) and "unbound" in str(e), e
+    assert domain.pending_waits == 0

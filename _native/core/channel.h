@@ -134,6 +134,12 @@ class RingSender {
   std::pair<const std::atomic<uint64_t>*, uint64_t> CreditNeeded() const;
   const RingLayout& layout() const { return layout_; }
   const std::shared_ptr<Endpoint>& endpoint() const { return ep_; }
+  // The control plane unbound this half (ChannelRegistry: its function was released, its
+  // peer failed or restarted, or the key was bound again): a wait on it ends (the TF ops'
+  // liveness check asks, every WaitPolicy::liveness_every_ns) instead of holding the ring
+  // and its region until the wait's deadline.
+  void MarkUnbound() { unbound_.store(true, std::memory_order_release); }
+  bool unbound() const { return unbound_.load(std::memory_order_acquire); }
 
  private:
   // Under mu_: waits for slot n's credit, writes `len` bytes of src (after `shape_len` of a
@@ -148,6 +154,7 @@ class RingSender {
   uint64_t credit_off_;
   uint64_t epoch_, sent_;
   WaitPolicy policy_;
+  std::atomic<bool> unbound_{false};
 };
 
 struct Slot {
@@ -196,6 +203,9 @@ class RingReceiver {
   uint64_t wanted() const { return wanted_.load(std::memory_order_relaxed); }
   const RingLayout& layout() const { return layout_; }
   const std::shared_ptr<Endpoint>& endpoint() const { return ep_; }
+  // As RingSender's: a wait on an unbound half ends.
+  void MarkUnbound() { unbound_.store(true, std::memory_order_release); }
+  bool unbound() const { return unbound_.load(std::memory_order_acquire); }
 
  private:
   Slot TakeLocked(uint64_t n, uint64_t seen);
@@ -212,6 +222,7 @@ class RingReceiver {
   uint64_t reserved_;  // highest sequence handed out by Reserve()
   bool retired_ = false;
   std::atomic<uint64_t> wanted_{0};
+  std::atomic<bool> unbound_{false};
 };
 
 }  // namespace rdmadev

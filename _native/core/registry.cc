@@ -44,6 +44,7 @@ void ChannelRegistry::Bind(const std::string& key, Sender s) {
     std::lock_guard<std::mutex> lock(mu_);
     auto& slot = senders_[key];
     old = std::move(slot);
+    if (old.ring && old.ring != s.ring) old.ring->MarkUnbound();  // its waits give up
     slot = std::move(s);
     failed_.erase({key, kSend});
   }
@@ -57,6 +58,7 @@ void ChannelRegistry::Bind(const std::string& key, Receiver r) {
     std::lock_guard<std::mutex> lock(mu_);
     auto& slot = receivers_[key];
     old = std::move(slot);
+    if (old.ring && old.ring != r.ring) old.ring->MarkUnbound();  // its waits give up
     slot = std::move(r);
     failed_.erase({key, kRecv});
   }
@@ -174,8 +176,9 @@ ChannelRegistry::Receiver ChannelRegistry::FindReceiver(const std::string& key,
 namespace {
 
 // Erases the entries of `table` (senders or receivers) for which pred(key, entry) holds,
-// handing each entry (ring, leases) to `graveyard`, which the caller destroys after unlocking:
-// freeing a region deregisters it from its fabric, which must not run under the lock.
+// marking each ring unbound (a kernel waiting on it gives up) and handing each entry (ring,
+// leases) to `graveyard`, which the caller destroys after unlocking: freeing a region
+// deregisters it from its fabric, which must not run under the lock.
 template <typename Table, typename Pred>
 size_t EraseWhere(Table& table, Pred pred, std::vector<std::shared_ptr<void>>* graveyard) {
   size_t n = 0;
@@ -184,6 +187,7 @@ size_t EraseWhere(Table& table, Pred pred, std::vector<std::shared_ptr<void>>* g
       ++it;
       continue;
     }
+    if (it->second.ring) it->second.ring->MarkUnbound();
     graveyard->push_back(std::make_shared<typename Table::mapped_type>(std::move(it->second)));
     it = table.erase(it);
     ++n;

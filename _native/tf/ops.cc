@@ -91,13 +91,31 @@ REGISTER_OP("RdmadevRecv")
 
 namespace {
 
-// Whether the peer task `peer` of a wait is still there; the reason names it.
-rdmadev::Liveness AliveOf(const std::shared_ptr<rdmadev::Endpoint>& ep, const std::string& peer) {
-  return [ep, peer](std::string* why) {
-    if (ep->Alive(why)) return true;
+// Whether a wait on `ring` (a channel half whose peer is task `peer`) may go on: the half is
+// still bound here and the peer still there; the reason names what went (WaitStatus).
+template <typename Ring>
+rdmadev::Liveness AliveOf(const std::shared_ptr<Ring>& ring, const std::string& peer) {
+  return [ring, peer](std::string* why) {
+    if (ring->unbound()) {
+      *why = "the channel was unbound";
+      return false;
+    }
+    if (ring->endpoint()->Alive(why)) return true;
     if (!peer.empty()) *why = "task " + peer + ": " + *why;
     return false;
   };
+}
+
+// The status of a failed wait on `ring`, a half of `channel`. One that ended because the
+// control plane unbound the half says why that happens, instead of "peer lost".
+template <typename Ring>
+absl::Status WaitStatus(const rdmadev::Status& st, const Ring& ring, const std::string& channel) {
+  if (st.kind != rdmadev::ErrorKind::kPeerLost || !ring.unbound()) return ToStatus(st);
+  return tensorflow::errors::Unavailable(
+      "rdmadev channel ", channel, " was unbound in this task while this step waited on it: ",
+      "its function was released, or its peer task failed or restarted, so the transfer will "
+      "not come. This step was cut short by a failure elsewhere; run it again once the "
+      "cluster is whole");
 }
 
 // The step tag of this execution (channel.h): from TF's step id, which the tasks of one
@@ -349,12 +367,12 @@ class SendOp : public AsyncOpKernel {
       credit_since_ = trace_.Mark();
       try {
         uint64_t ticket = s_.domain->progress().Submit(
-            word, target, deadline_, AliveOf(ring->endpoint(), s_.peer),
-            [self, cancel](const rdmadev::Status& st, uint64_t) {
+            word, target, deadline_, AliveOf(ring, s_.peer),
+            [self, cancel, ring](const rdmadev::Status& st, uint64_t) {
               cancel->Disarm();
               self->trace_.Phase("rdmadev.wait_credit", self->credit_since_);
               if (!st.ok) {
-                self->ctx_->SetStatus(ToStatus(st));
+                self->ctx_->SetStatus(WaitStatus(st, *ring, self->channel_));
                 self->Done();
                 return;
               }
@@ -536,7 +554,7 @@ class RecvOp : public AsyncOpKernel {
         uint64_t ticket = 0;
         try {
           ticket = r_.domain->progress().Submit(
-              word, n_, deadline_, AliveOf(r_.ring->endpoint(), r_.peer),
+              word, n_, deadline_, AliveOf(r_.ring, r_.peer),
               [self](const rdmadev::Status& st, uint64_t) {
                 if (self->Took(st)) self->Wait();
               },
@@ -580,7 +598,7 @@ class RecvOp : public AsyncOpKernel {
                             " was given up while a later one was reserved (overlapping steps); "
                             "the channel is out of step");
         }
-        Finish(ToStatus(st));
+        Finish(WaitStatus(st, *r_.ring, op_->channel_));
         return false;
       }
       try {

@@ -35,13 +35,17 @@ def pytest_terminal_summary(terminalreporter):
     if not RESULTS:
         return
     lines = ["| fault | target | fabric | path | coordinator's error after | survivors knew after "
-             "| named the task | recovered |", "|---|---|---|---|---|---|---|---|"]
+             "| named the task | recovered | held resources back after |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in RESULTS:
+        back = "NO" if r["settled_s"] is None else _fmt(r["settled_s"])
         lines.append(f"| {r['fault']} | {r['target']} | {r['fabric']} | {r['mode']} | "
                      f"{r['coordinator']} | {_fmt(r['survivors_s'])} | "
-                     f"{'yes' if r['named'] else 'no'} | {'yes' if r['recovered'] else 'NO'} |")
+                     f"{'yes' if r['named'] else 'no'} | {'yes' if r['recovered'] else 'NO'} | "
+                     f"{back} |")
     table = "\n".join(lines)
-    terminalreporter.write_line("\nchaos results (times from the fault):\n" + table)
+    terminalreporter.write_line("\nchaos results (times from the fault; resources: from the end "
+                                "of the recovery run):\n" + table)
     path = os.environ.get("RDMADEV_CHAOS_RESULTS")
     if path:
         with open(path, "w") as f:

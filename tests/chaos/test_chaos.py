@@ -43,12 +43,6 @@ LIVENESS_S = 2.0
 DEADLINE_S = 120.0
 ENV = {"RDMADEV_SECRET": SECRET, "RDMADEV_LIVENESS_S": str(LIVENESS_S),
        "RDMADEV_DEADLINE_S": str(int(DEADLINE_S))}
-#: How long a case waits for the tasks to give back what the job held. A call that failed
-#: mid-step can leave a task's receive ring held (channels already unbound) until the step's
-#: work gives up, which the deadline bounds: a full run of this tier on 2026-11-27 (seed
-#: 718289290, link down) found 2 regions still held on ps 60 s after recovery, back to 0
-#: during the next case. Waiting past the deadline still fails a leak.
-SETTLE_S = DEADLINE_S + 30.0
 #: A killed task is known within this (the issue's bound).
 KILL_BOUND_S = 2.0
 #: A silent task is known within liveness.py's bound, plus slack for a loaded 2-core box.
@@ -133,17 +127,18 @@ def _held(rt, cluster):
 
 
 def _settled(rt, cluster, want, timeout=60.0):
-    """`_held` once it equals `want` on the tasks `want` has (releases and sweeps are
-    asynchronous), or the last reading after `timeout` (fds and threads: within SLACK)."""
+    """(`_held` once it equals `want` on the tasks `want` has (releases and sweeps are
+    asynchronous), or the last reading after `timeout`; seconds it took, None if it never
+    did). Fds and threads: within SLACK."""
     def same(now):
         return all(now[t][k] == want[t][k] for t in want for k in HELD) and \
             all(now[t][k] <= want[t][k] + slack for t in want for k, slack in SLACK.items())
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
     now = _held(rt, cluster)
-    while not same(now) and time.monotonic() < deadline:
+    while not same(now) and time.monotonic() < start + timeout:
         time.sleep(0.25)
         now = _held(rt, cluster)
-    return now
+    return now, (time.monotonic() - start if same(now) else None)
 
 
 def _recovery_run(cluster, mode):
@@ -157,7 +152,7 @@ def _warm(cluster, rt, mode):
     """One clean run, so the baseline has what stays between jobs (endpoints, heartbeats)."""
     assert _recovery_run(cluster, mode)
     time.sleep(2 * LIVENESS_S)  # the heartbeats' connections open within an interval
-    return _settled(rt, cluster, _held(rt, cluster), timeout=0)
+    return _settled(rt, cluster, _held(rt, cluster), timeout=0)[0]
 
 
 def _silent_seen(rt, survivors, failed, since, timeout):
@@ -174,11 +169,11 @@ def _silent_seen(rt, survivors, failed, since, timeout):
 
 
 def _record(results, fault, target, fabric, mode, error, fault_at, survivors_s, named, recovered,
-            note=""):
+            settled_s, note=""):
     coordinator = (f"{error[0] - fault_at:.2f} s" if error else "no error") + note
     results.append({"fault": fault, "target": target, "fabric": fabric, "mode": mode,
                     "coordinator": coordinator, "survivors_s": survivors_s, "named": named,
-                    "recovered": recovered})
+                    "recovered": recovered, "settled_s": settled_s})
 
 
 def _run_case(cluster, rt, mode, fault, target, rng, results, fabric, cut=None):
@@ -228,13 +223,13 @@ def _run_case(cluster, rt, mode, fault, target, rng, results, fabric, cut=None):
         cluster.restart(job, index)
     recovered = _recovery_run(cluster, mode)
     named = bool(error and failed and failed in error[1]["message"])
-    _record(results, fault, target, fabric, mode, error, fault_at, survivors_s, named, recovered,
-            note)
-    # What every case must satisfy, on both paths: no hang (above) and the job runs again.
-    assert recovered, d.output()
     # A restarted task starts afresh: the others must be where they were.
     kept = {t: v for t, v in before.items() if not (restarted and t == failed)}
-    after = _settled(rt, cluster, kept, timeout=SETTLE_S)
+    after, settled_s = _settled(rt, cluster, kept)
+    _record(results, fault, target, fabric, mode, error, fault_at, survivors_s, named, recovered,
+            settled_s, note)
+    # What every case must satisfy, on both paths: no hang (above) and the job runs again.
+    assert recovered, d.output()
     if mode != "rdmadev":
         return
     # rdmadev's bounds.
