@@ -32,9 +32,9 @@ def channel(fabric, secret, request):
     a, b = rdmadev.open_domain("tx", tx_cfg), rdmadev.open_domain("rx", cfg)
     names = []
 
-    def bind(name, capacity, rank=None, slots=SLOTS):
+    def bind(name, capacity, rank=None, slots=SLOTS, leased=False):
         key = f"{request.node.name}:{name}"
-        tx, rx = bind_local(a, b, key, ring_layout(slots, capacity, rank=rank))
+        tx, rx = bind_local(a, b, key, ring_layout(slots, capacity, rank=rank), leased)
         names.append(key)
         return key, tx, rx
 
@@ -385,10 +385,12 @@ def _until(predicate, timeout_s=CANCEL_GUARD_S):
 def test_unbinding_a_half_ends_its_pending_wait(channel, half):
     """A step whose peer will never write (its step failed elsewhere, the peer task alive and
     not cancelled) waits on a half the control plane then unbinds (the function released, the
-    peer restarted): the wait ends then, naming the channel, not at its 600 s deadline; until
-    it does, the wait holds the ring's region."""
-    key, tx, rx = channel("unbound", 64, slots=1)
+    peer restarted): the wait ends then, naming the channel, not at its 600 s deadline, and
+    the half's region (the receiver's ring, the sender's credit line), which the wait held,
+    leaves its Domain."""
+    key, _, _ = channel("unbound", 64, slots=1, leased=True)
     domain = channel.receiver_domain if half == "recv" else channel.sender_domain
+    regions = domain.region_stats[0]
     if half == "send":
         ops.send(tf.ones([16]), key)  # fills the one slot: the next send waits for a credit
     outcome = []
@@ -413,3 +415,4 @@ def test_unbinding_a_half_ends_its_pending_wait(channel, half):
     assert isinstance(e, tf.errors.UnavailableError), e
     assert f"channel {key}" in str(e) and "unbound" in str(e), e
     assert domain.pending_waits == 0
+    assert _until(lambda: domain.region_stats[0] == regions - 1, 30), domain.region_stats

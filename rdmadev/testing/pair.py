@@ -11,7 +11,7 @@ import multiprocessing
 
 from graph_pass.layout import slot_bytes
 
-from .._core import CREDIT_BYTES, RingLayout, RingReceiver, RingSender
+from .._core import CREDIT_BYTES, RegionLease, RingLayout, RingReceiver, RingSender
 from ..errors import DeadlineExceeded, PeerLostError
 
 __all__ = ["spawn", "ring_layout", "ring_receiver", "ring_sender", "bind_local", "recv", "stop"]
@@ -65,16 +65,18 @@ def ring_layout(slots, capacity, offset=0, rank=None):
     return RingLayout(slots, stride, payload_offset, capacity, offset)
 
 
-def bind_local(tx, rx, key, layout):
+def bind_local(tx, rx, key, layout, leased=False):
     """Sets up a channel laid out by `layout` from Domain `tx` to Domain `rx`, both of this
     process, and binds both halves under `key` for the TF ops (no control plane: a channel
-    bound by hand). Returns (RingSender, RingReceiver); unbind with _core.unbind_channel(key)."""
+    bound by hand). Returns (RingSender, RingReceiver); unbind with _core.unbind_channel(key).
+    `leased`: each half holds its region as the control plane's do, so the region leaves its
+    Domain with the last user of the half (else with the Domain)."""
     ring, credit = rx.allocate(layout.bytes, label="ring"), tx.allocate(CREDIT_BYTES, label="credit")
     to_rx, to_tx = tx.connect(rx.address), rx.connect(tx.address)
     sender = RingSender(to_rx, to_rx.attach(ring.descriptor), layout, credit)
     receiver = RingReceiver(ring, layout, to_tx, to_tx.attach(credit.descriptor))
-    sender.bind(key)
-    receiver.bind(key)
+    sender.bind(key, lease=RegionLease(credit) if leased else None)
+    receiver.bind(key, lease=RegionLease(ring) if leased else None)
     return sender, receiver
 
 
