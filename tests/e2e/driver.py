@@ -541,13 +541,15 @@ def sparse(mode):
 
 
 #: Ops whose output may be a view of their input's buffer, as the views scenario uses them.
-VIEWS = ("Reshape", "ExpandDims", "Squeeze", "Slice", "StridedSlice", "Cast")
+VIEWS = ("Reshape", "ExpandDims", "Squeeze", "Slice", "StridedSlice", "Cast", "Transpose")
+#: Segment reductions (an embedding bag's combiner), which the views scenario reads rows with.
+SEGMENT_SUMS = ("UnsortedSegmentSum", "SparseSegmentSum")
 
 
 def views(mode):
     """Tensors computed on ps each step (every step's bytes differ), each read on the worker
     through one op that may return a view of its input's buffer into an op that keeps
-    nothing; one through a view that is the function's result (it outlives the step), one
+    nothing, or summed by a segment reduction; one through a view that is the function's result (it outlives the step), one
     through a slice plus one assigned to a variable (AddV2 may compute into the slice and the
     variable keep that buffer); and the rows of a lookup sharded over two tables, stitched on
     the worker (ParallelDynamicStitch). Returns each step's sums, the result's digest and the
@@ -563,7 +565,7 @@ def views(mode):
         with tf.device(PS):
             base = v + tf.cast(i, tf.float32)
             sent = {op: tf.multiply(tf.expand_dims(base, 0) if op == "Squeeze" else base, float(k + 2),
-                                    name=f"for_{op}") for k, op in enumerate(VIEWS)}
+                                    name=f"for_{op}") for k, op in enumerate(VIEWS + SEGMENT_SUMS)}
             result = tf.multiply(base, 9.0, name="for_result")
             for_held = tf.multiply(base, 10.0, name="for_held")
         with tf.device(W0):
@@ -574,6 +576,9 @@ def views(mode):
                     tf.matmul(tf.slice(sent["Slice"], [8, 0], [32, 64]), m),
                     tf.matmul(sent["StridedSlice"][:16], m),
                     tf.matmul(tf.raw_ops.Cast(x=sent["Cast"], DstT=tf.float32), m),
+                    tf.transpose(sent["Transpose"]) * 2.0,
+                    tf.math.unsorted_segment_sum(sent["UnsortedSegmentSum"], tf.range(64) % 8, 8),
+                    tf.sparse.segment_sum(sent["SparseSegmentSum"], tf.range(64), tf.range(64) // 8),
                     tf.nn.embedding_lookup(shards, ids) * 2.0]
             sums = tf.stack([tf.reduce_sum(r) for r in read])
             kept = tf.reshape(result, [-1])

@@ -285,8 +285,9 @@ def test_an_embedding_step_with_run_time_shapes_is_bitwise_identical(cluster, en
 
 def test_views_of_received_tensors_read_them_in_their_slots(cluster):
     """With RDMADEV_ZERO_COPY_MIN_BYTES=1 a tensor read through a view (Reshape, ExpandDims,
-    Squeeze, Slice, StridedSlice, a same-type Cast) by ops that keep nothing is aliased in its
-    slot, and so are gathered rows stitched by a sharded lookup; one whose view is the
+    Squeeze, Slice, StridedSlice, a same-type Cast, Transpose) by ops that keep nothing is
+    aliased in its slot, and so are rows summed by a segment reduction (UnsortedSegmentSum,
+    SparseSegmentSum) and gathered rows stitched by a sharded lookup; one whose view is the
     function's result is copied, and so is one whose slice plus one is assigned to a variable
     (aliased, the variable took the slot over and the next step failed: "all 1 slots are
     held"). Bitwise equal to gRPC over steps whose bytes all differ."""
@@ -295,8 +296,9 @@ def test_views_of_received_tensors_read_them_in_their_slots(cluster):
     assert rdma["sums"] == grpc["sums"] and rdma["kept"] == grpc["kept"] and rdma["held"] == grpc["held"]
     report = rdma["report"]
     fabric = dict((name, f) for f, name in re.findall(r"^\s*(\S+)\s+\S+ -> \S+\s+edge_\d+_for_(\w+) ", report, re.M))
-    views = ("Reshape", "ExpandDims", "Squeeze", "Slice", "StridedSlice", "Cast")  # driver.VIEWS
-    assert fabric == {**{v: "shm+zc" for v in views}, "result": "shm", "held": "shm"}, report
+    read = ("Reshape", "ExpandDims", "Squeeze", "Slice", "StridedSlice", "Cast", "Transpose",
+            "UnsortedSegmentSum", "SparseSegmentSum")  # driver.VIEWS + driver.SEGMENT_SUMS
+    assert fabric == {**{v: "shm+zc" for v in read}, "result": "shm", "held": "shm"}, report
     rows = re.findall(r"^\s*(\S+)\s+\S+ -> \S+\s+edge_\d+_embedding_lookup/\S+ DT_FLOAT run-time shape", report, re.M)
     assert rows == ["shm+zc", "shm+zc"], report
 

@@ -48,7 +48,7 @@ def test_identities_are_looked_through():
     assert _plan_chain(["Identity"] * 5, "MatMul") is False  # past MAX_VIEWS: copied
 
 
-VIEWS = ("Reshape", "ExpandDims", "Squeeze", "Slice", "StridedSlice", "Cast")
+VIEWS = ("Reshape", "ExpandDims", "Squeeze", "Slice", "StridedSlice", "Cast", "Transpose")
 
 
 def test_views_are_looked_through_like_identities():
@@ -96,6 +96,12 @@ def test_stitching_gathered_rows_keeps_nothing():
     """A sharded embedding lookup stitches each shard's rows into a fresh tensor."""
     for stitch in ("DynamicStitch", "ParallelDynamicStitch"):
         assert _plan([stitch]).zero_copy is True, stitch
+
+
+def test_segment_reductions_keep_nothing():
+    """Segment reductions (an embedding bag's combiner) sum rows into a fresh tensor."""
+    for reduce in ("UnsortedSegmentSum", "SparseSegmentSum", "SparseSegmentMeanWithNumSegments"):
+        assert _plan([reduce]).zero_copy is True, reduce
 
 
 def test_small_tensors_are_copied():
