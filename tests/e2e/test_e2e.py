@@ -276,8 +276,8 @@ def test_an_embedding_step_with_run_time_shapes_is_bitwise_identical(cluster, en
     assert set(kept) <= {"client_task"}, report
     assert report.count("run-time shape") >= 3, report
     # Aliased where every consumer keeps nothing: the ids (ResourceGather, ResourceScatterSub),
-    # the rows (GatherV2), the gradients (Mul); not a shape (its slices reach ConcatV2 and
-    # UnsortedSegmentSum, which zero_copy.py does not list).
+    # the rows (GatherV2), the gradients (Mul); not a shape (its slices reach ConcatV2, which
+    # zero_copy.py does not list: it returns its input when given one).
     aliased = set(re.findall(r"^\s*shm\+zc\s+\S+ -> \S+\s+edge_\d+_(\S+) \S+ run-time shape", report, re.M))
     assert aliased == {"Unique", "Gather", "gradient_tape/Gather/Reshape",
                        "gradient_tape/MatMul/MatMul_1"}, report
