@@ -19,6 +19,7 @@ from rdmadev import Config, _core
 from rdmadev.cluster import channels, liveness, runtime
 from rdmadev.errors import PeerLostError
 from rdmadev.testing import launch
+from rdmadev.testing.timing import wait_until
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -65,13 +66,6 @@ def pair(request):
             rt.close()
 
 
-def _wait_for(predicate, within):
-    deadline = time.monotonic() + within
-    while not predicate() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return predicate()
-
-
 def test_a_stopped_peer_fails_waits_on_it_then_its_channels_work_again(pair):
     rt, cluster = pair
     _, swap, regions = plan([(PS, W1), (W1, PS)])
@@ -92,7 +86,7 @@ def test_a_stopped_peer_fails_waits_on_it_then_its_channels_work_again(pair):
     assert counters["channels"] == 3 + 3  # silent is not gone: nothing was unbound
 
     os.kill(cluster.pid("ps", 0), signal.SIGCONT)
-    assert _wait_for(lambda: rt.table.counters()["silent_peers"] == [], DETECTED_WITHIN_S)
+    assert wait_until(lambda: rt.table.counters()["silent_peers"] == [], DETECTED_WITHIN_S)
     for t in swap:  # both directions carry correct data again, credits included
         assert exchange(rt, t, 5, seed=7) == []
 

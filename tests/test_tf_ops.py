@@ -5,7 +5,6 @@ import gc
 import os
 import struct
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -16,6 +15,7 @@ tf = pytest.importorskip("tensorflow")
 import rdmadev  # noqa: E402
 from rdmadev import _core  # noqa: E402
 from rdmadev.testing.pair import bind_local, ring_layout  # noqa: E402
+from rdmadev.testing.timing import wait_until  # noqa: E402
 from rdmadev.tf import ops  # noqa: E402
 from tf_steps import (CANCEL_GUARD_S, failed_as_planned, fails_when_run,  # noqa: E402
                       failure_of_cancelled)
@@ -373,14 +373,6 @@ def test_a_cancelled_step_ends_the_wait_for_an_unbound_half(half, request):
     assert failed_as_planned(e), e
 
 
-def _until(predicate, timeout_s=CANCEL_GUARD_S):
-    """Polls `predicate` every 10 ms until it holds or `timeout_s` passed (a hang guard)."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return predicate()
-
-
 @pytest.mark.parametrize("half", ["recv", "send"])
 def test_unbinding_a_half_ends_its_pending_wait(channel, half):
     """A step whose peer will never write (its step failed elsewhere, the peer task alive and
@@ -407,7 +399,7 @@ def test_unbinding_a_half_ends_its_pending_wait(channel, half):
 
     waiter = threading.Thread(target=run, daemon=True)
     waiter.start()
-    assert _until(lambda: domain.pending_waits == 1), "the op never waited"
+    assert wait_until(lambda: domain.pending_waits == 1, CANCEL_GUARD_S, 0.01), "the op never waited"
     assert _core.unbind_channel(key, half) == 1
     waiter.join(CANCEL_GUARD_S)
     assert outcome, f"the wait outlived its unbound channel by {CANCEL_GUARD_S} s"
@@ -415,4 +407,4 @@ def test_unbinding_a_half_ends_its_pending_wait(channel, half):
     assert isinstance(e, tf.errors.UnavailableError), e
     assert f"channel {key}" in str(e) and "unbound" in str(e), e
     assert domain.pending_waits == 0
-    assert _until(lambda: domain.region_stats[0] == regions - 1, 30), domain.region_stats
+    assert wait_until(lambda: domain.region_stats[0] == regions - 1, 30, 0.01), domain.region_stats

@@ -1,8 +1,9 @@
-"""Timing of tf.function variants in one run, for the benchmarks' same-run baselines."""
+"""Timing of tf.function variants in one run, for the benchmarks' same-run baselines; polling
+for a condition with a bound, for tests."""
 
 import time
 
-__all__ = ["ms_per_call"]
+__all__ = ["ms_per_call", "wait_until"]
 
 
 def ms_per_call(variants, rounds, calls, on_round=None):
@@ -34,3 +35,12 @@ def ms_per_call(variants, rounds, calls, on_round=None):
         if on_round is not None:
             on_round(r + 1)
     return ms
+
+
+def wait_until(predicate, within, every=0.05):
+    """Calls `predicate` every `every` seconds until it holds or `within` seconds passed (a
+    hang guard, not a timing check); returns its last answer."""
+    deadline = time.monotonic() + within
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(every)
+    return predicate()

@@ -549,9 +549,9 @@ SEGMENT_SUMS = ("UnsortedSegmentSum", "SparseSegmentSum")
 def views(mode):
     """Tensors computed on ps each step (every step's bytes differ), each read on the worker
     through one op that may return a view of its input's buffer into an op that keeps
-    nothing, or summed by a segment reduction; one through a view that is the function's result (it outlives the step), one
-    through a slice plus one assigned to a variable (AddV2 may compute into the slice and the
-    variable keep that buffer); and the rows of a lookup sharded over two tables, stitched on
+    nothing, or summed by a segment reduction; one through a view that is the function's
+    result (it outlives the step), one through a slice plus one assigned to a variable (AddV2
+    may compute into the slice and the variable keep that buffer); and the rows of a lookup sharded over two tables, stitched on
     the worker (ParallelDynamicStitch). Returns each step's sums, the result's digest and the
     variable. Grappler's arithmetic optimizer is off here, as it would drop the same-type Cast."""
     tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
