@@ -33,8 +33,9 @@ log.addHandler(logging.NullHandler())
 #: Conv2DBackpropInput to it before the pass sees the graph; tests/e2e: the conv scenario);
 #: embedding lookups and sparse updates read the ids or rows (tests/e2e: the sparse
 #: scenario); a lookup sharded over several tables stitches each shard's rows into a fresh
-#: tensor, and segment reductions (an embedding bag's combiner) sum rows into one (tests/e2e:
-#: the views scenario).
+#: tensor, and segment reductions (an embedding bag's combiner) sum rows into one; ConcatV2
+#: always allocates its output, even when all inputs but one are empty (tests/e2e: the views
+#: scenario).
 READ_ONLY_OPS = frozenset({
     "MatMul", "BatchMatMulV2", "_MklMatMul", "_MklNativeMatMul",
     "Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "_MklConv2D", "_MklNativeConv2D",
@@ -46,6 +47,7 @@ READ_ONLY_OPS = frozenset({
     "UnsortedSegmentSum", "UnsortedSegmentMax", "UnsortedSegmentMin", "UnsortedSegmentProd",
     "SparseSegmentSum", "SparseSegmentMean", "SparseSegmentSqrtN", "SparseSegmentSumWithNumSegments",
     "SparseSegmentMeanWithNumSegments", "SparseSegmentSqrtNWithNumSegments",
+    "ConcatV2",
 })
 #: Ops that may write their result into an input buffer that owns its memory and has no
 #: other user (elementwise ops; fused ops with an addend): read-only for the slot's own
@@ -56,12 +58,13 @@ IN_PLACE_OPS = frozenset({
     "_FusedConv2D", "_MklFusedConv2D", "_MklNativeFusedConv2D",
 })
 #: Ops whose output 0 may be input 0's buffer itself: views (a same-type Cast returns its
-#: input; a transpose that moves only dimensions of size 1, or none, returns it reshaped) and
-#: reductions, which return their input when every reduced dimension has size 1. Their other
-#: inputs (a shape, axes, a permutation) are only read. TF1 graphs read a received variable
-#: value through an Identity.
+#: input; a transpose that moves only dimensions of size 1, or none, returns it reshaped; a
+#: Pack of one tensor returns it reshaped, of several a fresh tensor) and reductions, which
+#: return their input when every reduced dimension has size 1. Their other inputs (a shape,
+#: axes, a permutation, the rest of a Pack) are only read. TF1 graphs read a received
+#: variable value through an Identity.
 VIEW_OPS = frozenset({"Identity", "Reshape", "ExpandDims", "Squeeze", "Cast", "Transpose",
-                      "ConjugateTranspose", "Sum", "Mean", "Max", "Min", "Prod"})
+                      "ConjugateTranspose", "Pack", "Sum", "Mean", "Max", "Min", "Prod"})
 #: Ops whose output 0 may be a slice of input 0 (a SubBuffer: counted as owning memory).
 SLICE_OPS = frozenset({"Slice", "StridedSlice"})
 #: Views followed from one received tensor before giving up.

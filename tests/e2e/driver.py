@@ -542,17 +542,19 @@ def sparse(mode):
 
 #: Ops whose output may be a view of their input's buffer, as the views scenario uses them.
 VIEWS = ("Reshape", "ExpandDims", "Squeeze", "Slice", "StridedSlice", "Cast", "Transpose")
-#: Segment reductions (an embedding bag's combiner), which the views scenario reads rows with.
-SEGMENT_SUMS = ("UnsortedSegmentSum", "SparseSegmentSum")
+#: Ops that read received rows into a fresh tensor, as the views scenario uses them: segment
+#: reductions (an embedding bag's combiner), a stack and a concatenation with other rows.
+FRESH = ("UnsortedSegmentSum", "SparseSegmentSum", "Pack", "ConcatV2")
 
 
 def views(mode):
     """Tensors computed on ps each step (every step's bytes differ), each read on the worker
     through one op that may return a view of its input's buffer into an op that keeps
-    nothing, or summed by a segment reduction; one through a view that is the function's
-    result (it outlives the step), one through a slice plus one assigned to a variable (AddV2
-    may compute into the slice and the variable keep that buffer); and the rows of a lookup sharded over two tables, stitched on
-    the worker (ParallelDynamicStitch). Returns each step's sums, the result's digest and the
+    nothing, or summed by a segment reduction, or stacked or concatenated with other rows;
+    one through a view that is the function's result (it outlives the step), one through a
+    slice plus one assigned to a variable (AddV2 may compute into the slice and the variable
+    keep that buffer); and the rows of a lookup sharded over two tables, stitched on the
+    worker (ParallelDynamicStitch). Returns each step's sums, the result's digest and the
     variable. Grappler's arithmetic optimizer is off here, as it would drop the same-type Cast."""
     tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
     with tf.device(PS):
@@ -565,7 +567,7 @@ def views(mode):
         with tf.device(PS):
             base = v + tf.cast(i, tf.float32)
             sent = {op: tf.multiply(tf.expand_dims(base, 0) if op == "Squeeze" else base, float(k + 2),
-                                    name=f"for_{op}") for k, op in enumerate(VIEWS + SEGMENT_SUMS)}
+                                    name=f"for_{op}") for k, op in enumerate(VIEWS + FRESH)}
             result = tf.multiply(base, 9.0, name="for_result")
             for_held = tf.multiply(base, 10.0, name="for_held")
         with tf.device(W0):
@@ -577,8 +579,12 @@ def views(mode):
                     tf.matmul(sent["StridedSlice"][:16], m),
                     tf.matmul(tf.raw_ops.Cast(x=sent["Cast"], DstT=tf.float32), m),
                     tf.transpose(sent["Transpose"]) * 2.0,
+                    # A Pack of one would reach the pass as an ExpandDims (grappler's
+                    # constant folding rewrites it).
+                    tf.stack([tf.ones([64, 64]), sent["Pack"]]) * 2.0,
                     tf.math.unsorted_segment_sum(sent["UnsortedSegmentSum"], tf.range(64) % 8, 8),
                     tf.sparse.segment_sum(sent["SparseSegmentSum"], tf.range(64), tf.range(64) // 8),
+                    tf.concat([sent["ConcatV2"], tf.ones([8, 64])], 0),
                     tf.nn.embedding_lookup(shards, ids) * 2.0]
             sums = tf.stack([tf.reduce_sum(r) for r in read])
             kept = tf.reshape(result, [-1])

@@ -264,8 +264,8 @@ def test_an_embedding_step_with_run_time_shapes_is_bitwise_identical(cluster, en
     and sequence lengths changing (ragged, empty); with 256-byte slots every tensor but the
     smallest arrives in chunks; with RDMADEV_ZERO_COPY_MIN_BYTES=1 every tensor whose consumers
     keep nothing is aliased in its slot (ids read by ResourceGather, rows by GatherV2, gradient
-    values by Mul, their indices by ResourceScatterSub). Nothing of a plain-bytes dtype stays
-    on gRPC but the coordinator's arguments and results."""
+    values by Mul, their indices by ResourceScatterSub, a shape's slices by ConcatV2). Nothing
+    of a plain-bytes dtype stays on gRPC but the coordinator's arguments and results."""
     grpc = run_driver(cluster, "grpc", "sparse")
     rdma = run_driver(cluster, "rdmadev", "sparse", env=env)
     assert rdma["losses"] == grpc["losses"] and rdma["unique"] == grpc["unique"]
@@ -276,28 +276,28 @@ def test_an_embedding_step_with_run_time_shapes_is_bitwise_identical(cluster, en
     assert set(kept) <= {"client_task"}, report
     assert report.count("run-time shape") >= 3, report
     # Aliased where every consumer keeps nothing: the ids (ResourceGather, ResourceScatterSub),
-    # the rows (GatherV2), the gradients (Mul); not a shape (its slices reach ConcatV2, which
-    # zero_copy.py does not list: it returns its input when given one).
+    # the rows (GatherV2), the gradients (Mul), a shape (its slices reach ConcatV2).
     aliased = set(re.findall(r"^\s*shm\+zc\s+\S+ -> \S+\s+edge_\d+_(\S+) \S+ run-time shape", report, re.M))
     assert aliased == {"Unique", "Gather", "gradient_tape/Gather/Reshape",
-                       "gradient_tape/MatMul/MatMul_1"}, report
+                       "gradient_tape/MatMul/MatMul_1", "gradient_tape/Shape_4"}, report
 
 
 def test_views_of_received_tensors_read_them_in_their_slots(cluster):
     """With RDMADEV_ZERO_COPY_MIN_BYTES=1 a tensor read through a view (Reshape, ExpandDims,
     Squeeze, Slice, StridedSlice, a same-type Cast, Transpose) by ops that keep nothing is
-    aliased in its slot, and so are rows summed by a segment reduction (UnsortedSegmentSum,
-    SparseSegmentSum) and gathered rows stitched by a sharded lookup; one whose view is the
-    function's result is copied, and so is one whose slice plus one is assigned to a variable
-    (aliased, the variable took the slot over and the next step failed: "all 1 slots are
-    held"). Bitwise equal to gRPC over steps whose bytes all differ."""
+    aliased in its slot, and so are rows stacked (Pack) or concatenated (ConcatV2) with
+    others, summed by a segment reduction (UnsortedSegmentSum, SparseSegmentSum) and gathered
+    rows stitched by a sharded lookup; one whose view is the function's result is copied, and
+    so is one whose slice plus one is assigned to a variable (aliased, the variable took the
+    slot over and the next step failed: "all 1 slots are held"). Bitwise equal to gRPC over
+    steps whose bytes all differ."""
     grpc = run_driver(cluster, "grpc", "views")
     rdma = run_driver(cluster, "rdmadev", "views", env={"RDMADEV_ZERO_COPY_MIN_BYTES": "1"})
     assert rdma["sums"] == grpc["sums"] and rdma["kept"] == grpc["kept"] and rdma["held"] == grpc["held"]
     report = rdma["report"]
     fabric = dict((name, f) for f, name in re.findall(r"^\s*(\S+)\s+\S+ -> \S+\s+edge_\d+_for_(\w+) ", report, re.M))
     read = ("Reshape", "ExpandDims", "Squeeze", "Slice", "StridedSlice", "Cast", "Transpose",
-            "UnsortedSegmentSum", "SparseSegmentSum")  # driver.VIEWS + driver.SEGMENT_SUMS
+            "UnsortedSegmentSum", "SparseSegmentSum", "Pack", "ConcatV2")  # driver.VIEWS + driver.FRESH
     assert fabric == {**{v: "shm+zc" for v in read}, "result": "shm", "held": "shm"}, report
     rows = re.findall(r"^\s*(\S+)\s+\S+ -> \S+\s+edge_\d+_embedding_lookup/\S+ DT_FLOAT run-time shape", report, re.M)
     assert rows == ["shm+zc", "shm+zc"], report

@@ -48,7 +48,7 @@ def test_identities_are_looked_through():
     assert _plan_chain(["Identity"] * 5, "MatMul") is False  # past MAX_VIEWS: copied
 
 
-VIEWS = ("Reshape", "ExpandDims", "Squeeze", "Slice", "StridedSlice", "Cast", "Transpose")
+VIEWS = ("Reshape", "ExpandDims", "Squeeze", "Slice", "StridedSlice", "Cast", "Transpose", "Pack")
 
 
 def test_views_are_looked_through_like_identities():
@@ -102,6 +102,26 @@ def test_segment_reductions_keep_nothing():
     """Segment reductions (an embedding bag's combiner) sum rows into a fresh tensor."""
     for reduce in ("UnsortedSegmentSum", "SparseSegmentSum", "SparseSegmentMeanWithNumSegments"):
         assert _plan([reduce]).zero_copy is True, reduce
+
+
+def test_concatenation_keeps_nothing():
+    """ConcatV2 copies every input into a fresh tensor; its axis input is only read."""
+    assert _plan(["ConcatV2"]).zero_copy is True
+    assert _plan_chain(["ConcatV2"], "_Retval") is True
+
+
+def test_a_pack_is_a_view_of_its_first_input_only():
+    """A Pack of one tensor returns it reshaped (followed, as a view); a Pack of several
+    copies each, so a received tensor that is not its first input is only read."""
+    assert _plan_chain(["Pack"], "_Retval") is False
+    ps, w = Partition(dev("ps")), Partition(dev("worker"))
+    ps.var("v", BIG)
+    pair(ps, w, "edge_1_v", "v/read", recv_name="v/_recv", shape=BIG)
+    w.node("x", "Placeholder", dtype=("type", FLOAT))
+    w.node("packed", "Pack", ["x", "v/_recv"], T=("type", FLOAT), N=("i", 2))
+    w.node("out", "_Retval", ["packed"], T=("type", FLOAT))
+    (t,) = graph_pass.plan_partitions(partitions(ps, w)).transfers
+    assert t.zero_copy is True
 
 
 def test_small_tensors_are_copied():
