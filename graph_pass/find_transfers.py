@@ -112,8 +112,8 @@ def _in_loops(g):
 
 
 #: Ops that open and close a lowered conditional (tf.cond and tf.case become Switch ... Merge):
-#: what lies between may be dead, and a dead tensor crosses tasks only as TF's rendezvous
-#: carries it (a _Send with a dead input still sends "dead"; a custom op never runs on one).
+#: what lies between may be dead, and a dead tensor crosses tasks only through a _Send/_Recv
+#: pair (TF runs a _Send with a dead input, and it sends "dead"; a custom op never runs on one).
 SWITCH_OPS = frozenset({"Switch", "RefSwitch", "_SwitchN"})
 MERGE_OPS = frozenset({"Merge", "RefMerge"})
 

@@ -4,10 +4,11 @@ Rules, first match wins:
 
 1. ``client_terminated`` (a TF1 feed/fetch) -> keep.
 2. an end on a client job (``/job:localhost``, ``/job:chief``) -> keep unless ``plan_client_pairs``.
-3. a half inside a while loop's frame (``in_loop``), or a pair inside a branch of a lowered
-   conditional (``in_cond``: its tensor may be dead, and only TF's _Send/_Recv carry deadness;
-   a half alone is told by the name rdmadev's pass gave its source, find_transfers.BRANCH_MARK)
-   -> keep.
+3. a half inside a while loop's frame (``in_loop``) -> keep; a pair inside a branch of a lowered
+   conditional (``in_cond``: its tensor may be dead; a half alone is told by the name rdmadev's
+   pass gave its source, find_transfers.BRANCH_MARK) -> keep unless the ops carry dead tensors
+   (``carries["dead_tensors"]``: TF's own _Send/_Recv labelled for rdmadev's kernels), else on
+   to the rules below.
 4. DT_STRING / DT_VARIANT / DT_RESOURCE, reference or unknown dtypes -> keep.
 5. only one half loaded -> keep when the ops cannot carry half pairs (``carries["half_pairs"]``)
    or no ``half_pair_capacity`` is set; else swap as a dynamic channel of that capacity (a
@@ -41,7 +42,8 @@ REASONS = {
     "in_loop": ("keep", "inside a while loop: a channel carries one tensor per step in order, and a loop's "
                         "iterations may run ahead of each other (TF's rendezvous keys each iteration)"),
     "in_cond": ("keep", "inside a branch of a tf.cond / tf.case (lowered to Switch/Merge): on the branch not "
-                        "taken the tensor is dead, and only TF's rendezvous carries a dead tensor"),
+                        "taken the tensor is dead, and the runtime's ops do not carry a dead tensor "
+                        "(config.carries['dead_tensors'] is False)"),
     "unsupported_dtype": ("keep", "string/variant/resource, reference or unknown dtype: not flat bytes"),
     "dynamic_unbounded": ("keep", "dynamic shape without a bound (set capacity_hints or "
                                   "default_dynamic_capacity)"),
@@ -88,7 +90,7 @@ def decide(t, config):
         return Decision("client_task", f"{t.label}: end on {client[0]}")
     if t.in_loop:
         return Decision("in_loop", f"{t.label}: in a while loop's frame")
-    if t.in_cond:
+    if t.in_cond and not config.carries["dead_tensors"]:
         return Decision("in_cond", f"{t.label}: in a conditional branch")
     if t.dtype in UNSUPPORTED or _SIZES.get(t.dtype) is None:
         return Decision("unsupported_dtype", f"{t.label}: dtype {t.dtype}")

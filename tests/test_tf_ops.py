@@ -3,6 +3,7 @@ fabric): values identical, zero-copy aliasing returns the slot on release, clear
 import dataclasses
 import gc
 import os
+import re
 import struct
 import threading
 
@@ -408,3 +409,54 @@ def test_unbinding_a_half_ends_its_pending_wait(channel, half):
     assert f"channel {key}" in str(e) and "unbound" in str(e), e
     assert domain.pending_waits == 0
     assert wait_until(lambda: domain.region_stats[0] == regions - 1, 30, 0.01), domain.region_stats
+
+
+# TF's own transfer nodes as the pass labels them for a pair in a conditional's branch
+# (pass.cc ApplyLabelled): rendezvous attrs, then rdmadev's settings under `_rdmadev_`.
+LOCAL_CPU = "/job:localhost/replica:0/task:0/device:CPU:0"
+
+
+def _labelled(g, op, key, dtype, inputs=(), shape=None):
+    from tensorflow.core.framework import attr_value_pb2 as av
+    attrs = {"tensor_name": av.AttrValue(s=key.encode()), "send_device": av.AttrValue(s=LOCAL_CPU.encode()),
+             "send_device_incarnation": av.AttrValue(i=1), "recv_device": av.AttrValue(s=LOCAL_CPU.encode()),
+             "client_terminated": av.AttrValue(b=False), "_kernel": av.AttrValue(s=b"rdmadev"),
+             "_rdmadev_channel": av.AttrValue(s=key.encode()), "_rdmadev_timeout_s": av.AttrValue(f=30.0),
+             "_rdmadev_max_bytes": av.AttrValue(i=0), "_rdmadev_owned": av.AttrValue(b=False),
+             ("T" if op == "_Send" else "tensor_type"): av.AttrValue(type=dtype.as_datatype_enum)}
+    if op == "_Recv":
+        attrs.update({"_rdmadev_shape": av.AttrValue(shape=tf.TensorShape(shape).as_proto()),
+                      "_rdmadev_zero_copy": av.AttrValue(b=False),
+                      "_rdmadev_zero_copy_min_bytes": av.AttrValue(i=0)})
+    return g._create_op_internal(op, list(inputs), [dtype] if op == "_Recv" else [], attrs=attrs,
+                                 name=f"labelled{op}_{len(g.get_operations())}")
+
+
+def test_a_dead_tensor_crosses_a_labelled_pair(channel):
+    """On the branch not taken TF runs the labelled _Send with a dead input: it writes a dead
+    transfer, and the labelled _Recv outputs a dead tensor, which the Merge passes over, as TF's
+    rendezvous would. Steps that take the branch and skip it, in any order, each get their own
+    value; a plain receive given a dead transfer fails, naming the channel."""
+    key, _, rx = channel("dead", 16)
+    ops.load()
+    g = tf.Graph()
+    with g.as_default():
+        pred = tf.compat.v1.placeholder(tf.bool, [])
+        x = tf.compat.v1.placeholder(tf.float32, [4])
+        skipped, taken = tf.raw_ops.Switch(data=x, pred=pred)
+        send = _labelled(g, "_Send", key, tf.float32, [taken * 2.0])
+        with g.control_dependencies([send]):  # one process: the write first
+            got = _labelled(g, "_Recv", key, tf.float32, shape=[4]).outputs[0]
+        out = tf.raw_ops.Merge(inputs=[got + 1.0, skipped - 1.0])[0]
+        lone = _labelled(g, "_Send", key, tf.float32, [taken])
+    # Grappler would meet the transfer nodes, which only exist after partitioning otherwise.
+    quiet = tf.compat.v1.ConfigProto()
+    quiet.graph_options.rewrite_options.disable_meta_optimizer = True
+    with tf.compat.v1.Session(graph=g, config=quiet) as s:
+        for step, flag in enumerate([True, False, False, True, False]):
+            v = np.full(4, float(step), np.float32)
+            np.testing.assert_array_equal(s.run(out, {pred: flag, x: v}), v * 2.0 + 1.0 if flag else v - 1.0)
+        assert rx.held == 0
+        s.run(lone, {pred: False, x: np.zeros(4, np.float32)})  # a dead transfer, for a plain receive
+    with pytest.raises(tf.errors.InvalidArgumentError, match=re.escape(f"rdmadev channel {key}: the sender's tensor is dead")):
+        ops.recv(tf.float32, [4], key)

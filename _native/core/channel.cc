@@ -30,7 +30,7 @@ void RingLayout::Validate() const {
   if (payload_offset % kCacheLine != 0 || payload_offset < kSlotHeaderBytes) {
     BadLayout("payload_offset", payload_offset, "is not a multiple of 64 that is >= 64 (the header)");
   }
-  if (capacity >= kStagedLength) {
+  if (capacity >= kDeadLength) {  // the lowest of the lengths that mark a transfer
     BadLayout("capacity_bytes", capacity, "reaches the protocol's 2^40 bytes per tensor");
   }
   if (payload_offset + capacity > slot_bytes) {
@@ -150,6 +150,14 @@ uint64_t RingSender::SendMoved(const Deadline& deadline) {
   return PostLocked(nullptr, 0, kMovedLength, nullptr, 0, deadline);
 }
 
+uint64_t RingSender::SendDead(const Deadline& deadline, uint32_t tag) {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t n = PostLocked(nullptr, 0, kDeadLength | (uint64_t(tag & kMaxTag) << kTagShift), nullptr,
+                          0, deadline);
+  g_sent.fetch_add(1, std::memory_order_relaxed);
+  return n;
+}
+
 uint64_t RingSender::PostLocked(const void* src, uint64_t len, uint64_t length_word,
                                 const void* shape, uint64_t shape_len, const Deadline& deadline) {
   uint64_t n = sent_ + 1;
@@ -233,6 +241,8 @@ Slot RingReceiver::TakeLocked(uint64_t n, uint64_t seen) {
   const bool staged = len == kStagedLength && layout_.shape_bytes() &&
                       layout_.capacity >= kStageRecordBytes;
   if (staged) len = kStageRecordBytes;
+  const bool dead = len == kDeadLength;
+  if (dead) len = 0;
   if (n != acquired_ + 1 || seen != n || len > layout_.capacity) {
     throw Error(ErrorKind::kProtocol, "Channel out of step: slot " + std::to_string(slot) +
                                           " holds sequence " + std::to_string(seen) + " (" +
@@ -247,6 +257,7 @@ Slot RingReceiver::TakeLocked(uint64_t n, uint64_t seen) {
   Slot taken{n, ring_->base() + layout_.payload(slot), len,
              static_cast<uint32_t>(word >> kTagShift), shape};
   taken.staged = staged;
+  taken.dead = dead;
   return taken;
 }
 

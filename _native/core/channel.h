@@ -43,6 +43,10 @@ constexpr uint64_t kMovedLength = kMaxPayloadBytes - 1;
 // The length of a staged transfer (stage.h): the slot carries a StageRecord naming where the
 // sender staged the tensor, not the tensor. Below kMovedLength and above every capacity too.
 constexpr uint64_t kStagedLength = kMaxPayloadBytes - 2;
+// The length of a dead transfer: TF's sending half ran with a dead input (the branch of a
+// conditional not taken), so the receiving half outputs a dead tensor, as TF's rendezvous
+// does (ops.cc). No payload; below kStagedLength and above every capacity too.
+constexpr uint64_t kDeadLength = kMaxPayloadBytes - 3;
 // Bytes of an encoded StageRecord: the stage's region descriptor, u64 offset, u64 length.
 constexpr uint64_t kStageRecordBytes = RegionDesc::kEncodedSize + 16;
 // The tag of step `step_id` (never 0): a 24-bit hash, so a stale transfer is mistaken for the
@@ -128,6 +132,9 @@ class RingSender {
   // Writes the marker that moves the channel to its successor ring (nothing follows on
   // this one), waiting for a credit like Send; returns n.
   uint64_t SendMoved(const Deadline& deadline);
+  // Writes a dead transfer (kDeadLength, no payload) for step `tag`, waiting for a credit
+  // like Send; returns n.
+  uint64_t SendDead(const Deadline& deadline, uint32_t tag);
   uint64_t sent() const { return sent_; }
   // For asynchronous senders: the credit word and the value it must reach before the next
   // Send can go without waiting (target 0: it already can).
@@ -165,6 +172,7 @@ struct Slot {
   const uint8_t* shape = nullptr;  // the slot's shape block (dynamic channels), else null
   bool moved = false;  // the marker: the sender moved to the successor ring (no data)
   bool staged = false;  // data/length are a StageRecord (stage.h), not the tensor
+  bool dead = false;    // a dead transfer (kDeadLength): no data
 };
 
 class RingReceiver {

@@ -186,13 +186,29 @@ std::vector<uint64_t> ShapeBlock(const TensorShape& shape) {
   return block;
 }
 
+// The pass swaps a pair whose tensor may be dead (a half in a branch of a conditional) by
+// labelling TF's own _Send/_Recv nodes for these kernels (kTransferLabel) instead of replacing
+// them with RdmadevSend/RdmadevRecv: TF's executor runs a transfer node even when its input is
+// dead, and lets a receiving one output a dead tensor, which it allows no other op. Such a
+// node carries the settings the rdmadev ops have as attrs under kSettingPrefix.
+constexpr char kTransferLabel[] = "rdmadev";
+constexpr char kSettingPrefix[] = "_rdmadev_";
+
+// Whether `c` builds a kernel for one of TF's own transfer nodes (labelled by the pass).
+bool IsTransferNode(OpKernelConstruction* c) { return c->def().op()[0] == '_'; }
+
+// The attr that holds setting `name` on the node `c` builds a kernel for.
+std::string Setting(OpKernelConstruction* c, const std::string& name) {
+  return IsTransferNode(c) ? kSettingPrefix + name : name;
+}
+
 class SendOp : public AsyncOpKernel {
  public:
   explicit SendOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
-    OP_REQUIRES_OK(c, c->GetAttr("channel", &channel_));
-    OP_REQUIRES_OK(c, c->GetAttr("timeout_s", &timeout_s_));
-    OP_REQUIRES_OK(c, c->GetAttr("max_bytes", &max_bytes_));
-    OP_REQUIRES_OK(c, c->GetAttr("owned", &owned_));
+    OP_REQUIRES_OK(c, c->GetAttr(Setting(c, "channel"), &channel_));
+    OP_REQUIRES_OK(c, c->GetAttr(Setting(c, "timeout_s"), &timeout_s_));
+    OP_REQUIRES_OK(c, c->GetAttr(Setting(c, "max_bytes"), &max_bytes_));
+    OP_REQUIRES_OK(c, c->GetAttr(Setting(c, "owned"), &owned_));
     if (owned_) rdmadev::ChannelRegistry::Global().Hold(channel_, rdmadev::ChannelRegistry::kSend);
   }
   ~SendOp() override {
@@ -201,7 +217,9 @@ class SendOp : public AsyncOpKernel {
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     const Tensor x = ctx->input(0);  // holds a reference until the write is done
-    OP_REQUIRES_ASYNC(ctx, tensorflow::DataTypeCanUseMemcpy(x.dtype()),
+    // Only a transfer node runs with a dead input (kTransferLabel): it sends the deadness.
+    const bool dead = ctx->is_input_dead();
+    OP_REQUIRES_ASYNC(ctx, dead || tensorflow::DataTypeCanUseMemcpy(x.dtype()),
                       tensorflow::errors::InvalidArgument(
                           "rdmadev channel ", channel_, " cannot carry ",
                           tensorflow::DataTypeString(x.dtype()), " (not a plain-bytes dtype)"),
@@ -218,7 +236,7 @@ class SendOp : public AsyncOpKernel {
     }
     std::vector<uint64_t> block;
     const rdmadev::RingLayout& lay = s.ring->layout();
-    if (lay.shape_bytes()) {  // a dynamic channel: the shape travels, large tensors staged
+    if (lay.shape_bytes() && !dead) {  // a dynamic channel: the shape travels, large tensors staged
       const uint64_t bytes = x.tensor_data().size();
       OP_REQUIRES_ASYNC(ctx, max_bytes_ <= 0 || bytes <= static_cast<uint64_t>(max_bytes_),
                         tensorflow::errors::ResourceExhausted(
@@ -241,7 +259,7 @@ class SendOp : public AsyncOpKernel {
                         done);
       block = ShapeBlock(x.shape());
     }
-    std::make_shared<Sending>(ctx, x, std::move(s), std::move(moving_from), deadline,
+    std::make_shared<Sending>(ctx, x, dead, std::move(s), std::move(moving_from), deadline,
                               std::move(done), StepTagOf(ctx), std::move(block), channel_)
         ->Next();
   }
@@ -254,11 +272,11 @@ class SendOp : public AsyncOpKernel {
   // (growth), the marker goes on the old ring first.
   class Sending : public std::enable_shared_from_this<Sending> {
    public:
-    Sending(OpKernelContext* ctx, Tensor x, rdmadev::ChannelRegistry::Sender s,
+    Sending(OpKernelContext* ctx, Tensor x, bool dead, rdmadev::ChannelRegistry::Sender s,
             rdmadev::ChannelRegistry::Sender moving_from, rdmadev::Deadline deadline,
             DoneCallback done, uint32_t tag, std::vector<uint64_t> block,
             const std::string& channel)
-        : ctx_(ctx), x_(std::move(x)), s_(std::move(s)), from_(std::move(moving_from)),
+        : ctx_(ctx), x_(std::move(x)), dead_(dead), s_(std::move(s)), from_(std::move(moving_from)),
           deadline_(deadline), done_(std::move(done)), tag_(tag), block_(std::move(block)),
           channel_(channel) {
       trace_.Begin();
@@ -291,6 +309,11 @@ class SendOp : public AsyncOpKernel {
             from_ = {};
             rdmadev::ChannelRegistry::Global().Moved(channel_);  // the old sending half goes
             continue;
+          }
+          if (dead_) {
+            s_.ring->SendDead(deadline_, tag_);
+            Done();
+            return;
           }
           if (Staging() && SendStaged()) {
             Done();
@@ -391,6 +414,7 @@ class SendOp : public AsyncOpKernel {
 
     OpKernelContext* ctx_;
     const Tensor x_;
+    const bool dead_;  // the input is dead: the transfer says so, and carries nothing
     rdmadev::ChannelRegistry::Sender s_;
     rdmadev::ChannelRegistry::Sender from_;  // the ring to write the marker on (growth), else empty
     const rdmadev::Deadline deadline_;
@@ -442,15 +466,15 @@ class SlotBuffer : public tensorflow::TensorBuffer {
 
 class RecvOp : public AsyncOpKernel {
  public:
-  explicit RecvOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
-    OP_REQUIRES_OK(c, c->GetAttr("channel", &channel_));
-    OP_REQUIRES_OK(c, c->GetAttr("dtype", &dtype_));
-    OP_REQUIRES_OK(c, c->GetAttr("timeout_s", &timeout_s_));
-    OP_REQUIRES_OK(c, c->GetAttr("zero_copy", &zero_copy_));
-    OP_REQUIRES_OK(c, c->GetAttr("zero_copy_min_bytes", &zero_copy_min_bytes_));
-    OP_REQUIRES_OK(c, c->GetAttr("max_bytes", &max_bytes_));
-    OP_REQUIRES_OK(c, c->GetAttr("shape", &shape_));
-    OP_REQUIRES_OK(c, c->GetAttr("owned", &owned_));
+  explicit RecvOp(OpKernelConstruction* c) : AsyncOpKernel(c), transfer_node_(IsTransferNode(c)) {
+    OP_REQUIRES_OK(c, c->GetAttr(Setting(c, "channel"), &channel_));
+    OP_REQUIRES_OK(c, c->GetAttr(transfer_node_ ? "tensor_type" : "dtype", &dtype_));
+    OP_REQUIRES_OK(c, c->GetAttr(Setting(c, "timeout_s"), &timeout_s_));
+    OP_REQUIRES_OK(c, c->GetAttr(Setting(c, "zero_copy"), &zero_copy_));
+    OP_REQUIRES_OK(c, c->GetAttr(Setting(c, "zero_copy_min_bytes"), &zero_copy_min_bytes_));
+    OP_REQUIRES_OK(c, c->GetAttr(Setting(c, "max_bytes"), &max_bytes_));
+    OP_REQUIRES_OK(c, c->GetAttr(Setting(c, "shape"), &shape_));
+    OP_REQUIRES_OK(c, c->GetAttr(Setting(c, "owned"), &owned_));
     if (owned_) rdmadev::ChannelRegistry::Global().Hold(channel_, rdmadev::ChannelRegistry::kRecv);
     fully_defined_ = shape_.AsTensorShape(&static_shape_);
     OP_REQUIRES(c, tensorflow::DataTypeCanUseMemcpy(dtype_),
@@ -610,10 +634,10 @@ class RecvOp : public AsyncOpKernel {
           r_ = std::move(next);
           return true;
         }
-        if (gathering_ && slot.staged) {
+        if (gathering_ && (slot.staged || slot.dead)) {
           r_.ring->Release(slot.seq, rdmadev::Deadline::After(60));
           Finish(tensorflow::errors::InvalidArgument(
-              "rdmadev channel ", op_->channel_, ": a staged transfer where the tensor's next "
+              "rdmadev channel ", op_->channel_, ": a staged or dead transfer where the tensor's next "
               "chunk was due (", filled_, " of ", total_, " bytes received): the sender does "
               "not follow the protocol"));
           return false;
@@ -629,6 +653,16 @@ class RecvOp : public AsyncOpKernel {
         if (tag_ && slot.tag && slot.tag != tag_) {
           r_.ring->Discard(n_, rdmadev::Deadline::After(60));
           return true;
+        }
+        if (slot.dead) {
+          r_.ring->Release(slot.seq, rdmadev::Deadline::After(60));
+          // A transfer node outputs nothing: TF's executor makes that a dead tensor.
+          Finish(op_->transfer_node_ ? absl::OkStatus()
+                                     : tensorflow::errors::InvalidArgument(
+                                           "rdmadev channel ", op_->channel_, ": the sender's "
+                                           "tensor is dead, which only a labelled _Recv can output: "
+                                           "the two halves were not swapped alike"));
+          return false;
         }
         if (slot.staged) {
           Finish(DeliverStaged(slot));
@@ -861,10 +895,15 @@ class RecvOp : public AsyncOpKernel {
   int64_t zero_copy_min_bytes_ = 0;  // alias only tensors of at least this many bytes
   int64_t max_bytes_ = 0;  // the most a dynamic tensor may carry (0: no limit)
   bool owned_ = false;  // a half pair's kernel: holds its half while it lives
+  const bool transfer_node_;  // TF's _Recv, labelled: may output a dead tensor
 };
 
 REGISTER_KERNEL_BUILDER(Name("RdmadevSend").Device(tensorflow::DEVICE_CPU), SendOp);
 REGISTER_KERNEL_BUILDER(Name("RdmadevRecv").Device(tensorflow::DEVICE_CPU), RecvOp);
+REGISTER_KERNEL_BUILDER(Name("_Send").Device(tensorflow::DEVICE_CPU).Label(kTransferLabel), SendOp);
+REGISTER_KERNEL_BUILDER(Name("_HostSend").Device(tensorflow::DEVICE_CPU).Label(kTransferLabel), SendOp);
+REGISTER_KERNEL_BUILDER(Name("_Recv").Device(tensorflow::DEVICE_CPU).Label(kTransferLabel), RecvOp);
+REGISTER_KERNEL_BUILDER(Name("_HostRecv").Device(tensorflow::DEVICE_CPU).Label(kTransferLabel), RecvOp);
 
 }  // namespace
 }  // namespace rdmadev_tf

@@ -1,7 +1,9 @@
 // The POST_PARTITIONING pass: finds every cross-task _Send/_Recv pair TensorFlow made for a
 // function, asks the planner (graph_pass, through rdmadev.tf.bridge in this process's Python)
 // which pairs to swap and for what channels, and replaces each planned _Send by RdmadevSend
-// and each planned _Recv by RdmadevRecv. Everything else is left as TF made it.
+// and each planned _Recv by RdmadevRecv, or, for a pair whose tensor may be dead (in a branch
+// of a conditional), labels TF's own nodes for the same kernels (ApplyLabelled). Everything
+// else is left as TF made it.
 #include <Python.h>
 
 #include <atomic>
@@ -61,6 +63,7 @@ struct Rewrite {
   double timeout_s = 0;    // the plan's deadline_s, always given by the bridge
   long long max_bytes = 0;  // RDMADEV_MAX_TENSOR_BYTES for dynamic channels (0: no limit)
   bool owned = false;  // a half pair's op: its kernel holds the half while it lives
+  bool dead = false;   // its tensor may be dead (a branch): TF's node, labelled (ApplyLabelled)
 };
 
 std::string TaskOf(const std::string& device) {
@@ -211,17 +214,18 @@ bool CallPlanner(const std::map<std::string, std::string>& parts, const std::str
     for (Py_ssize_t i = 0; i < PyList_Size(res) && ok; ++i) {
       PyObject* t = PyList_GetItem(res, i);
       const char *kind, *device, *node, *channel;
-      int dtype, zero_copy, owned;
+      int dtype, zero_copy, owned, dead;
       double timeout_s;
       PyObject* shape;
       long long max_bytes, zero_copy_min_bytes;
-      if (!PyArg_ParseTuple(t, "ssssiOpLdLp", &kind, &device, &node, &channel, &dtype, &shape,
-                            &zero_copy, &zero_copy_min_bytes, &timeout_s, &max_bytes, &owned)) {
+      if (!PyArg_ParseTuple(t, "ssssiOpLdLpp", &kind, &device, &node, &channel, &dtype, &shape,
+                            &zero_copy, &zero_copy_min_bytes, &timeout_s, &max_bytes, &owned,
+                            &dead)) {
         ok = false;
         break;
       }
       Rewrite r{kind, device, node, channel, dtype, {}, shape == Py_None, zero_copy != 0,
-                zero_copy_min_bytes, timeout_s, max_bytes, owned != 0};
+                zero_copy_min_bytes, timeout_s, max_bytes, owned != 0, dead != 0};
       for (Py_ssize_t j = 0; !r.unknown_rank && j < PySequence_Size(shape); ++j) {
         PyObject* d = PySequence_GetItem(shape, j);
         r.shape.push_back(PyLong_AsLongLong(d));
@@ -254,7 +258,36 @@ std::string NodeName(const Rewrite& r) {
   return r.owned ? name + "_" + Sanitized(r.node) : name;
 }
 
+// The receiving half's planned shape: unknown rank unless the plan knows it.
+absl::Status PlannedShape(const Rewrite& r, tensorflow::PartialTensorShape* shape) {
+  if (r.unknown_rank) return absl::OkStatus();
+  return tensorflow::PartialTensorShape::BuildPartialTensorShape(r.shape, shape);
+}
+
+// A half whose tensor may be dead keeps TF's own _Send/_Recv node, labelled for rdmadev's
+// kernels (ops.cc: TF's executor runs a transfer node on a dead input and lets a receiving one
+// output a dead tensor, as no custom op may), with the settings the rdmadev ops take as attrs
+// under `_rdmadev_`. It is renamed as Apply names its nodes.
+absl::Status ApplyLabelled(Node* n, const Rewrite& r) {
+  const std::string prefix = "_rdmadev_";
+  if (r.kind == "recv") {
+    tensorflow::PartialTensorShape shape;
+    TF_RETURN_IF_ERROR(PlannedShape(r, &shape));
+    n->AddAttr(prefix + "shape", shape);
+    n->AddAttr(prefix + "zero_copy", r.zero_copy);
+    n->AddAttr(prefix + "zero_copy_min_bytes", static_cast<int64_t>(r.zero_copy ? r.zero_copy_min_bytes : 0));
+  }
+  n->AddAttr(prefix + "channel", r.channel);
+  n->AddAttr(prefix + "timeout_s", static_cast<float>(r.timeout_s));
+  n->AddAttr(prefix + "max_bytes", static_cast<int64_t>(r.max_bytes));
+  n->AddAttr(prefix + "owned", r.owned);
+  n->AddAttr("_kernel", std::string("rdmadev"));
+  n->set_name(NodeName(r));
+  return absl::OkStatus();
+}
+
 absl::Status Apply(Graph* g, Node* old, const Rewrite& r) {
+  if (r.dead) return ApplyLabelled(old, r);
   Node* fresh = nullptr;
   tensorflow::NodeBuilder b(NodeName(r), r.kind == "send" ? "RdmadevSend" : "RdmadevRecv");
   std::vector<const tensorflow::Edge*> in(old->in_edges().begin(), old->in_edges().end());
@@ -266,10 +299,8 @@ absl::Status Apply(Graph* g, Node* old, const Rewrite& r) {
     b.Input(data->src(), data->src_output());
     b.Attr("T", static_cast<tensorflow::DataType>(r.dtype));
   } else {
-    tensorflow::PartialTensorShape shape;  // unknown rank unless the plan knows it
-    if (!r.unknown_rank) {
-      TF_RETURN_IF_ERROR(tensorflow::PartialTensorShape::BuildPartialTensorShape(r.shape, &shape));
-    }
+    tensorflow::PartialTensorShape shape;
+    TF_RETURN_IF_ERROR(PlannedShape(r, &shape));
     b.Attr("dtype", static_cast<tensorflow::DataType>(r.dtype));
     b.Attr("shape", shape);
     b.Attr("zero_copy", r.zero_copy);
@@ -448,15 +479,16 @@ void ColocateControlFlowAsPartitioned(Graph* g) {
 // that partitions it (the coordinator, the worker running a step, a TF1 master).
 //
 // A conditional (tf.cond, tf.case, lowered to Switch ... Merge) leaves the branch not taken
-// dead, and a dead tensor crosses tasks only as TF's _Send/_Recv carry it: the executor never
-// runs a custom op on one, so a swapped pair there would wait for a write that never comes.
-// When both halves of a pair are planned together the planner sees the branch (find_transfers
-// ._in_conds); a TF1 task plans only its own half, after its master partitioned the graph. So
-// this pass marks, while the graph is still whole, every value that leaves a branch for another
-// task: it routes the edge through a node named `<src>/rdmadev_in_branch` on the source's
-// device (an Identity for a tensor, a NoOp for a control edge), which the partitioner then
-// names both halves after, and the planner keeps both on TF's rendezvous (`in_cond`). It
-// first moves control-flow nodes as the partitioner will (ColocateControlFlowAsPartitioned).
+// dead, and the executor runs no custom op on a dead input, so an RdmadevSend there would
+// never write and its receive would wait: such a pair keeps TF's _Send/_Recv, labelled for
+// rdmadev's kernels (ApplyLabelled), which TF runs on a dead input too. When both halves of a
+// pair are planned together the planner sees the branch (find_transfers._in_conds); a TF1 task
+// plans only its own half, after its master partitioned the graph. So this pass marks, while
+// the graph is still whole, every value that leaves a branch for another task: it routes the
+// edge through a node named `<src>/rdmadev_in_branch` on the source's device (an Identity for a
+// tensor, a NoOp for a control edge), which the partitioner then names both halves after, and
+// the planner tells both halves they are `in_cond`. It first moves control-flow nodes as the
+// partitioner will (ColocateControlFlowAsPartitioned).
 // Switches and Merges of while loops are not conditionals (their pairs are in_loop's).
 class MarkBranchExitsPass : public tensorflow::GraphOptimizationPass {
  public:

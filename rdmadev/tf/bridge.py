@@ -42,10 +42,12 @@ def _dtype_enum(name):
     return types_pb2.DataType.Value(name)
 
 
-#: What RdmadevSend/RdmadevRecv carry, told to the planner so that its policy decides once:
-#: any shape (a dynamic channel's slots carry a shape block, and a tensor larger than a slot
-#: goes in chunks), and half pairs where a task's runtime can meet their peers (plan_config).
-OPS_CARRY = {"dynamic_shapes": True, "half_pairs": True}
+#: What rdmadev's ops carry, told to the planner so that its policy decides once: any shape (a
+#: dynamic channel's slots carry a shape block, and a tensor larger than a slot goes staged or
+#: in chunks), half pairs where a task's runtime can meet their peers (plan_config), and dead
+#: tensors (a pair in a conditional's branch keeps TF's _Send/_Recv nodes, labelled for
+#: rdmadev's kernels, which send and output the deadness; pass.cc).
+OPS_CARRY = {"dynamic_shapes": True, "half_pairs": True, "dead_tensors": True}
 
 
 def plan_config(config, halves=False):
@@ -107,12 +109,14 @@ def rewrites(partitions, function="", marked=()):
         dtype = _dtype_enum(t.dtype)
         shape = None if t.shape is None else list(t.shape)  # None: the rank travels too
         owned = t.halves != "both"
+        dead = bool(t.in_cond)  # may carry a dead tensor: TF's nodes, labelled (pass.cc)
         if t.halves in ("both", "send"):
             out.append(("send", t.send_device, t.send_node, t.channel_key, dtype, [], False, 0,
-                        timeout, limit, owned))
+                        timeout, limit, owned, dead))
         if t.halves in ("both", "recv"):
             out.append(("recv", t.recv_device, t.recv_node, t.channel_key, dtype, shape,
-                        bool(t.zero_copy), plan.config.zero_copy_min_bytes, timeout, limit, owned))
+                        bool(t.zero_copy), plan.config.zero_copy_min_bytes, timeout, limit, owned,
+                        dead))
         fabric = fabrics.get(t.channel_key, f"{t.halves} half") + ("+zc" if t.zero_copy else "")
         if t.kind == "control":  # TF's dummy tensor for a control edge: a signal, no data
             swapped.append((t.tensor_name, route, reports.CONTROL, 0, fabric))

@@ -437,7 +437,8 @@ def cond(mode):
     Merge; the read's pairs are dead when the branch is not taken), then the result goes to ps
     after the conditional; and a second tf.cond whose true branch runs a while loop on worker:0
     that reads the variable, then sends the loop's result to ps and back (values after the
-    loop's Exit but still in the branch). Returns each call's values: taken, not taken, taken."""
+    loop's Exit but still in the branch). Returns each call's values: taken, not taken twice,
+    taken."""
     with tf.device(PS):
         v = tf.Variable(tf.reshape(tf.range(64 * 64, dtype=tf.float32), [64, 64]) * 1e-3)
 
@@ -459,7 +460,7 @@ def cond(mode):
 
     fn = tf.function(step, input_signature=[tf.TensorSpec([], tf.bool)])
     fn = rdmadev.optimize(fn) if mode == "rdmadev" else fn
-    values = [[float(t) for t in fn(tf.constant(flag))] for flag in (True, False, True)]
+    values = [[float(t) for t in fn(tf.constant(flag))] for flag in (True, False, False, True)]
     return {"values": values, "report": fn.report if mode == "rdmadev" else ""}
 
 

@@ -218,19 +218,25 @@ def test_pairs_inside_while_loops_stay_on_grpc(cluster):
                      r"16384 B$", report, re.M), report
 
 
-def test_pairs_inside_a_conditional_branch_stay_on_grpc(cluster):
+def test_pairs_inside_a_conditional_branch_move_with_their_deadness(cluster):
     """On the branch not taken, a lowered tf.cond's tensors are dead, and TF runs no custom op
-    on a dead input: a swapped pair's receive would wait for a write that never comes (before
-    the planner knew, the step failed at the deadline). Such pairs keep TF's rendezvous, which
-    carries deadness, and so do the pairs after a while loop inside a branch (a loop's own
-    Merge does not close the branch); the value after the Merge moves."""
+    on a dead input (a swapped pair's receive would wait for a write that never comes). The
+    pass keeps TF's own _Send/_Recv for such pairs, labelled for rdmadev's kernels, which TF
+    does run on a dead input: the sender writes the deadness, the receiver outputs a dead
+    tensor. Every pair of both branches moves, over steps that take the branch, skip it
+    twice in a row and take it again, bitwise as on gRPC; the pairs in the while loop inside a
+    branch keep TF's rendezvous (in_loop)."""
     grpc = run_driver(cluster, "grpc", "cond")
     rdma = run_driver(cluster, "rdmadev", "cond")
-    assert rdma["values"] == grpc["values"] and grpc["values"][1] == [-2.0, -2.0]
+    assert rdma["values"] == grpc["values"] and grpc["values"][1] == grpc["values"][2] == [-2.0, -2.0]
     report = rdma["report"]
     kept = re.findall(r"^\s*grpc\s.*\((\w+)\)$", report, re.M)
-    assert kept.count("in_cond") >= 4 and set(kept) <= {"in_cond", "in_loop", "client_task"}, report
-    assert re.search(r"^\s*grpc .*edge_\d+_cond_1/.*/mul/rdmadev_in_branch\S* \(in_cond\)$", report, re.M), report
+    assert kept.count("in_loop") >= 3 and set(kept) <= {"in_loop", "client_task"}, report
+    in_branch = [line.split()[0] for line in report.splitlines()  # between ps and worker:0
+                 if "rdmadev_in_branch" in line and not line.endswith(("(client_task)", "(in_loop)"))]
+    assert len(in_branch) >= 6 and set(in_branch) <= {"shm", "shm+zc"}, report
+    assert re.search(r"^\s*shm\s+/job:ps/replica:0/task:0 -> /job:worker/replica:0/task:0\s+edge_\d+_cond/then/"
+                     r"\S+/MatMul/ReadVariableOp/rdmadev_in_branch\S* DT_FLOAT 16384 B$", report, re.M), report
     assert re.search(r"^\s*shm\s+/job:worker/replica:0/task:0 -> /job:ps/replica:0/task:0\s+edge_\d+_cond/"
                      r"output\S* DT_FLOAT 4 B$", report, re.M), report
 

@@ -248,6 +248,12 @@ def test_pairs_inside_conditional_branches_are_kept():
     assert {t.tensor_name: (t.decision, t.reason) for t in plan.transfers} == {
         "edge_1_ctl": ("keep", "in_cond"), "edge_2_read": ("keep", "in_cond"),
         "edge_3_out": ("swap", "static")}
+    # Ops that carry dead tensors swap the branch's pairs like any other; in_cond stays set,
+    # for the pass to label TF's own nodes (rdmadev.tf.bridge).
+    plan = gp.plan_partitions(B.partitions(ps, w), gp.Config(carries={"dead_tensors": True}), instance_id="i")
+    assert {t.tensor_name: (t.decision, t.reason, t.in_cond) for t in plan.transfers} == {
+        "edge_1_ctl": ("swap", "control_signal", True), "edge_2_read": ("swap", "static", True),
+        "edge_3_out": ("swap", "static", False)}
 
 
 def test_halves_named_after_a_branch_mark_are_kept_each_alone():
@@ -270,3 +276,8 @@ def test_halves_named_after_a_branch_mark_are_kept_each_alone():
                                   instance_id="i")
         assert {t.tensor_name: (t.decision, t.reason) for t in plan.transfers} == {
             "edge_2_" + mark: ("keep", "in_cond"), "edge_3_v": ("swap", "half_pair_capacity")}
+        plan = gp.plan_partitions(B.partitions(half), gp.Config(carries={"half_pairs": True, "dead_tensors": True},
+                                                                half_pair_capacity=4096), instance_id="i")
+        assert {t.tensor_name: (t.decision, t.reason, t.in_cond) for t in plan.transfers} == {
+            "edge_2_" + mark: ("swap", "half_pair_capacity", True),
+            "edge_3_v": ("swap", "half_pair_capacity", False)}

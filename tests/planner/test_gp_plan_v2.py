@@ -10,7 +10,7 @@ import graph_pass as gp
 from graph_pass import plan as plan_mod
 
 PS, W0 = B.dev("ps"), B.dev("worker")
-ON = {"dynamic_shapes": True, "half_pairs": True}
+ON = {"dynamic_shapes": True, "half_pairs": True, "dead_tensors": True}
 
 
 def transfer(**kw):
@@ -28,6 +28,7 @@ CASES = {  # name -> (transfer, reason with carries off, reason with carries on)
     "unknown_rank": (transfer(shape=None, bytes=None), "not_carried_dynamic", "dynamic_bounded"),
     "send_half": (transfer(recv_node=None), "not_carried_half_pair", "half_pair_capacity"),
     "recv_half": (transfer(send_node=None, shape=None, bytes=None), "not_carried_half_pair", "half_pair_capacity"),
+    "in_cond": (transfer(in_cond=True), "in_cond", "static"),
 }
 
 
@@ -40,7 +41,7 @@ def test_policy_obeys_carries(name, on):
     (got,) = plan.transfers
     reason = on_reason if on else off_reason
     assert (got.reason, got.decision) == (reason, gp.REASONS[reason][0])
-    if reason.startswith("not_carried"):
+    if reason.startswith("not_carried") or reason == "in_cond":
         assert got.region is None and not plan.regions and "carries" in gp.REASONS[reason][1]
 
 
@@ -65,8 +66,9 @@ def test_config_defaults_and_errors():
     cfg = gp.Config()
     assert cfg.zero_copy_min_bytes == plan_mod.DEFAULT_ZERO_COPY_MIN_BYTES == 64 << 10
     assert cfg.deadline_s == plan_mod.DEFAULT_DEADLINE_S == 300.0
-    assert cfg.carries == {"dynamic_shapes": False, "half_pairs": False}
-    assert gp.Config(carries={"half_pairs": 1}).carries == {"dynamic_shapes": False, "half_pairs": True}
+    assert cfg.carries == {"dynamic_shapes": False, "half_pairs": False, "dead_tensors": False}
+    assert gp.Config(carries={"half_pairs": 1}).carries == {"dynamic_shapes": False, "half_pairs": True,
+                                                            "dead_tensors": False}
     with pytest.raises(gp.ConfigError, match=r"unknown capabilities \['strings'\]"):
         gp.Config(carries={"strings": True})
     for bad in (0, -1.0, "5", True):
@@ -83,7 +85,7 @@ def test_v2_round_trip_keeps_the_new_config():
     data = json.loads(plan.to_json())
     assert data["version"] == 2 == gp.PLAN_VERSION
     assert data["config"]["zero_copy_min_bytes"] == 1024 and data["config"]["deadline_s"] == 12.5
-    assert data["config"]["carries"] == {"dynamic_shapes": True, "half_pairs": False}
+    assert data["config"]["carries"] == {"dynamic_shapes": True, "half_pairs": False, "dead_tensors": False}
     again = gp.Plan.from_json(plan.to_json())
     assert again == plan and again.config == cfg
 
