@@ -14,6 +14,7 @@ import argparse
 import os
 import statistics
 import sys
+from unittest import mock
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -56,13 +57,8 @@ def main(argv=None):
             return lambda: fn(flags[next(turn) % 2])
 
         calls = {name: alternating(fn) for name, fn in fns.items()}
-        carried = dict(bridge.OPS_CARRY)
-        bridge.OPS_CARRY["dead_tensors"] = False  # planned now, at the variant's first call
-        try:
+        with mock.patch.dict(bridge.OPS_CARRY, dead_tensors=False):  # planned at its first call
             calls["rdmadev, branch on gRPC"]()
-        finally:
-            bridge.OPS_CARRY.clear()
-            bridge.OPS_CARRY.update(carried)
         ms = ms_per_call(calls, args.rounds, args.calls)
         reports = {name: fns[name].report for name in ("rdmadev", "rdmadev, branch on gRPC")}
         values = {name: [float(fn(f)) for f in flags] for name, fn in fns.items()}

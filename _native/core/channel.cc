@@ -10,6 +10,11 @@ namespace {
 std::atomic<uint64_t> g_sent{0}, g_received{0}, g_discarded{0}, g_abandoned{0}, g_grown{0},
     g_staged{0}, g_stages{0};
 
+// A slot's length word (channel.h): `len` (a payload length or a marker length) and step `tag`.
+uint64_t LengthWord(uint64_t len, uint32_t tag) {
+  return len | (uint64_t(tag & kMaxTag) << kTagShift);
+}
+
 // Rings beyond 2^48 bytes are a corrupted plan, not a real tensor: no host maps that much.
 constexpr uint64_t kMaxRingBytes = uint64_t(1) << 48;
 
@@ -121,8 +126,7 @@ uint64_t RingSender::Send(const void* src, uint64_t len, const Deadline& deadlin
                                         std::to_string(layout_.capacity),
                 0, "the tensor is larger than planned: re-plan the channel for this size");
   }
-  uint64_t n = PostLocked(src, len, len | (uint64_t(tag & kMaxTag) << kTagShift), shape, shape_len,
-                          deadline);
+  uint64_t n = PostLocked(src, len, LengthWord(len, tag), shape, shape_len, deadline);
   g_sent.fetch_add(1, std::memory_order_relaxed);
   return n;
 }
@@ -139,7 +143,7 @@ uint64_t RingSender::SendStaged(const std::string& record, const Deadline& deadl
                 0, "stage only on a dynamic channel whose slots hold a stage record");
   }
   uint64_t n = PostLocked(record.data(), record.size(),
-                          kStagedLength | (uint64_t(tag & kMaxTag) << kTagShift), shape, shape_len,
+                          LengthWord(kStagedLength, tag), shape, shape_len,
                           deadline);
   g_sent.fetch_add(1, std::memory_order_relaxed);
   return n;
@@ -152,8 +156,7 @@ uint64_t RingSender::SendMoved(const Deadline& deadline) {
 
 uint64_t RingSender::SendDead(const Deadline& deadline, uint32_t tag) {
   std::lock_guard<std::mutex> lock(mu_);
-  uint64_t n = PostLocked(nullptr, 0, kDeadLength | (uint64_t(tag & kMaxTag) << kTagShift), nullptr,
-                          0, deadline);
+  uint64_t n = PostLocked(nullptr, 0, LengthWord(kDeadLength, tag), nullptr, 0, deadline);
   g_sent.fetch_add(1, std::memory_order_relaxed);
   return n;
 }

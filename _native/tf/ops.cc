@@ -31,6 +31,7 @@
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/framework/tensor.h"
 
+#include "labelled.h"
 #include "registry.h"
 #include "tf_status.h"
 #include "trace.h"
@@ -187,12 +188,9 @@ std::vector<uint64_t> ShapeBlock(const TensorShape& shape) {
 }
 
 // The pass swaps a pair whose tensor may be dead (a half in a branch of a conditional) by
-// labelling TF's own _Send/_Recv nodes for these kernels (kTransferLabel) instead of replacing
-// them with RdmadevSend/RdmadevRecv: TF's executor runs a transfer node even when its input is
-// dead, and lets a receiving one output a dead tensor, which it allows no other op. Such a
-// node carries the settings the rdmadev ops have as attrs under kSettingPrefix.
-constexpr char kTransferLabel[] = "rdmadev";
-constexpr char kSettingPrefix[] = "_rdmadev_";
+// labelling TF's own _Send/_Recv nodes for these kernels instead of replacing them with
+// RdmadevSend/RdmadevRecv (labelled.h): TF's executor runs a transfer node even when its input
+// is dead, and lets a receiving one output a dead tensor, which it allows no other op.
 
 // Whether `c` builds a kernel for one of TF's own transfer nodes (labelled by the pass).
 bool IsTransferNode(OpKernelConstruction* c) { return c->def().op()[0] == '_'; }

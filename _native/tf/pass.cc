@@ -26,6 +26,7 @@
 #include "tensorflow/core/graph/node_builder.h"
 
 #include "common.h"
+#include "labelled.h"
 
 namespace rdmadev_tf {
 
@@ -264,24 +265,33 @@ absl::Status PlannedShape(const Rewrite& r, tensorflow::PartialTensorShape* shap
   return tensorflow::PartialTensorShape::BuildPartialTensorShape(r.shape, shape);
 }
 
-// A half whose tensor may be dead keeps TF's own _Send/_Recv node, labelled for rdmadev's
-// kernels (ops.cc: TF's executor runs a transfer node on a dead input and lets a receiving one
-// output a dead tensor, as no custom op may), with the settings the rdmadev ops take as attrs
-// under `_rdmadev_`. It is renamed as Apply names its nodes.
-absl::Status ApplyLabelled(Node* n, const Rewrite& r) {
-  const std::string prefix = "_rdmadev_";
+// Writes the settings rdmadev's kernels read (ops.cc) with `set(name, value)`: the same for an
+// RdmadevSend/RdmadevRecv node and, under kSettingPrefix, for a labelled one.
+template <typename Set>
+absl::Status WriteSettings(const Rewrite& r, Set set) {
   if (r.kind == "recv") {
     tensorflow::PartialTensorShape shape;
     TF_RETURN_IF_ERROR(PlannedShape(r, &shape));
-    n->AddAttr(prefix + "shape", shape);
-    n->AddAttr(prefix + "zero_copy", r.zero_copy);
-    n->AddAttr(prefix + "zero_copy_min_bytes", static_cast<int64_t>(r.zero_copy ? r.zero_copy_min_bytes : 0));
+    set("shape", shape);
+    set("zero_copy", r.zero_copy);
+    set("zero_copy_min_bytes", static_cast<int64_t>(r.zero_copy ? r.zero_copy_min_bytes : 0));
   }
-  n->AddAttr(prefix + "channel", r.channel);
-  n->AddAttr(prefix + "timeout_s", static_cast<float>(r.timeout_s));
-  n->AddAttr(prefix + "max_bytes", static_cast<int64_t>(r.max_bytes));
-  n->AddAttr(prefix + "owned", r.owned);
-  n->AddAttr("_kernel", std::string("rdmadev"));
+  set("channel", r.channel);
+  set("timeout_s", static_cast<float>(r.timeout_s));
+  set("max_bytes", static_cast<int64_t>(r.max_bytes));
+  set("owned", r.owned);
+  return absl::OkStatus();
+}
+
+// A half whose tensor may be dead keeps TF's own _Send/_Recv node, labelled for rdmadev's
+// kernels (labelled.h; ops.cc: TF's executor runs a transfer node on a dead input and lets a
+// receiving one output a dead tensor, as no custom op may). It is renamed as Apply names its
+// nodes.
+absl::Status ApplyLabelled(Node* n, const Rewrite& r) {
+  TF_RETURN_IF_ERROR(WriteSettings(r, [n](const std::string& name, const auto& value) {
+    n->AddAttr(kSettingPrefix + name, value);
+  }));
+  n->AddAttr("_kernel", std::string(kTransferLabel));
   n->set_name(NodeName(r));
   return absl::OkStatus();
 }
@@ -299,16 +309,11 @@ absl::Status Apply(Graph* g, Node* old, const Rewrite& r) {
     b.Input(data->src(), data->src_output());
     b.Attr("T", static_cast<tensorflow::DataType>(r.dtype));
   } else {
-    tensorflow::PartialTensorShape shape;
-    TF_RETURN_IF_ERROR(PlannedShape(r, &shape));
     b.Attr("dtype", static_cast<tensorflow::DataType>(r.dtype));
-    b.Attr("shape", shape);
-    b.Attr("zero_copy", r.zero_copy);
-    if (r.zero_copy) b.Attr("zero_copy_min_bytes", static_cast<int64_t>(r.zero_copy_min_bytes));
   }
-  b.Attr("max_bytes", static_cast<int64_t>(r.max_bytes));
-  if (r.owned) b.Attr("owned", true);
-  b.Attr("channel", r.channel).Attr("timeout_s", static_cast<float>(r.timeout_s));
+  TF_RETURN_IF_ERROR(WriteSettings(r, [&b](const std::string& name, const auto& value) {
+    b.Attr(name, value);
+  }));
   b.Device(old->requested_device());
   TF_RETURN_IF_ERROR(b.Finalize(g, &fresh));
   fresh->set_assigned_device_name(old->assigned_device_name());
