@@ -70,7 +70,7 @@ DEFAULT_DEADLINE_S = 300.0
 #: What the runtime's ops can carry, by capability; each False keeps such transfers on gRPC with
 #: their own reason. A Config assumes neither unless told; rdmadev's bridge tells what its ops
 #: carry (rdmadev.tf.bridge.OPS_CARRY: all, half pairs where a task's runtime meets them).
-CARRIES = ("dynamic_shapes", "half_pairs", "dead_tensors")
+CARRIES = ("dynamic_shapes", "half_pairs", "dead_tensors", "loops")
 
 
 def channel_id(tensor_name, send_device, recv_device, send_device_incarnation):
@@ -122,13 +122,16 @@ class Config:
         zero_copy_min_bytes: smallest swapped transfer the receiver may alias (see
             ``DEFAULT_ZERO_COPY_MIN_BYTES``); ``zero_copy.mark_zero_copy`` reads it here.
         deadline_s: seconds every wait of the plan's channels may take (see ``DEFAULT_DEADLINE_S``).
-        carries: ``{"dynamic_shapes": bool, "half_pairs": bool, "dead_tensors": bool}``, what the
-            runtime's ops can carry (the bridge passes it; missing keys are False). The policy
-            keeps what they cannot carry, with reason ``not_carried_dynamic``,
-            ``not_carried_half_pair`` or ``in_cond``. Carrying half pairs means carrying them as
-            dynamic channels of ``half_pair_capacity``; carrying dead tensors, swapping the pairs
-            in a conditional's branch (``Transfer.in_cond``) so that the branch not taken
-            sends its deadness.
+        carries: ``{"dynamic_shapes": bool, "half_pairs": bool, "dead_tensors": bool,
+            "loops": bool}``, what the runtime's ops can carry (the bridge passes it; missing
+            keys are False). The policy keeps what they cannot carry, with reason
+            ``not_carried_dynamic``, ``not_carried_half_pair``, ``in_cond`` or ``in_loop``.
+            Carrying half pairs means carrying them as dynamic channels of
+            ``half_pair_capacity``; carrying dead tensors, swapping the pairs in a
+            conditional's branch (``Transfer.in_cond``) so that the branch not taken sends its
+            deadness; carrying loops (with dead tensors), swapping the pairs in a while loop's
+            frame (``Transfer.in_loop``): one transfer per iteration, in order, the exit
+            iteration's dead.
     """
 
     slots: int = None

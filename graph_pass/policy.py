@@ -4,11 +4,13 @@ Rules, first match wins:
 
 1. ``client_terminated`` (a TF1 feed/fetch) -> keep.
 2. an end on a client job (``/job:localhost``, ``/job:chief``) -> keep unless ``plan_client_pairs``.
-3. a half inside a while loop's frame (``in_loop``) -> keep; a pair inside a branch of a lowered
-   conditional (``in_cond``: its tensor may be dead; a half alone is told by the name rdmadev's
-   pass gave its source, find_transfers.BRANCH_MARK) -> keep unless the ops carry dead tensors
-   (``carries["dead_tensors"]``: TF's own _Send/_Recv labelled for rdmadev's kernels), else on
-   to the rules below.
+3. a pair inside a branch of a lowered conditional (``in_cond``: its tensor may be dead; a half
+   alone is told by the name rdmadev's pass gave its source, find_transfers.BRANCH_MARK) -> keep
+   unless the ops carry dead tensors (``carries["dead_tensors"]``: TF's own _Send/_Recv
+   labelled for rdmadev's kernels); a half inside a while loop's frame (``in_loop``: one
+   transfer per iteration, the exit iteration's dead) -> keep unless they carry dead tensors
+   and loops (``carries["loops"]``: the pass runs the loop's iterations in order); else on to
+   the rules below.
 4. DT_STRING / DT_VARIANT / DT_RESOURCE, reference or unknown dtypes -> keep.
 5. only one half loaded -> keep when the ops cannot carry half pairs (``carries["half_pairs"]``)
    or no ``half_pair_capacity`` is set; else swap as a dynamic channel of that capacity (a
@@ -39,8 +41,9 @@ REASONS = {
     "client_terminated": ("keep", "feed or fetch of a TF1 client (client_terminated): TF's own path"),
     "client_task": ("keep", "to or from the client task: arguments and results stay on gRPC "
                             "(set plan_client_pairs to plan them)"),
-    "in_loop": ("keep", "inside a while loop: a channel carries one tensor per step in order, and a loop's "
-                        "iterations may run ahead of each other (TF's rendezvous keys each iteration)"),
+    "in_loop": ("keep", "inside a while loop: a channel carries its tensors in order, and a loop's "
+                        "iterations may run ahead of each other (TF's rendezvous keys each iteration); "
+                        "the runtime's ops do not carry loops (config.carries['loops'] is False)"),
     "in_cond": ("keep", "inside a branch of a tf.cond / tf.case (lowered to Switch/Merge): on the branch not "
                         "taken the tensor is dead, and the runtime's ops do not carry a dead tensor "
                         "(config.carries['dead_tensors'] is False)"),
@@ -88,7 +91,7 @@ def decide(t, config):
     client = [d for d in (t.send_device, t.recv_device) if job_of(d) in config.client_jobs]
     if client and not config.plan_client_pairs:
         return Decision("client_task", f"{t.label}: end on {client[0]}")
-    if t.in_loop:
+    if t.in_loop and not (config.carries["loops"] and config.carries["dead_tensors"]):
         return Decision("in_loop", f"{t.label}: in a while loop's frame")
     if t.in_cond and not config.carries["dead_tensors"]:
         return Decision("in_cond", f"{t.label}: in a conditional branch")

@@ -10,9 +10,9 @@ def test_planner_is_told_what_the_ops_carry_and_the_deadline():
     cfg = rdmadev.Config(slots=3, deadline_s=42.0, dynamic_capacity=4096)
     planned = bridge.plan_config(cfg)
     assert planned.slots == 3 and planned.deadline_s == 42.0
-    assert bridge.OPS_CARRY == {"dynamic_shapes": True, "half_pairs": True, "dead_tensors": True}
+    assert bridge.OPS_CARRY == {"dynamic_shapes": True, "half_pairs": True, "dead_tensors": True, "loops": True}
     # Half pairs only where the task's runtime can meet their peers (a TF1 GraphMgr's pass).
-    assert planned.carries == {"dynamic_shapes": True, "half_pairs": False, "dead_tensors": True}
+    assert planned.carries == {"dynamic_shapes": True, "half_pairs": False, "dead_tensors": True, "loops": True}
     assert planned.half_pair_capacity is None
     assert planned.default_dynamic_capacity == 4096  # RDMADEV_DYNAMIC_CAPACITY
     halves = bridge.plan_config(cfg, halves=True)

@@ -14,7 +14,23 @@ def test_registered_bytes_stand_next_to_the_bytes_a_step_moves():
     assert r.bytes_per_step() == ({W: 4096, PS: 5120}, {W})
     lines = str(r).splitlines()
     assert f"  registered on {PS}: 12288 B for 5120 B a step (2.40x)" in lines
-    assert f"  registered on {W}: 2105344 B for 4096 B a step + tensors of run-time shape" in lines
+    assert f"  registered on {W}: 2105344 B for 4096 B a step + tensors of run-time shape or in loops" in lines
+
+
+def test_a_pair_in_a_loop_moves_its_bytes_each_iteration():
+    """A step moves a loop's tensor once per iteration: the report says so, and counts the
+    receiving task's bytes a step as known only at run time."""
+    r = Report("1.2", swapped=[
+        ("edge_1_w", f"{PS} -> {W}", "DT_FLOAT", 4096, "shm"),
+        ("edge_5_x", f"{PS} -> {W}", "DT_FLOAT", 1024, "shm+zc"),
+    ], kept=[], registered={W: 10240}, looped=["edge_5_x"])
+    assert r.bytes_per_step() == ({W: 4096}, {W})
+    lines = str(r).splitlines()
+    assert f"  shm+zc   {PS} -> {W}  edge_5_x DT_FLOAT 1024 B each loop iteration" in lines
+    assert f"  shm      {PS} -> {W}  edge_1_w DT_FLOAT 4096 B" in lines
+    assert ("  1 swapped in while loops: their loops run one iteration at a time on each task that "
+            "sends or receives them") in lines
+    assert f"  registered on {W}: 10240 B for 4096 B a step + tensors of run-time shape or in loops" in lines
 
 
 def test_a_task_that_registered_for_signals_only_moves_no_bytes():

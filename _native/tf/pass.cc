@@ -2,8 +2,9 @@
 // function, asks the planner (graph_pass, through rdmadev.tf.bridge in this process's Python)
 // which pairs to swap and for what channels, and replaces each planned _Send by RdmadevSend
 // and each planned _Recv by RdmadevRecv, or, for a pair whose tensor may be dead (in a branch
-// of a conditional), labels TF's own nodes for the same kernels (ApplyLabelled). Everything
-// else is left as TF made it.
+// of a conditional, in a while loop), labels TF's own nodes for the same kernels
+// (ApplyLabelled) and runs the loops around such nodes one iteration at a time
+// (RunIterationsInOrder). Everything else is left as TF made it.
 #include <Python.h>
 
 #include <atomic>
@@ -22,6 +23,7 @@
 #include "tensorflow/core/graph/algorithm.h"
 #include "tensorflow/core/framework/graph.pb.h"
 #include "tensorflow/core/framework/node_def_util.h"
+#include "tensorflow/core/graph/control_flow.h"
 #include "tensorflow/core/graph/graph.h"
 #include "tensorflow/core/graph/node_builder.h"
 
@@ -64,7 +66,8 @@ struct Rewrite {
   double timeout_s = 0;    // the plan's deadline_s, always given by the bridge
   long long max_bytes = 0;  // RDMADEV_MAX_TENSOR_BYTES for dynamic channels (0: no limit)
   bool owned = false;  // a half pair's op: its kernel holds the half while it lives
-  bool dead = false;   // its tensor may be dead (a branch): TF's node, labelled (ApplyLabelled)
+  bool dead = false;   // its tensor may be dead (a branch, a loop): TF's node, labelled (ApplyLabelled)
+  bool loop = false;   // in a while loop's frame: the frame runs in order (RunIterationsInOrder)
 };
 
 std::string TaskOf(const std::string& device) {
@@ -215,18 +218,18 @@ bool CallPlanner(const std::map<std::string, std::string>& parts, const std::str
     for (Py_ssize_t i = 0; i < PyList_Size(res) && ok; ++i) {
       PyObject* t = PyList_GetItem(res, i);
       const char *kind, *device, *node, *channel;
-      int dtype, zero_copy, owned, dead;
+      int dtype, zero_copy, owned, dead, loop;
       double timeout_s;
       PyObject* shape;
       long long max_bytes, zero_copy_min_bytes;
-      if (!PyArg_ParseTuple(t, "ssssiOpLdLpp", &kind, &device, &node, &channel, &dtype, &shape,
+      if (!PyArg_ParseTuple(t, "ssssiOpLdLppp", &kind, &device, &node, &channel, &dtype, &shape,
                             &zero_copy, &zero_copy_min_bytes, &timeout_s, &max_bytes, &owned,
-                            &dead)) {
+                            &dead, &loop)) {
         ok = false;
         break;
       }
       Rewrite r{kind, device, node, channel, dtype, {}, shape == Py_None, zero_copy != 0,
-                zero_copy_min_bytes, timeout_s, max_bytes, owned != 0, dead != 0};
+                zero_copy_min_bytes, timeout_s, max_bytes, owned != 0, dead != 0, loop != 0};
       for (Py_ssize_t j = 0; !r.unknown_rank && j < PySequence_Size(shape); ++j) {
         PyObject* d = PySequence_GetItem(shape, j);
         r.shape.push_back(PyLong_AsLongLong(d));
@@ -293,6 +296,37 @@ absl::Status ApplyLabelled(Node* n, const Rewrite& r) {
   }));
   n->AddAttr("_kernel", std::string(kTransferLabel));
   n->set_name(NodeName(r));
+  return absl::OkStatus();
+}
+
+// A channel carries its transfers in order, one per execution of each half; TF's rendezvous
+// instead keys a pair's tensor by frame and iteration, and a loop's iterations may run ahead
+// of each other (parallel_iterations, 10 by default). So every loop around a labelled node in
+// a loop (nested ones too) runs one iteration at a time in this partition: the executor starts
+// iteration i + 1 of a frame only once every op of iteration i is done, so each half runs once
+// per iteration in iteration order, the exit iteration's (with a dead tensor) last. Both
+// halves' partitions do this, and both loops stop after the same iteration (TF sends the
+// predicate). Sets parallel_iterations to 1 on every Enter of those frames (the executor
+// requires one value per frame).
+absl::Status RunIterationsInOrder(Graph* g, const std::vector<const Node*>& nodes) {
+  std::vector<tensorflow::ControlFlowInfo> info;
+  TF_RETURN_IF_ERROR(tensorflow::BuildControlFlowInfo(g, &info));
+  std::set<std::string> frames;
+  for (const Node* n : nodes) {
+    // A node's frame is its innermost loop, whose parent_frame is an Enter of the enclosing
+    // loop (of its own frame, as for any Enter), or the source node outside every loop.
+    for (const Node* at = n; !at->IsSource() && !info[at->id()].frame_name.empty();
+         at = info[at->id()].parent_frame) {
+      frames.insert(info[at->id()].frame_name);
+    }
+  }
+  for (Node* n : g->op_nodes()) {
+    std::string frame;
+    if (n->IsEnter() && tensorflow::TryGetNodeAttr(n->attrs(), "frame_name", &frame) &&
+        frames.count(frame)) {
+      n->AddAttr("parallel_iterations", 1);
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -587,6 +621,7 @@ class RdmadevPass : public tensorflow::GraphOptimizationPass {
       rdmadev::LogEvent("pass: planning failed: " + error);
       return absl::FailedPreconditionError("rdmadev could not plan this function: " + error);
     }
+    std::map<Graph*, std::vector<const Node*>> in_loops;  // labelled nodes in a loop, by partition
     for (const auto& r : rewrites) {
       auto it = parts->find(r.device);
       if (it == parts->end()) return absl::InternalError("rdmadev plan names unknown partition " + r.device);
@@ -595,7 +630,9 @@ class RdmadevPass : public tensorflow::GraphOptimizationPass {
       for (Node* n : g->op_nodes()) if (n->name() == r.node) { old = n; break; }
       if (!old) return absl::InternalError("rdmadev plan names unknown node " + r.node + " on " + r.device);
       TF_RETURN_IF_ERROR(Apply(g, old, r));
+      if (r.loop) in_loops[g].push_back(old);  // labelled in place: `old` is still the node
     }
+    for (const auto& [g, nodes] : in_loops) TF_RETURN_IF_ERROR(RunIterationsInOrder(g, nodes));
     return absl::OkStatus();
   }
 };

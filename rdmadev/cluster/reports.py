@@ -32,6 +32,9 @@ class Report:
     function: str = ""   # the instantiated function's name
     task: str = ""       # where it was planned ("coordinator" outside any task)
     marked: list = dataclasses.field(default_factory=list)  # rdmadev.optimize'd names it holds
+    #: swapped tensor names inside a while loop: one transfer per iteration, and the loop runs
+    #: one iteration at a time on each task (pass.cc, RunIterationsInOrder)
+    looped: list = dataclasses.field(default_factory=list)
     error: str = ""      # set when the report could not be read (see unreachable)
 
     @classmethod
@@ -57,18 +60,24 @@ class Report:
         lines = [f"{head}: {len(self.swapped)} transfers swapped, {len(self.kept)} stayed on gRPC"]
         if not self.swapped and not self.kept:
             lines[0] = f"{head}: no cross-task transfer (nothing to do)"
+        looped = set(self.looped)
         for name, route, dtype, nbytes, fabric in self.swapped:
             what = "run-time shape" if nbytes is None else f"{nbytes} B"
             if dtype == CONTROL:
                 dtype, what = "control edge", "(orders execution, carries no data)"
+            if name in looped:
+                what += " each loop iteration"
             lines.append(f"  {fabric:<8} {route}  {name} {dtype} {what}")
+        if looped:
+            lines.append(f"  {len(looped)} swapped in while loops: their loops run one iteration at a "
+                         f"time on each task that sends or receives them")
         for name, route, reason in self.kept:
             lines.append(f"  grpc     {route}  {name} ({reason})")
         moved, dynamic = self.bytes_per_step()
         for task, nbytes in sorted(self.registered.items()):
             step = f"{moved.get(task, 0)} B a step"
             if task in dynamic:
-                step += " + tensors of run-time shape"
+                step += " + tensors of run-time shape or in loops"
             elif moved.get(task):
                 step += f" ({nbytes / moved[task]:.2f}x)"
             lines.append(f"  registered on {task}: {nbytes} B for {step}")
@@ -76,12 +85,14 @@ class Report:
 
     def bytes_per_step(self):
         """``({recv task: bytes}, {recv tasks})``: the bytes one run of the instantiation moves
-        into each receiving task over rdmadev (tensors of static shape), and the tasks that
-        also receive tensors of run-time shape (their size is known only then)."""
+        into each receiving task over rdmadev (tensors of static shape outside loops), and the
+        tasks that also receive tensors of run-time shape or in loops (their bytes a step are
+        known only then)."""
         moved, dynamic = {}, set()
-        for _, route, _, nbytes, _ in self.swapped:
+        looped = set(self.looped)
+        for name, route, _, nbytes, _ in self.swapped:
             task = route.split(" -> ")[-1]
-            if nbytes is None:
+            if nbytes is None or name in looped:
                 dynamic.add(task)
             else:
                 moved[task] = moved.get(task, 0) + nbytes

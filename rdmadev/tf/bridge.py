@@ -44,10 +44,12 @@ def _dtype_enum(name):
 
 #: What rdmadev's ops carry, told to the planner so that its policy decides once: any shape (a
 #: dynamic channel's slots carry a shape block, and a tensor larger than a slot goes staged or
-#: in chunks), half pairs where a task's runtime can meet their peers (plan_config), and dead
+#: in chunks), half pairs where a task's runtime can meet their peers (plan_config), dead
 #: tensors (a pair in a conditional's branch keeps TF's _Send/_Recv nodes, labelled for
-#: rdmadev's kernels, which send and output the deadness; pass.cc).
-OPS_CARRY = {"dynamic_shapes": True, "half_pairs": True, "dead_tensors": True}
+#: rdmadev's kernels, which send and output the deadness; pass.cc) and loops (a pair in a while
+#: loop's frame is labelled alike, and the pass runs that frame's iterations one at a time on
+#: each task, so that a channel carries them in order; pass.cc, RunIterationsInOrder).
+OPS_CARRY = {"dynamic_shapes": True, "half_pairs": True, "dead_tensors": True, "loops": True}
 
 
 def plan_config(config, halves=False):
@@ -109,21 +111,24 @@ def rewrites(partitions, function="", marked=()):
         dtype = _dtype_enum(t.dtype)
         shape = None if t.shape is None else list(t.shape)  # None: the rank travels too
         owned = t.halves != "both"
-        dead = bool(t.in_cond)  # may carry a dead tensor: TF's nodes, labelled (pass.cc)
+        # May carry a dead tensor (a branch, a loop's exit iteration): TF's nodes, labelled;
+        # in a loop, its frame runs one iteration at a time (pass.cc).
+        dead, loop = bool(t.in_cond or t.in_loop), bool(t.in_loop)
         if t.halves in ("both", "send"):
             out.append(("send", t.send_device, t.send_node, t.channel_key, dtype, [], False, 0,
-                        timeout, limit, owned, dead))
+                        timeout, limit, owned, dead, loop))
         if t.halves in ("both", "recv"):
             out.append(("recv", t.recv_device, t.recv_node, t.channel_key, dtype, shape,
                         bool(t.zero_copy), plan.config.zero_copy_min_bytes, timeout, limit, owned,
-                        dead))
+                        dead, loop))
         fabric = fabrics.get(t.channel_key, f"{t.halves} half") + ("+zc" if t.zero_copy else "")
         if t.kind == "control":  # TF's dummy tensor for a control edge: a signal, no data
             swapped.append((t.tensor_name, route, reports.CONTROL, 0, fabric))
         else:
             swapped.append((t.tensor_name, route, t.dtype, t.bytes, fabric))
     report = reports.Report(instance, swapped, kept, registered, function=function,
-                            task=rt.task or "coordinator", marked=list(marked))
+                            task=rt.task or "coordinator", marked=list(marked),
+                            looped=[t.tensor_name for t in swap if t.in_loop])
     if halves:
         _meet_halves(rt, [t for t in swap if t.halves != "both"], report)
     reports.record(report)

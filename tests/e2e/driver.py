@@ -242,10 +242,11 @@ def as_tf_function(mode, cluster):
     return out
 
 
-def keras_fit(mode, cluster, optimize=False):
+def keras_fit(mode, cluster, optimize=False, steps_per_execution=1):
     """Keras 3 `fit` with its variables on ps, run under a worker device scope: the worker
     partitions the train function. rdmadev: RDMADEV_AUTO in the tasks (`fit` unchanged), or with
-    `optimize` the model's train_step wrapped by rdmadev.optimize (tasks not in AUTO)."""
+    `optimize` the model's train_step wrapped by rdmadev.optimize (tasks not in AUTO). With
+    `steps_per_execution` > 1 the train function runs that many steps in a while loop."""
     _set_task_pass_mode(cluster, mode == "rdmadev" and not optimize)
     tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster))
     tf.keras.utils.set_random_seed(7)
@@ -254,7 +255,8 @@ def keras_fit(mode, cluster, optimize=False):
     with tf.device(PS):
         model = tf.keras.Sequential([tf.keras.Input((20,)), tf.keras.layers.Dense(32, activation="relu"),
                                      tf.keras.layers.Dense(1)])
-        model.compile(optimizer=tf.keras.optimizers.SGD(0.01), loss="mse")
+        model.compile(optimizer=tf.keras.optimizers.SGD(0.01), loss="mse",
+                      steps_per_execution=steps_per_execution)
         model.optimizer.build(model.trainable_variables)
     if mode == "rdmadev" and optimize:
         # Keras 3's train function is Python around tf.functions that call train_step through
@@ -403,8 +405,10 @@ def batch_norm(mode):
 def loop(mode):
     """Cross-task pairs inside while loops (Keras's steps_per_execution builds one): a loop
     the coordinator runs, whose body reads a ps variable on worker:0 and sends the product
-    back, and a loop that runs on worker:0, with iterations allowed to run ahead (10) and
-    not (1). Those pairs stay on TF's path; the variable read before the loops moves."""
+    back, with iterations allowed to run ahead (10) and not (1); the same loop run on
+    worker:0; and, on worker:0, a loop nested in a loop whose iterations read the variable
+    and add to a ps accumulator (3 inner iterations per outer one). Returns each call's
+    values for 3, 5 and 0 iterations."""
     with tf.device(PS):
         v = tf.Variable(tf.reshape(tf.range(64 * 64, dtype=tf.float32), [64, 64]) * 1e-3)
 
@@ -425,6 +429,16 @@ def loop(mode):
                                      parallel_iterations=parallel)[1])
         with tf.device(W0):
             out.append(tf.while_loop(lambda i, a: i < n, body, [tf.constant(0), tf.constant(0.0)])[1])
+
+        def outer(i, acc):
+            with tf.device(W0):
+                inner = tf.while_loop(lambda j, a: j < 3, lambda j, a: (j + 1, a + body(i * 3 + j, 0.0)[1]),
+                                      [tf.constant(0), tf.constant(0.0)])[1]
+            with tf.device(PS):
+                return i + 1, acc + inner
+
+        with tf.device(W0):
+            out.append(tf.while_loop(lambda i, a: i < n, outer, [tf.constant(0), tf.constant(0.0)])[1])
         return out
 
     fn = rdmadev.optimize(tf.function(step)) if mode == "rdmadev" else tf.function(step)
@@ -731,7 +745,8 @@ def main():
     elif scenario == "keras2":
         result = keras2_fit(mode, cluster)
     elif scenario.startswith("keras"):
-        result = keras_fit(mode, cluster, optimize=scenario == "keras_optimize")
+        result = keras_fit(mode, cluster, optimize=scenario == "keras_optimize",
+                           steps_per_execution=4 if scenario == "keras_loop" else 1)
     elif scenario == "profile":
         tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster))
         result = profile(mode, cluster)

@@ -137,16 +137,20 @@ def test_optimize_returns_a_genuine_tf_function(cluster):
     assert re.search(r"transfers swapped", report) and "__inference_step_" in report
 
 
-@pytest.mark.parametrize("scenario", ["keras", "keras_optimize"])
+@pytest.mark.parametrize("scenario", ["keras", "keras_optimize", "keras_loop"])
 def test_keras_fit(cluster, scenario):
     """`fit` unchanged with RDMADEV_AUTO in the tasks, or the model's train_step wrapped by
-    rdmadev.optimize; the same losses as gRPC either way."""
+    rdmadev.optimize, or unchanged with `steps_per_execution=4` (Keras runs the steps in a
+    while loop, whose pairs move each iteration); the same losses as gRPC every way."""
     grpc = run_driver(cluster, "grpc", scenario)
     rdma = run_driver(cluster, "rdmadev", scenario)
     assert len(rdma["loss"]) == 3 and rdma["loss"] == grpc["loss"]
     assert rdma["weights"] == grpc["weights"]
     report = "\n".join(rdma["reports"])
     assert "DT_INT64" in report and "sgd/Mul" in report
+    if scenario == "keras_loop":
+        looped = re.findall(r"^\s*(\S+)\s.*sgd/Mul\S* DT_FLOAT \d+ B each loop iteration$", report, re.M)
+        assert looped and set(looped) <= {"shm", "shm+zc"}, report
 
 
 def test_tf_keras_fit_under_parameter_server_strategy(cluster):
@@ -204,16 +208,24 @@ def test_killing_a_task_fails_training_promptly(victim, survivor):
     assert set(os.listdir("/dev/shm")) == before
 
 
-def test_pairs_inside_while_loops_stay_on_grpc(cluster):
-    """A loop's iterations may run ahead of each other, and a channel carries one tensor per
-    step in order: such pairs keep TF's rendezvous (before the planner knew, a loop's first
-    iterations failed with "all slots are held", or hung when they ran one at a time)."""
+def test_pairs_inside_while_loops_move_in_iteration_order(cluster):
+    """A loop's iterations may run ahead of each other (parallel_iterations), while a channel
+    carries its transfers in order, and its exit iteration sends a dead tensor: the pass
+    labels TF's own _Send/_Recv for rdmadev's kernels and runs each loop around them, nested
+    ones too, one iteration at a time. Loops of 3, 5 and 0 iterations, run by the coordinator,
+    by worker:0 and nested, give gRPC's values bitwise; every pair in a loop moves over shm,
+    and only the coordinator's pairs stay on gRPC."""
     grpc = run_driver(cluster, "grpc", "loop")
     rdma = run_driver(cluster, "rdmadev", "loop")
     assert rdma["values"] == grpc["values"] and len(rdma["values"]) == 3
+    assert grpc["values"][2][1:] == [0.0] * 4 and len(set(grpc["values"][0])) == 3, grpc["values"]
     report = rdma["report"]
     kept = re.findall(r"^\s*grpc\s.*\((\w+)\)$", report, re.M)
-    assert kept.count("in_loop") >= 3 and set(kept) <= {"in_loop", "client_task"}, report
+    assert set(kept) == {"client_task"}, report
+    looped = re.findall(r"^\s*(\S+)\s.* each loop iteration$", report, re.M)
+    assert len(looped) >= 9 and set(looped) <= {"shm", "shm+zc"}, report
+    assert re.search(rf"^\s*{len(looped)} swapped in while loops: their loops run one iteration at a time",
+                     report, re.M), report
     assert re.search(r"ps/replica:0/task:0 -> /job:worker/replica:0/task:0  edge_\d+_ReadVariableOp DT_FLOAT "
                      r"16384 B$", report, re.M), report
 
@@ -224,16 +236,17 @@ def test_pairs_inside_a_conditional_branch_move_with_their_deadness(cluster):
     pass keeps TF's own _Send/_Recv for such pairs, labelled for rdmadev's kernels, which TF
     does run on a dead input: the sender writes the deadness, the receiver outputs a dead
     tensor. Every pair of both branches moves, over steps that take the branch, skip it
-    twice in a row and take it again, bitwise as on gRPC; the pairs in the while loop inside a
-    branch keep TF's rendezvous (in_loop)."""
+    twice in a row and take it again, bitwise as on gRPC, those of the while loop inside a
+    branch included."""
     grpc = run_driver(cluster, "grpc", "cond")
     rdma = run_driver(cluster, "rdmadev", "cond")
     assert rdma["values"] == grpc["values"] and grpc["values"][1] == grpc["values"][2] == [-2.0, -2.0]
     report = rdma["report"]
     kept = re.findall(r"^\s*grpc\s.*\((\w+)\)$", report, re.M)
-    assert kept.count("in_loop") >= 3 and set(kept) <= {"in_loop", "client_task"}, report
+    assert set(kept) == {"client_task"}, report
+    assert re.search(r"^\s*shm\S*\s.*each loop iteration$", report, re.M), report
     in_branch = [line.split()[0] for line in report.splitlines()  # between ps and worker:0
-                 if "rdmadev_in_branch" in line and not line.endswith(("(client_task)", "(in_loop)"))]
+                 if "rdmadev_in_branch" in line and not line.endswith("(client_task)")]
     assert len(in_branch) >= 6 and set(in_branch) <= {"shm", "shm+zc"}, report
     assert re.search(r"^\s*shm\s+/job:ps/replica:0/task:0 -> /job:worker/replica:0/task:0\s+edge_\d+_cond/then/"
                      r"\S+/MatMul/ReadVariableOp/rdmadev_in_branch\S* DT_FLOAT 16384 B$", report, re.M), report

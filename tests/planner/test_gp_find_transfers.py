@@ -216,6 +216,14 @@ def test_pairs_inside_while_loops_are_kept_by_each_half():
     plan = gp.plan_partitions(B.partitions(ps, w), instance_id="i")
     assert {t.tensor_name: (t.decision, t.reason) for t in plan.transfers} == {
         "edge_1_in": ("keep", "in_loop"), "edge_2_out": ("swap", "static")}
+    # Ops that carry loops and dead tensors (the exit iteration's) swap a loop's pairs; in_loop
+    # stays set, for the pass to label TF's nodes and run the loop in order (rdmadev.tf.bridge).
+    for carries, swapped in (({"loops": True}, False), ({"dead_tensors": True}, False),
+                             ({"loops": True, "dead_tensors": True}, True)):
+        plan = gp.plan_partitions(B.partitions(ps, w), gp.Config(carries=carries), instance_id="i")
+        assert {t.tensor_name: (t.decision, t.reason, t.in_loop) for t in plan.transfers} == {
+            "edge_1_in": ("swap", "static", True) if swapped else ("keep", "in_loop", True),
+            "edge_2_out": ("swap", "static", False)}, carries
 
 
 def test_pairs_inside_conditional_branches_are_kept():

@@ -10,7 +10,7 @@ import graph_pass as gp
 from graph_pass import plan as plan_mod
 
 PS, W0 = B.dev("ps"), B.dev("worker")
-ON = {"dynamic_shapes": True, "half_pairs": True, "dead_tensors": True}
+ON = {"dynamic_shapes": True, "half_pairs": True, "dead_tensors": True, "loops": True}
 
 
 def transfer(**kw):
@@ -66,9 +66,9 @@ def test_config_defaults_and_errors():
     cfg = gp.Config()
     assert cfg.zero_copy_min_bytes == plan_mod.DEFAULT_ZERO_COPY_MIN_BYTES == 64 << 10
     assert cfg.deadline_s == plan_mod.DEFAULT_DEADLINE_S == 300.0
-    assert cfg.carries == {"dynamic_shapes": False, "half_pairs": False, "dead_tensors": False}
+    assert cfg.carries == {"dynamic_shapes": False, "half_pairs": False, "dead_tensors": False, "loops": False}
     assert gp.Config(carries={"half_pairs": 1}).carries == {"dynamic_shapes": False, "half_pairs": True,
-                                                            "dead_tensors": False}
+                                                            "dead_tensors": False, "loops": False}
     with pytest.raises(gp.ConfigError, match=r"unknown capabilities \['strings'\]"):
         gp.Config(carries={"strings": True})
     for bad in (0, -1.0, "5", True):
@@ -85,7 +85,8 @@ def test_v2_round_trip_keeps_the_new_config():
     data = json.loads(plan.to_json())
     assert data["version"] == 2 == gp.PLAN_VERSION
     assert data["config"]["zero_copy_min_bytes"] == 1024 and data["config"]["deadline_s"] == 12.5
-    assert data["config"]["carries"] == {"dynamic_shapes": True, "half_pairs": False, "dead_tensors": False}
+    assert data["config"]["carries"] == {"dynamic_shapes": True, "half_pairs": False, "dead_tensors": False,
+                                         "loops": False}
     again = gp.Plan.from_json(plan.to_json())
     assert again == plan and again.config == cfg
 
