@@ -249,11 +249,19 @@ for flow in ("v2", "v1"):
             picked = tf.switch_case(index, [lambda: tf.reduce_sum(moving.read_value()),
                                             lambda: tf.reduce_max(w.read_value()),
                                             lambda: tf.constant(5.0)])
+
+            def body(i, total):  # reads the ps variable, sends a row of sums back each iteration
+                rows = tf.reduce_sum(moving.read_value() * tf.cast(i + 1, tf.float32), 0)
+                with tf.device("/job:ps/task:0"):
+                    return i + 1, total + tf.reduce_sum(rows)
+            iterations = tf.compat.v1.placeholder(tf.int32, [])
+            looped = tf.while_loop(lambda i, t: i < iterations, body, [tf.constant(0), tf.constant(0.0)])[1]
         init = tf.compat.v1.global_variables_initializer()
     with tf.compat.v1.Session("grpc://" + cluster["worker"][0], graph=g) as s:
         s.run(init)
         out += [s.run(y, {training: t}).tobytes().hex() for t in (True, False, False, True, False)]
         out += [s.run(picked, {index: i}).tobytes().hex() for i in (2, 0, 1, 2, 1)]
+        out += [s.run(looped, {iterations: n}).tobytes().hex() for n in (3, 0, 5)]
         out.append(s.run(w).tobytes().hex())
 reports = {}
 if sys.argv[2] == "rdmadev":
@@ -264,10 +272,11 @@ print("RESULT " + json.dumps({"values": out, "reports": reports}))
 
 
 @pytest.mark.tf
-def test_conditionals_across_tasks_swap_their_branch_halves_with_their_deadness():
-    """Each task labels its own half of a pair in a branch (TF's _Send or _Recv, for rdmadev's
-    kernels, which carry a dead tensor); the halves meet as any others and give gRPC's values
-    whichever branch runs."""
+def test_conditionals_and_loops_across_tasks_swap_their_halves_with_their_deadness():
+    """Each task labels its own half of a pair in a branch or a while loop (TF's _Send or
+    _Recv, for rdmadev's kernels, which carry a dead tensor) and runs its loops one iteration
+    at a time; the halves meet as any others and give gRPC's values whichever branch runs, for
+    loops of 3, 0 and 5 iterations."""
     results = {"grpc": _client_result(CONDITIONAL, "grpc", "grpc"),
                protocol.PROTOCOL: _client_result(CONDITIONAL, protocol.PROTOCOL, "rdmadev")}
     assert results[protocol.PROTOCOL]["values"] == results["grpc"]["values"], \
@@ -280,6 +289,9 @@ def test_conditionals_across_tasks_swap_their_branch_halves_with_their_deadness(
         # and (v2) the branch pivots' control edges to ps.
         in_branch = [l for l in text.splitlines() if "rdmadev_in_branch" in l]
         assert len(in_branch) >= 6 and all(" half" in l for l in in_branch), f"{task}:\n{text}"
+        # Each control flow's loop: the read of the variable, the row of sums sent back.
+        in_loop = [l for l in text.splitlines() if l.endswith(" each loop iteration")]
+        assert len(in_loop) >= 4 and all(" half" in l for l in in_loop), f"{task}:\n{text}"
 
 
 # A TF1 job as TF's own documentation writes it: a global step, MonitoredTrainingSession with
