@@ -315,7 +315,7 @@ absl::Status RunIterationsInOrder(Graph* g, const std::vector<const Node*>& node
   for (const Node* n : nodes) {
     // A node's frame is its innermost loop, whose parent_frame is an Enter of the enclosing
     // loop (of its own frame, as for any Enter), or the source node outside every loop.
-    for (const Node* at = n; !at->IsSource() && !info[at->id()].frame_name.empty();
+    for (const Node* at = n; at && !at->IsSource() && !info[at->id()].frame_name.empty();
          at = info[at->id()].parent_frame) {
       frames.insert(info[at->id()].frame_name);
     }

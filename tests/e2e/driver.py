@@ -31,6 +31,29 @@ def train_until_killed(mode):
     return train(mode, steps=2000, progress=True)
 
 
+def loop_until_killed(mode):
+    """Calls of a loop of 50 iterations on worker:0, each reading 1 MiB of a ps variable and
+    sending its sum back, printing each call, for as long as the cluster lives (bounded): a
+    task killed during a call dies mid-loop."""
+    with tf.device(PS):
+        v = tf.Variable(tf.ones([1 << 18]))
+
+    def body(i, total):
+        with tf.device(W0):
+            s = tf.reduce_sum(v * tf.cast(i, tf.float32))
+        with tf.device(PS):
+            return i + 1, total + s
+
+    def step():
+        with tf.device(W0):
+            return tf.while_loop(lambda i, t: i < 50, body, [tf.constant(0), tf.constant(0.0)])[1]
+
+    fn = rdmadev.optimize(tf.function(step)) if mode == "rdmadev" else tf.function(step)
+    for n in range(2000):
+        print(f"STEP {n} {float(fn())}", flush=True)
+    return {}
+
+
 def train(mode, steps=30, progress=False):
     """Variables on ps; each step both workers compute a gradient on their half of a
     deterministic batch; ps applies the mean. Returns losses and final weights."""
@@ -757,6 +780,7 @@ def main():
         result = {"train": train, "noop": noop, "big": big, "retrace": retrace,
                   "train_until_killed": train_until_killed, "mixed": mixed,
                   "conv": conv, "sparse": sparse, "overlapping": overlapping, "cond": cond, "growing": growing, "loop": loop,
+                  "loop_until_killed": loop_until_killed,
                   "batch_norm": batch_norm, "views": views}[scenario](mode)
     print("RESULT " + json.dumps(result))
 

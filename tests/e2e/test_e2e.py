@@ -175,12 +175,15 @@ def test_tf_keras_fit_under_parameter_server_strategy(cluster):
             assert after[task][what] == before[task][what], (task, what, before, after)
 
 
-@pytest.mark.parametrize("victim, survivor", [(("worker", 1), ("ps", 0)), (("ps", 0), ("worker", 0))])
-def test_killing_a_task_fails_training_promptly(victim, survivor):
-    """A task dies mid-training: the coordinator gets an error naming it (never a hang),
-    whichever error reached TF first (rdmadev's, or TF's own RPC to the task failing with
-    "Connection reset by peer", which rdmadev.optimize then names), the other tasks keep
-    serving, nothing is left in /dev/shm."""
+@pytest.mark.parametrize("victim, survivor, scenario", [
+    (("worker", 1), ("ps", 0), "train_until_killed"), (("ps", 0), ("worker", 0), "train_until_killed"),
+    (("ps", 0), ("worker", 0), "loop_until_killed")])
+def test_killing_a_task_fails_training_promptly(victim, survivor, scenario):
+    """A task dies mid-training, or in the middle of a while loop whose pairs move each
+    iteration: the coordinator gets an error naming it (never a hang), whichever error reached
+    TF first (rdmadev's, or TF's own RPC to the task failing with "Connection reset by peer",
+    which rdmadev.optimize then names), the other tasks keep serving, nothing is left in
+    /dev/shm."""
     import os
     import signal
     import subprocess
@@ -191,7 +194,7 @@ def test_killing_a_task_fails_training_promptly(victim, survivor):
     with tf_cluster.Cluster(env=ENV, launcher=rdmadev_launcher) as c:
         driver = subprocess.Popen(
             [sys.executable, os.path.join(HERE, "driver.py"), json.dumps(c.spec), "rdmadev",
-             "train_until_killed"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+             scenario], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **ENV})
         try:
             for line in driver.stdout:
