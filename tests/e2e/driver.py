@@ -429,11 +429,14 @@ def loop(mode):
     """Cross-task pairs inside while loops (Keras's steps_per_execution builds one): a loop
     the coordinator runs, whose body reads a ps variable on worker:0 and sends the product
     back, with iterations allowed to run ahead (10) and not (1); the same loop run on
-    worker:0; and, on worker:0, a loop nested in a loop whose iterations read the variable
-    and add to a ps accumulator (3 inner iterations per outer one). Returns each call's
-    values for 3, 5 and 0 iterations."""
+    worker:0; on worker:0, a loop nested in a loop whose iterations read the variable and add
+    to a ps accumulator (3 inner iterations per outer one); and a loop whose tensors have
+    run-time shapes, growing by 1 MiB an iteration from the ps (past the channel's first
+    capacity, RDMADEV_DYNAMIC_CAPACITY's 1 MiB) and shrinking back. Returns each call's values
+    for 3, 5 and 0 iterations."""
     with tf.device(PS):
         v = tf.Variable(tf.reshape(tf.range(64 * 64, dtype=tf.float32), [64, 64]) * 1e-3)
+        long = tf.Variable(tf.range(5 << 18, dtype=tf.float32) * 1e-6)
 
     def step(n):
         with tf.device(W0):
@@ -462,6 +465,17 @@ def loop(mode):
 
         with tf.device(W0):
             out.append(tf.while_loop(lambda i, a: i < n, outer, [tf.constant(0), tf.constant(0.0)])[1])
+
+        def growing(i, acc):
+            with tf.device(PS):
+                rows = long[: (i + 1) * (1 << 18)] * 2.0
+            with tf.device(W0):
+                back = rows[: (n - i) * 1000] * tf.cast(i + 1, tf.float32)
+            with tf.device(PS):
+                return i + 1, acc + tf.reduce_sum(back)
+
+        with tf.device(W0):
+            out.append(tf.while_loop(lambda i, a: i < n, growing, [tf.constant(0), tf.constant(0.0)])[1])
         return out
 
     fn = rdmadev.optimize(tf.function(step)) if mode == "rdmadev" else tf.function(step)

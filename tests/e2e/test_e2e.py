@@ -216,17 +216,21 @@ def test_pairs_inside_while_loops_move_in_iteration_order(cluster):
     carries its transfers in order, and its exit iteration sends a dead tensor: the pass
     labels TF's own _Send/_Recv for rdmadev's kernels and runs each loop around them, nested
     ones too, one iteration at a time. Loops of 3, 5 and 0 iterations, run by the coordinator,
-    by worker:0 and nested, give gRPC's values bitwise; every pair in a loop moves over shm,
+    by worker:0 and nested, and one whose tensors grow past their channel's capacity from one
+    iteration to the next, give gRPC's values bitwise; every pair in a loop moves over shm,
     and only the coordinator's pairs stay on gRPC."""
     grpc = run_driver(cluster, "grpc", "loop")
     rdma = run_driver(cluster, "rdmadev", "loop")
     assert rdma["values"] == grpc["values"] and len(rdma["values"]) == 3
-    assert grpc["values"][2][1:] == [0.0] * 4 and len(set(grpc["values"][0])) == 3, grpc["values"]
+    assert grpc["values"][2][1:] == [0.0] * 5 and len(set(grpc["values"][0])) == 4, grpc["values"]
     report = rdma["report"]
     kept = re.findall(r"^\s*grpc\s.*\((\w+)\)$", report, re.M)
     assert set(kept) == {"client_task"}, report
     looped = re.findall(r"^\s*(\S+)\s.* each loop iteration$", report, re.M)
-    assert len(looped) >= 9 and set(looped) <= {"shm", "shm+zc"}, report
+    assert len(looped) >= 11 and set(looped) <= {"shm", "shm+zc"}, report
+    # The growing loop's rows (the other loops' reads from ps have static shapes).
+    assert re.search(r"^\s*shm\S*\s+/job:ps\S* -> /job:worker\S*\s+\S+ DT_FLOAT "
+                     r"run-time shape each loop iteration$", report, re.M), report
     assert re.search(rf"^\s*{len(looped)} swapped in while loops: their loops run one iteration at a time",
                      report, re.M), report
     assert re.search(r"ps/replica:0/task:0 -> /job:worker/replica:0/task:0  edge_\d+_ReadVariableOp DT_FLOAT "
