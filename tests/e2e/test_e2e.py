@@ -151,6 +151,8 @@ def test_keras_fit(cluster, scenario):
     if scenario == "keras_loop":
         looped = re.findall(r"^\s*(\S+)\s.*sgd/Mul\S* DT_FLOAT \d+ B each loop iteration$", report, re.M)
         assert looped and set(looped) <= {"shm", "shm+zc"}, report
+        assert re.search(r"\(__inference_multi_step_on_iterator_\d+ on /job:worker/replica:0/task:0\): "
+                         r"\d+ transfers swapped, 0 stayed on gRPC", report), report
 
 
 def test_tf_keras_fit_under_parameter_server_strategy(cluster):
