@@ -460,3 +460,38 @@ def test_a_dead_tensor_crosses_a_labelled_pair(channel):
         s.run(lone, {pred: False, x: np.zeros(4, np.float32)})  # a dead transfer, for a plain receive
     with pytest.raises(tf.errors.InvalidArgumentError, match=re.escape(f"rdmadev channel {key}: the sender's tensor is dead")):
         ops.recv(tf.float32, [4], key)
+
+
+def test_a_loop_moves_each_iteration_over_a_labelled_pair(channel):
+    """What the pass makes of a pair in a while loop (pass.cc: labelled nodes, the loop run
+    one iteration at a time): each iteration writes and takes one transfer, and the exit
+    iteration, whose tensors are dead, a dead one. Loops of 3, 0 and 5 iterations in turn each
+    sum their own values and leave no slot held."""
+    key, _, rx = channel("loop", 16)
+    ops.load()
+    v1 = tf.compat.v1
+    v1.disable_control_flow_v2()  # TF1's while_loop: Enter, Merge, Switch, NextIteration, Exit
+    try:
+        g = tf.Graph()
+        with g.as_default():
+            n = v1.placeholder(tf.int32, [])
+            x = v1.placeholder(tf.float32, [4])
+
+            def body(i, total):
+                send = _labelled(g, "_Send", key, tf.float32, [x * tf.cast(i + 1, tf.float32)])
+                with g.control_dependencies([send]):  # one process: the write first
+                    got = _labelled(g, "_Recv", key, tf.float32, shape=[4]).outputs[0]
+                return i + 1, total + tf.ensure_shape(got, [4])  # _Recv has no shape function
+
+            out = v1.while_loop(lambda i, t: i < n, body, [tf.constant(0), tf.zeros([4])],
+                                parallel_iterations=1)[1]
+    finally:
+        v1.enable_control_flow_v2()
+    quiet = v1.ConfigProto()
+    quiet.graph_options.rewrite_options.disable_meta_optimizer = True
+    with v1.Session(graph=g, config=quiet) as s:
+        for iterations in (3, 0, 5):
+            v = np.arange(4, dtype=np.float32) + iterations
+            want = v * float(sum(range(1, iterations + 1)))
+            np.testing.assert_array_equal(s.run(out, {n: iterations, x: v}), want)
+        assert rx.held == 0
