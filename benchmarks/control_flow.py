@@ -88,7 +88,8 @@ def main(argv=None):
         with mock.patch.dict(bridge.OPS_CARRY, {lacked: False}):  # planned at its first call
             calls[before]()
         ms = ms_per_call(calls, args.rounds, args.calls)
-        reports = {name: fns[name].report for name in ("rdmadev", before)}
+        kept = {name: sum(why == reason for r in fns[name].reports for _, _, why in r.kept)
+                for name in ("rdmadev", before)}
         values = {name: [float(fn(x)) for x in inputs] for name, fn in fns.items()}
         calls.clear()
         fns.clear()
@@ -105,9 +106,8 @@ def main(argv=None):
     for name, xs in ms.items():
         print(f"  {name:<24} median {statistics.median(xs):8.3f}  rounds {min(xs):8.3f}-{max(xs):8.3f}"
               f"  ({base / statistics.median(xs):.2f}x grpc)")
-    for name, text in reports.items():
-        kept = sum(1 for line in text.splitlines() if line.strip().startswith("grpc ") and f"({reason})" in line)
-        print(f"  {name}: {kept} pairs of the {args.flow} stayed on gRPC")
+    for name, count in kept.items():
+        print(f"  {name}: {count} pairs of the {args.flow} stayed on gRPC")
     return 0
 
 

@@ -74,7 +74,7 @@ def main(argv=None):
 
         ms = ms_per_call({key: fitting(model) for key, model in models.items()}, args.rounds, 1)
         weights = {key: [w.tobytes() for w in model.get_weights()] for key, model in models.items()}
-        reports = {n: "\n".join(str(r) for r in models["rdmadev", n].train_step.reports) for n in executions}
+        reports = {n: models["rdmadev", n].train_step.reports for n in executions}
         models.clear()
     if len({tuple(w) for w in weights.values()}) != 1:
         print("weights differ between the variants after the same fits")
@@ -88,9 +88,8 @@ def main(argv=None):
         for mode, xs in rate.items():
             print(f"  steps_per_execution={n:<3} {mode:<8} median {statistics.median(xs):8.1f}  rounds "
                   f"{min(xs):8.1f}-{max(xs):8.1f}  ({statistics.median(xs) / base:.2f}x grpc)")
-        lines = reports[n].splitlines()
-        kept = [line.rsplit("(", 1)[-1].rstrip(")") for line in lines if line.strip().startswith("grpc ")]
-        looped = sum(1 for line in lines if line.endswith(" each loop iteration"))
+        kept = [why for r in reports[n] for _, _, why in r.kept]
+        looped = sum(len(r.looped) for r in reports[n])
         print(f"  steps_per_execution={n:<3} rdmadev: {looped} pairs moved each loop iteration, "
               f"{len(kept)} on gRPC {sorted(set(kept))}")
     return 0

@@ -432,6 +432,14 @@ def _labelled(g, op, key, dtype, inputs=(), shape=None):
                                  name=f"labelled{op}_{len(g.get_operations())}")
 
 
+def _without_grappler():
+    """A session config whose Grappler would not meet the transfer nodes (they only exist after
+    partitioning otherwise)."""
+    config = tf.compat.v1.ConfigProto()
+    config.graph_options.rewrite_options.disable_meta_optimizer = True
+    return config
+
+
 def test_a_dead_tensor_crosses_a_labelled_pair(channel):
     """On the branch not taken TF runs the labelled _Send with a dead input: it writes a dead
     transfer, and the labelled _Recv outputs a dead tensor, which the Merge passes over, as TF's
@@ -449,10 +457,7 @@ def test_a_dead_tensor_crosses_a_labelled_pair(channel):
             got = _labelled(g, "_Recv", key, tf.float32, shape=[4]).outputs[0]
         out = tf.raw_ops.Merge(inputs=[got + 1.0, skipped - 1.0])[0]
         lone = _labelled(g, "_Send", key, tf.float32, [taken])
-    # Grappler would meet the transfer nodes, which only exist after partitioning otherwise.
-    quiet = tf.compat.v1.ConfigProto()
-    quiet.graph_options.rewrite_options.disable_meta_optimizer = True
-    with tf.compat.v1.Session(graph=g, config=quiet) as s:
+    with tf.compat.v1.Session(graph=g, config=_without_grappler()) as s:
         for step, flag in enumerate([True, False, False, True, False]):
             v = np.full(4, float(step), np.float32)
             np.testing.assert_array_equal(s.run(out, {pred: flag, x: v}), v * 2.0 + 1.0 if flag else v - 1.0)
@@ -487,9 +492,7 @@ def test_a_loop_moves_each_iteration_over_a_labelled_pair(channel):
                                 parallel_iterations=1)[1]
     finally:
         v1.enable_control_flow_v2()
-    quiet = v1.ConfigProto()
-    quiet.graph_options.rewrite_options.disable_meta_optimizer = True
-    with v1.Session(graph=g, config=quiet) as s:
+    with v1.Session(graph=g, config=_without_grappler()) as s:
         for iterations in (3, 0, 5):
             v = np.arange(4, dtype=np.float32) + iterations
             want = v * float(sum(range(1, iterations + 1)))
