@@ -244,7 +244,9 @@ for flow in ("v2", "v1"):
                            lambda: tf.reduce_mean(moving.read_value(), 0))
             update = tf.cond(training, lambda: tf.reduce_sum(w.assign_add(x * 0.01)),
                              lambda: tf.constant(0.0))
-            y = tf.reduce_sum(tf.matmul(x - mean, w.read_value())) + update
+            with tf.control_dependencies([update]):  # read after the update: no race between them
+                after = w.read_value()
+            y = tf.reduce_sum(tf.matmul(x - mean, after)) + update
             index = tf.compat.v1.placeholder(tf.int32, [])
             picked = tf.switch_case(index, [lambda: tf.reduce_sum(moving.read_value()),
                                             lambda: tf.reduce_max(w.read_value()),
