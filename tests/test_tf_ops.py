@@ -375,25 +375,36 @@ def test_a_cancelled_step_ends_the_wait_for_an_unbound_half(half, request):
 
 
 @pytest.mark.parametrize("half", ["recv", "send"])
-def test_unbinding_a_half_ends_its_pending_wait(channel, half):
+@pytest.mark.parametrize("run_by", ["eager", "function"])
+def test_unbinding_a_half_ends_its_pending_wait(channel, half, run_by):
     """A step whose peer will never write (its step failed elsewhere, the peer task alive and
     not cancelled) waits on a half the control plane then unbinds (the function released, the
     peer restarted): the wait ends then, naming the channel, not at its 600 s deadline, and
     the half's region (the receiver's ring, the sender's credit line), which the wait held,
-    leaves its Domain."""
+    leaves its Domain.
+
+    The error stays TF's UnavailableError when a function's executor runs the op as well as
+    eagerly: the ops are registered as distributed communication, else TF's executor turns
+    an op's Unavailable into Internal, which MonitoredTrainingSession and a
+    ParameterServerStrategy coordinator do not take for a lost task."""
     key, _, _ = channel("unbound", 64, slots=1, leased=True)
     domain = channel.receiver_domain if half == "recv" else channel.sender_domain
     regions = domain.region_stats[0]
     if half == "send":
         ops.send(tf.ones([16]), key)  # fills the one slot: the next send waits for a credit
+
+    def wait():
+        if half == "recv":
+            return ops.recv(tf.float32, [16], key, timeout_s=600)
+        ops.send(tf.ones([16]), key, timeout_s=600)  # a function keeps it: stateful
+
+    if run_by == "function":
+        wait = tf.function(wait)
     outcome = []
 
     def run():
         try:
-            if half == "recv":
-                ops.recv(tf.float32, [16], key, timeout_s=600)
-            else:
-                ops.send(tf.ones([16]), key, timeout_s=600)
+            wait()
             outcome.append(None)
         except Exception as e:  # inspected below
             outcome.append(e)

@@ -45,6 +45,10 @@ using tensorflow::OpKernelContext;
 using tensorflow::Tensor;
 using tensorflow::TensorShape;
 
+// Both ops are registered as distributed communication (SetIsDistributedCommunication): TF's
+// executor turns an Unavailable status from any other op into Internal, and a lost or silent
+// peer must reach MonitoredTrainingSession and ParameterServerStrategy's coordinator as
+// UnavailableError, the error they take for a lost task, as gRPC's _Recv's does.
 REGISTER_OP("RdmadevSend")
     .Input("x: T")
     .Attr("T: type")
@@ -53,6 +57,7 @@ REGISTER_OP("RdmadevSend")
     .Attr("max_bytes: int = 0")
     .Attr("owned: bool = false")
     .SetIsStateful()
+    .SetIsDistributedCommunication()
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
     .Doc("Writes x into the next slot of rdmadev channel `channel` (one-sided). On a dynamic "
          "channel the slot's shape block carries x's shape, and a tensor larger than a slot "
@@ -74,6 +79,7 @@ REGISTER_OP("RdmadevRecv")
     .Attr("max_bytes: int = 0")
     .Attr("owned: bool = false")
     .SetIsStateful()
+    .SetIsDistributedCommunication()
     .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
       tensorflow::PartialTensorShape shape;
       TF_RETURN_IF_ERROR(c->GetAttr("shape", &shape));
