@@ -62,9 +62,13 @@ IN_PLACE_OPS = frozenset({
 #: Pack of one tensor returns it reshaped, of several a fresh tensor) and reductions, which
 #: return their input when every reduced dimension has size 1. Their other inputs (a shape,
 #: axes, a permutation, the rest of a Pack) are only read. TF1 graphs read a received
-#: variable value through an Identity.
+#: variable value through an Identity. Where TF's oneDNN opts are on (x86 CPUs with
+#: AVX512-VNNI or newer), its layout pass renames the transposes to _MklTranspose and
+#: _MklConjugateTranspose before the pass sees the graph; their kernels keep TransposeOp's
+#: Compute, so they return their input as the transposes do.
 VIEW_OPS = frozenset({"Identity", "Reshape", "ExpandDims", "Squeeze", "Cast", "Transpose",
-                      "ConjugateTranspose", "Pack", "Sum", "Mean", "Max", "Min", "Prod"})
+                      "ConjugateTranspose", "_MklTranspose", "_MklConjugateTranspose", "Pack",
+                      "Sum", "Mean", "Max", "Min", "Prod"})
 #: Ops whose output 0 may be a slice of input 0 (a SubBuffer: counted as owning memory).
 SLICE_OPS = frozenset({"Slice", "StridedSlice"})
 #: Views followed from one received tensor before giving up.
