@@ -9,8 +9,9 @@ cluster in the same run:
 
 For each: when the coordinator's call failed (if it did) and whether its error names the
 failed task; for rdmadev, when the surviving tasks knew (a silent task: their heartbeats,
-`silent_peers`); that nothing hangs; that the job runs again, with exact numbers, once the
-task is back; and that no channel, region, registered byte, memfd mapping, fd or thread is
+`silent_peers`); that nothing hangs; that every step the faulted job finished is exact (each
+applied once, before the fault and after the task came back); that the job runs again, with
+exact numbers, once the task is back; and that no channel, region, registered byte, memfd mapping, fd or thread is
 left over on any task. Bounds are asserted for rdmadev only; gRPC's figures are reported.
 
 TF itself waits for every component of a call: while a task is stopped or cut off, the
@@ -228,7 +229,10 @@ def _run_case(cluster, rt, mode, fault, target, rng, results, fabric, cut=None):
     after, settled_s = _settled(rt, cluster, kept)
     _record(results, fault, target, fabric, mode, error, fault_at, survivors_s, named, recovered,
             settled_s, note)
-    # What every case must satisfy, on both paths: no hang (above) and the job runs again.
+    # What every case must satisfy, on both paths: no hang (above), every step the faulted job
+    # finished applied exactly once (w == its step count: none lost or applied twice, before
+    # the fault or after the task came back), and the job runs again.
+    assert d.steps() and all(s[3] == "True" for s in d.steps()), d.output()
     assert recovered, d.output()
     if mode != "rdmadev":
         return
