@@ -11,8 +11,8 @@ For each: when the coordinator's call failed (if it did) and whether its error n
 failed task; for rdmadev, when the surviving tasks knew (a silent task: their heartbeats,
 `silent_peers`); that nothing hangs; that every step the faulted job finished is exact (each
 applied once, before the fault and after the task came back); that the job runs again, with
-exact numbers, once the task is back; and that no channel, region, registered byte, memfd mapping, fd or thread is
-left over on any task. Bounds are asserted for rdmadev only; gRPC's figures are reported.
+exact numbers, once the task is back; and that no channel, region, registered byte, memfd
+mapping, fd or thread is left over on any task. Bounds are asserted for rdmadev only; gRPC's figures are reported.
 
 TF itself waits for every component of a call: while a task is stopped or cut off, the
 coordinator's call returns only once it is back, on either path. What rdmadev bounds is how
@@ -99,6 +99,11 @@ class Driver:
         self.reader.join(0.5 if self.proc.poll() is not None else 0)
         return predicate()
 
+    def exact(self):
+        """Whether it stepped, and every step it finished left w equal to its step count."""
+        steps = self.steps()
+        return bool(steps) and all(s[3] == "True" for s in steps)
+
     def stepped_since(self, t):
         return any(float(s[2]) > t for s in self.steps())
 
@@ -146,7 +151,7 @@ def _recovery_run(cluster, mode):
     d = Driver(cluster, mode, RECOVERY_STEPS)
     assert d.wait(lambda: "DONE\n" in d.lines, HANG_S * 2), d.output()
     d.proc.wait(60)
-    return all(s[3] == "True" for s in d.steps()) and len(d.steps()) == RECOVERY_STEPS
+    return d.exact() and len(d.steps()) == RECOVERY_STEPS
 
 
 def _warm(cluster, rt, mode):
@@ -232,7 +237,7 @@ def _run_case(cluster, rt, mode, fault, target, rng, results, fabric, cut=None):
     # What every case must satisfy, on both paths: no hang (above), every step the faulted job
     # finished applied exactly once (w == its step count: none lost or applied twice, before
     # the fault or after the task came back), and the job runs again.
-    assert d.steps() and all(s[3] == "True" for s in d.steps()), d.output()
+    assert d.exact(), d.output()
     assert recovered, d.output()
     if mode != "rdmadev":
         return
