@@ -9,9 +9,10 @@ wait release the GIL.
 """
 from . import errors as _errors
 from ._native.bench import bench_memcpy, bench_pingpong, bench_tcp_pingpong, bench_tcp_stream
-from ._native.channel import (CREDIT_BYTES, RegionLease, RingLayout, RingReceiver, RingSender,
+from ._native.channel import (CREDIT_BYTES, PARKED_GRACE_S, RELEASED_GRACE_S, RegionLease,
+                              RingLayout, RingReceiver, RingSender,
                               bound_channels, channel_counts, channel_recv, channel_send,
-                              channel_want, fail_half, growing_channels,
+                              channel_want, fail_half, growing_channels, release_drained,
                               transfer_counts, unbind_channel, unbind_domain, unbind_peer,
                               unfail_half, wire_layout)
 from ._native.crypto import client_handshake, handshake_proof, hmac_sha256, server_handshake
@@ -24,6 +25,7 @@ __all__ = [
     "Domain", "Region", "Endpoint", "RemoteRegion", "RingLayout", "RingSender", "RingReceiver",
     "CREDIT_BYTES", "ANY_PEER", "wire_layout", "error_kinds", "unbind_channel",
     "bound_channels", "channel_send", "channel_recv", "channel_want", "growing_channels", "fail_half", "unfail_half", "RegionLease", "unbind_domain", "unbind_peer",
+    "release_drained", "PARKED_GRACE_S", "RELEASED_GRACE_S",
     "channel_counts", "transfer_counts", "fabric_priority", "unviable_reason", "recent_events", "hmac_sha256",
     "handshake_proof", "client_handshake", "server_handshake", "bench_memcpy",
     "bench_pingpong", "bench_tcp_pingpong", "bench_tcp_stream",

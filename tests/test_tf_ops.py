@@ -253,6 +253,59 @@ def test_a_stage_is_not_written_again_before_the_receiver_read_it(channel):
     assert rx.held == 0
 
 
+def _released_once_credited(domain):
+    """Whether the sweep (the control plane's watcher) releases the sending half parked in
+    `domain` once its receiver's credit lands (on tcp, a frame the sender serves in its own
+    thread, so a little after the receive returned)."""
+    def released():
+        _core.release_drained()  # what the watcher does every WATCH_INTERVAL_S
+        return _core.channel_counts(domain)["parked"] == 0
+
+    return wait_until(released, CANCEL_GUARD_S, 0.01)
+
+
+@pytest.mark.parametrize("read", [True, False], ids=["read", "never-read"])
+def test_a_stage_outlives_its_unbound_sender_until_its_receiver_is_done(channel, read):
+    """The control plane may unbind a sending half while the tensor it staged last is unread
+    (its step cancelled midway, then the function released): the half is parked, its stage
+    and credit region kept for the receiver, which reads the sender's values; the connection
+    the task pair's channels share carries on (freeing the stage under the read failed the
+    receive, and on tcp and verbs broke that connection). The memory goes at the first sweep
+    after the receiver credited the tensor; when it never reads it, once its time parked is up,
+    which the receiving task's release notice cuts short (here to 0)."""
+    a, b = channel.sender_domain, channel.receiver_domain
+    shared = (a.connect(b.address), b.connect(a.address))
+    keys = [f"stage-unbound-{read}:{name}" for name in ("unbound", "other")]
+    for key in keys:
+        bind_local(a, b, key, ring_layout(SLOTS, 4096, rank=1), leased=True, endpoints=shared)
+    try:
+        regions = a.region_stats[0]  # the two credit regions
+        before = _core.transfer_counts()
+        x = tf.range(100_000, dtype=tf.float32)  # 400 kB through 4 KiB slots
+        ops.send(x, keys[0])
+        assert _moved(before)["staged"] == 1
+        assert _core.unbind_channel(keys[0], "send") == 1
+        assert _core.channel_counts(a) == {"senders": 1, "receivers": 0, "parked": 1}
+        assert a.region_stats[0] == regions + 1  # its credit region and its stage stay
+        assert _core.release_drained() == 0  # not read yet, its time not up
+        if read:
+            y = ops.recv(tf.float32, [None], keys[0], timeout_s=30)
+            np.testing.assert_array_equal(x.numpy(), y.numpy())
+            assert _released_once_credited(a)
+        else:  # the receiver unbinds its half and says so, as its task does (channels.py)
+            assert _core.unbind_channel(keys[0], "recv") == 1
+            assert _core.unbind_channel(keys[0], "send", park_s=0) == 0  # none bound: parked
+            assert _core.release_drained() == 0  # the unbind released it
+        assert _core.channel_counts(a) == {"senders": 1, "receivers": 0, "parked": 0}
+        assert a.region_stats[0] == regions - 1  # the stage and the unbound half's credit region
+        ops.send(tf.ones([3]), keys[1], timeout_s=30)
+        np.testing.assert_array_equal(ops.recv(tf.float32, [None], keys[1], timeout_s=30),
+                                      np.ones(3))
+    finally:
+        for key in keys:
+            _core.unbind_channel(key)
+
+
 def _block(dims):
     """A shape block claiming `dims` (rank first), as a sender writes it."""
     return struct.pack(f"<{len(dims)}Q", *dims)
@@ -381,7 +434,8 @@ def test_unbinding_a_half_ends_its_pending_wait(channel, half, run_by):
     not cancelled) waits on a half the control plane then unbinds (the function released, the
     peer restarted): the wait ends then, naming the channel, not at its 600 s deadline, and
     the half's region (the receiver's ring, the sender's credit line), which the wait held,
-    leaves its Domain.
+    leaves its Domain: the receiver's at once, the sender's once the receiver has taken (and
+    credited) the transfer it left in the slot, which it may still do.
 
     The error stays TF's UnavailableError when a function's executor runs the op as well as
     eagerly: the ops are registered as distributed communication, else TF's executor turns
@@ -419,6 +473,11 @@ def test_unbinding_a_half_ends_its_pending_wait(channel, half, run_by):
     assert isinstance(e, tf.errors.UnavailableError), e
     assert f"channel {key}" in str(e) and "unbound" in str(e), e
     assert domain.pending_waits == 0
+    if half == "send":  # parked: the receiver still has the first transfer to take
+        assert _core.channel_counts(domain)["parked"] == 1
+        assert domain.region_stats[0] == regions and _core.release_drained() == 0
+        np.testing.assert_array_equal(ops.recv(tf.float32, [16], key).numpy(), np.ones(16))
+        assert _released_once_credited(domain)
     assert wait_until(lambda: domain.region_stats[0] == regions - 1, 30, 0.01), domain.region_stats
 
 

@@ -111,6 +111,11 @@ std::pair<const std::atomic<uint64_t>*, uint64_t> RingSender::CreditNeeded() con
   return {credit_->Word(credit_off_), n - layout_.slots};
 }
 
+bool RingSender::Drained() const {
+  const uint64_t n = sent_.load(std::memory_order_acquire);
+  return n == epoch_ || credit_->Word(credit_off_)->load(std::memory_order_acquire) >= n;
+}
+
 uint64_t RingSender::Send(const void* src, uint64_t len, const Deadline& deadline, uint32_t tag,
                           const void* shape, uint64_t shape_len) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -176,7 +181,7 @@ uint64_t RingSender::PostLocked(const void* src, uint64_t len, uint64_t length_w
   if (shape_len) ep_->Write(shape, *ring_, layout_.header(slot) + kShapeBlockOffset, shape_len,
                             nullptr, deadline);
   ep_->Write(src, *ring_, layout_.payload(slot), len, &sig, deadline);
-  sent_ = n;
+  sent_.store(n, std::memory_order_release);
   return n;
 }
 

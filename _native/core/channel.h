@@ -21,6 +21,7 @@
 // timed-out steps; no epoch change is needed.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -135,7 +136,11 @@ class RingSender {
   // Writes a dead transfer (kDeadLength, no payload) for step `tag`, waiting for a credit
   // like Send; returns n.
   uint64_t SendDead(const Deadline& deadline, uint32_t tag);
-  uint64_t sent() const { return sent_; }
+  uint64_t sent() const { return sent_.load(std::memory_order_acquire); }
+  // Whether the receiver has credited every transfer sent on this ring (or none was sent):
+  // it will read nothing more out of this sender's memory (a stage) and write no more
+  // credits into it. Lock-free: a send waiting for a credit holds the ring's lock.
+  bool Drained() const;
   // For asynchronous senders: the credit word and the value it must reach before the next
   // Send can go without waiting (target 0: it already can).
   std::pair<const std::atomic<uint64_t>*, uint64_t> CreditNeeded() const;
@@ -159,7 +164,8 @@ class RingSender {
   RingLayout layout_;
   std::shared_ptr<Region> credit_;
   uint64_t credit_off_;
-  uint64_t epoch_, sent_;
+  const uint64_t epoch_;
+  std::atomic<uint64_t> sent_;  // written under mu_; read without it (sent(), Drained())
   WaitPolicy policy_;
   std::atomic<bool> unbound_{false};
 };

@@ -39,12 +39,15 @@ void Equip(ChannelRegistry::Receiver& r) {
 
 void ChannelRegistry::Bind(const std::string& key, Sender s) {
   Equip(s);
-  Sender old;  // a rebound key's previous half goes after unlocking
+  Sender old;  // a rebound key's previous half goes after unlocking, or is parked (Unbind)
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto& slot = senders_[key];
     old = std::move(slot);
-    if (old.ring && old.ring != s.ring) old.ring->MarkUnbound();  // its waits give up
+    if (old.ring && old.ring != s.ring) {
+      old.ring->MarkUnbound();  // its waits give up
+      if (!old.ring->Drained()) ParkLocked(key, std::move(old), kParkedGraceS);
+    }
     slot = std::move(s);
     failed_.erase({key, kSend});
   }
@@ -177,10 +180,11 @@ namespace {
 
 // Erases the entries of `table` (senders or receivers) for which pred(key, entry) holds,
 // marking each ring unbound (a kernel waiting on it gives up) and handing each entry (ring,
-// leases) to `graveyard`, which the caller destroys after unlocking: freeing a region
-// deregisters it from its fabric, which must not run under the lock.
-template <typename Table, typename Pred>
-size_t EraseWhere(Table& table, Pred pred, std::vector<std::shared_ptr<void>>* graveyard) {
+// leases) to sink(key, entry), which keeps it or passes it to the caller's graveyard,
+// destroyed after unlocking: freeing a region deregisters it from its fabric, which must
+// not run under the lock.
+template <typename Table, typename Pred, typename Sink>
+size_t EraseWhere(Table& table, Pred pred, Sink sink) {
   size_t n = 0;
   for (auto it = table.begin(); it != table.end();) {
     if (!pred(it->first, it->second)) {
@@ -188,43 +192,94 @@ size_t EraseWhere(Table& table, Pred pred, std::vector<std::shared_ptr<void>>* g
       continue;
     }
     if (it->second.ring) it->second.ring->MarkUnbound();
-    graveyard->push_back(std::make_shared<typename Table::mapped_type>(std::move(it->second)));
+    sink(it->first, std::move(it->second));
     it = table.erase(it);
     ++n;
   }
   return n;
 }
 
+template <typename T>
+void Bury(T&& entry, std::vector<std::shared_ptr<void>>* graveyard) {
+  graveyard->push_back(std::make_shared<std::decay_t<T>>(std::forward<T>(entry)));
+}
+
 }  // namespace
 
-template <typename Pred>
-size_t ChannelRegistry::UnbindWhere(Half half, Pred pred) {
+namespace {
+std::chrono::steady_clock::time_point After(double s) {
+  return std::chrono::steady_clock::now() +
+         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+             std::chrono::duration<double>(s));
+}
+}  // namespace
+
+void ChannelRegistry::ParkLocked(const std::string& key, Sender&& s, double park_s) {
+  parked_.push_back(Parked{key, std::move(s), After(park_s)});
+}
+
+void ChannelRegistry::ReleaseParkedLocked(std::vector<std::shared_ptr<void>>* graveyard) {
+  const auto now = Clock::now();
+  for (auto it = parked_.begin(); it != parked_.end();) {
+    const bool gone = it->half.domain && it->half.domain->closed();  // its regions went with it
+    if (gone || it->until <= now || it->half.ring->Drained()) {
+      Bury(std::move(it->half), graveyard);
+      it = parked_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+size_t ChannelRegistry::ReleaseDrained() {
   std::vector<std::shared_ptr<void>> graveyard;  // destroyed after the lock is released
   std::lock_guard<std::mutex> lock(mu_);
+  ReleaseParkedLocked(&graveyard);
+  return graveyard.size();
+}
+
+template <typename Pred>
+size_t ChannelRegistry::UnbindWhere(Half half, Pred pred, double park_s) {
+  std::vector<std::shared_ptr<void>> graveyard;  // destroyed after the lock is released
+  std::lock_guard<std::mutex> lock(mu_);
+  auto bury = [&](const std::string&, auto&& entry) { Bury(std::move(entry), &graveyard); };
+  // A sending half its receiver may still use is parked, not buried.
+  auto retire = [&](const std::string& key, Sender&& s) {
+    if (!s.ring || s.ring->Drained()) return Bury(std::move(s), &graveyard);
+    ParkLocked(key, std::move(s), park_s);
+  };
+  if (half != kRecv) {
+    const auto until = After(park_s);
+    for (auto& p : parked_) {
+      if (pred(p.key, p.half)) p.until = std::min(p.until, until);
+    }
+  }
   size_t n = 0;
-  if (half != kRecv) n += EraseWhere(senders_, pred, &graveyard);
-  if (half != kSend) n += EraseWhere(receivers_, pred, &graveyard);
-  // Successors are not counted: they belong to the halves that went.
-  if (half != kRecv) EraseWhere(next_senders_, pred, &graveyard);
-  if (half != kRecv) EraseWhere(moving_senders_, pred, &graveyard);
-  if (half != kSend) EraseWhere(next_receivers_, pred, &graveyard);
+  if (half != kRecv) n += EraseWhere(senders_, pred, retire);
+  if (half != kSend) n += EraseWhere(receivers_, pred, bury);
+  // Successors are not counted: they belong to the halves that went. One that never sent
+  // is drained; a replaced half whose marker is pending is parked like the half itself.
+  if (half != kRecv) EraseWhere(next_senders_, pred, retire);
+  if (half != kRecv) EraseWhere(moving_senders_, pred, retire);
+  if (half != kSend) EraseWhere(next_receivers_, pred, bury);
+  ReleaseParkedLocked(&graveyard);
   return n;
 }
 
-size_t ChannelRegistry::Unbind(const std::string& key, Half half) {
-  return UnbindWhere(half, [&](const std::string& k, const auto&) { return k == key; });
+size_t ChannelRegistry::Unbind(const std::string& key, Half half, double park_s) {
+  return UnbindWhere(half, [&](const std::string& k, const auto&) { return k == key; }, park_s);
 }
 
 size_t ChannelRegistry::UnbindDomain(const Domain* domain) {
   return UnbindWhere(kBoth, [&](const std::string&, const auto& e) {
     return e.domain.get() == domain;
-  });
+  }, /*park_s=*/0);
 }
 
 size_t ChannelRegistry::UnbindPeer(const Domain* domain, const std::string& peer) {
   return UnbindWhere(kBoth, [&](const std::string&, const auto& e) {
     return e.domain.get() == domain && e.peer == peer;
-  });
+  }, /*park_s=*/0);
 }
 
 void ChannelRegistry::Hold(const std::string& key, Half half) {
@@ -263,6 +318,10 @@ ChannelRegistry::Counts ChannelRegistry::CountsFor(const Domain* domain) const {
   for (const auto& kv : senders_) {
     if (domain && kv.second.domain.get() != domain) continue;
     ++c.senders;
+  }
+  for (const auto& p : parked_) {
+    if (domain && p.half.domain.get() != domain) continue;
+    ++c.parked;
   }
   for (const auto& kv : receivers_) {
     if (domain && kv.second.domain.get() != domain) continue;

@@ -4,14 +4,16 @@
 // process links, so there is exactly one.
 //
 // Lifetime: a bound half holds its ring, endpoint and a lease on the region it owns (the
-// receiver's ring region, the sender's credit region); a region is released from its Domain
-// when the last half holding its lease is unbound. Halves are unbound by the control plane:
+// receiver's ring region, the sender's credit region, and its stage); a region is released
+// from its Domain when the last half holding its lease is unbound, except that a sending half
+// whose receiver has not credited all it sent is parked until it has (Unbind). Halves are unbound by the control plane:
 // when the process that planned them saw TF drop the function (rdmadev.cluster.instances),
 // when their peer task died, or with their Domain. TF kernels do not own an instantiation's
 // halves: TF destroys and re-creates the kernels of functions it still runs (ops.cc). A half
 // pair's kernels (TF1 sessions) hold theirs, and the last one unbinds it (Hold/LetGo).
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -34,6 +36,18 @@ std::shared_ptr<void> LeaseRegion(const std::shared_ptr<Domain>& domain,
 
 // How long a wait for a half to be bound sleeps between looks at its step's cancellation.
 constexpr int kFindPollMs = 100;
+
+// How long a sending half unbound before its receiver credited all it sent stays parked at
+// most (ChannelRegistry::Unbind). A receiver reads a stage or writes a credit within the
+// receive that took the transfer, so a transfer not credited by then was abandoned (its step
+// failed and its function was released) and only its memory is left to free:
+// - kParkedGraceS when the receiving half may still be bound (the sender's own release came
+//   first): a receive may yet start and take the transfer. A 4 GiB staged read at 200 MB/s
+//   takes 20 s.
+// - kReleasedGraceS once the receiving task says its half is unbound (its release notice,
+//   channels.py): no receive starts any more, and one already reading is in its last copy.
+constexpr double kParkedGraceS = 60;
+constexpr double kReleasedGraceS = 5;
 
 class ChannelRegistry {
  public:
@@ -61,6 +75,7 @@ class ChannelRegistry {
   };
   struct Counts {
     uint64_t senders = 0, receivers = 0;
+    uint64_t parked = 0;  // sending halves unbound, their memory kept for their receiver
   };
   // A receiving half whose tensors outgrew its slots (RingReceiver::wanted), with no
   // successor yet: what the control plane needs to set one up.
@@ -97,12 +112,22 @@ class ChannelRegistry {
   // The receiving halves of `domain` that want a larger ring.
   std::vector<Growth> Growing(const Domain* domain) const;
 
-  // Unbinds `half` of `key` (kBoth: both); returns how many halves went.
-  size_t Unbind(const std::string& key, Half half = kBoth);
-  // Unbinds every half bound with `domain` (its task is shutting down).
+  // Unbinds `half` of `key` (kBoth: both); returns how many halves went. A sending half
+  // whose receiver has not credited all it sent is parked rather than released, for at
+  // most `park_s` (a half of `key` parked earlier gets at most that much more): the
+  // receiver may still read the tensor it staged (stage.h) or write a credit, and freeing
+  // that memory under it would fail the read and, on tcp and verbs, break the connection
+  // every channel to that peer shares. ReleaseDrained frees it.
+  size_t Unbind(const std::string& key, Half half = kBoth, double park_s = kParkedGraceS);
+  // Unbinds every half bound with `domain` (its task is shutting down), parked ones too.
   size_t UnbindDomain(const Domain* domain);
-  // Unbinds every half of `domain` whose peer is task `peer` (it died or restarted).
+  // Unbinds every half of `domain` whose peer is task `peer` (it died or restarted), parked
+  // ones too: that peer reads and credits nothing more.
   size_t UnbindPeer(const Domain* domain, const std::string& peer);
+  // Releases the parked sending halves whose receiver has credited all they sent, whose
+  // time parked is up, or whose Domain closed; returns how many went. Every unbind does it
+  // too, and the control plane's watcher every WATCH_INTERVAL_S (channels.py).
+  size_t ReleaseDrained();
 
   // A half pair the control plane gave up on (its peer task runs without rdmadev, refused
   // the setup, ...): a kernel waiting for `half` of `key` fails at once with kConfig, `why`
@@ -124,9 +149,21 @@ class ChannelRegistry {
   template <typename T>
   T Find(std::map<std::string, T>& table, const std::string& key, const Deadline& deadline,
          Half half, const Cancelled& cancelled);
-  // Unbinds the halves (of `half`) whose (key, entry) satisfy `pred`; returns how many.
+  // Unbinds the halves (of `half`) whose (key, entry) satisfy `pred`, parking sending ones
+  // for at most `park_s` (Unbind), and gives parked halves satisfying `pred` at most that
+  // much more (0: their peer reads nothing more, they go now); returns how many went.
   template <typename Pred>
-  size_t UnbindWhere(Half half, Pred pred);
+  size_t UnbindWhere(Half half, Pred pred, double park_s);
+  using Clock = std::chrono::steady_clock;
+  struct Parked {
+    std::string key;
+    Sender half;
+    Clock::time_point until;  // released then at the latest
+  };
+  void ParkLocked(const std::string& key, Sender&& s, double park_s);
+  // Under mu_: moves the parked halves that drained, whose time is up or whose Domain
+  // closed into `graveyard`.
+  void ReleaseParkedLocked(std::vector<std::shared_ptr<void>>* graveyard);
 
   mutable std::mutex mu_;
   std::condition_variable bound_;
@@ -138,6 +175,7 @@ class ChannelRegistry {
   std::map<std::string, Sender> next_senders_;  // successors (growth)
   std::map<std::string, Receiver> next_receivers_;
   std::map<std::string, Sender> moving_senders_;  // replaced, their marker not yet written
+  std::vector<Parked> parked_;  // unbound sending halves their receiver may still use
 };
 
 }  // namespace rdmadev

@@ -565,7 +565,10 @@ class ChannelTable:
                 self.not_grown.discard(key)
                 if half != "recv":
                     self.grown.pop(key, None)
-        n = sum(_core.unbind_channel(key, half) for key in r["keys"])
+        # A sending half its receiver may still read or credit is parked (registry.h); for
+        # less time once the receiver says it unbound its half (_notify).
+        park_s = _core.RELEASED_GRACE_S if r.get("receiver_unbound") else _core.PARKED_GRACE_S
+        n = sum(_core.unbind_channel(key, half, park_s) for key in r["keys"])
         if "instance" in r:
             planner = session()
             if planner is not None:
@@ -574,11 +577,13 @@ class ChannelTable:
         return n
 
     def _notify(self, peer, keys, half):
-        """Best effort: tells `peer` to unbind its `half` of `keys`."""
+        """Best effort: tells `peer` to unbind its `half` of `keys`, saying that this task,
+        their receiver, unbound its own."""
         if self.call is None or not keys:
             return
         try:
-            self.call(peer, {"op": "release", "keys": list(keys), "half": half})
+            self.call(peer, {"op": "release", "keys": list(keys), "half": half,
+                             "receiver_unbound": True})
             self.notices["sent"] += 1
         except Exception as e:  # the peer may be gone; its channels went with it
             self.notices["failed"] += 1
@@ -607,11 +612,13 @@ class ChannelTable:
             ep.close()
 
     def _watch_peers(self):
-        """Unbinds the halves of peers that died and grows channels whose tensors outgrew
-        their slots, every WATCH_INTERVAL_S until closed."""
+        """Unbinds the halves of peers that died, frees the memory of sending halves parked
+        until their receiver was done with it (_core.release_drained) and grows channels
+        whose tensors outgrew their slots, every WATCH_INTERVAL_S until closed."""
         while not self.closing.wait(WATCH_INTERVAL_S):
             try:
                 self._sweep_dead_peers()
+                _core.release_drained()
                 self._grow_channels()
             except Exception as e:  # never let the watcher die
                 log.info("rdmadev: peer sweep or growth failed: %s", e)
@@ -620,10 +627,11 @@ class ChannelTable:
         """This task's channel resources (the ``counters`` control request).
 
         Returns:
-            ``{"channels", "senders", "receivers", "regions", "registered_bytes",
+            ``{"channels", "senders", "receivers", "parked", "regions", "registered_bytes",
             "transfers", "sent", "received", "discarded", "abandoned", "grown", "staged", "stages",
             "waits", "fds", "memfd_maps", "notices", "peers", "silent_peers", "py_threads"}``:
-            channel halves bound here, regions and their bytes in
+            channel halves bound here, sending halves unbound but parked (their receiver had
+            not credited all they sent; their memory goes once it has), regions and their bytes in
             this task's Domain, transfers completed by this process (of the received, those a
             failed step left behind and that were discarded unread; receives that ended
             without a transfer), larger rings registered for channels whose tensors outgrew

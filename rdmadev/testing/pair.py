@@ -65,14 +65,15 @@ def ring_layout(slots, capacity, offset=0, rank=None):
     return RingLayout(slots, stride, payload_offset, capacity, offset)
 
 
-def bind_local(tx, rx, key, layout, leased=False):
+def bind_local(tx, rx, key, layout, leased=False, endpoints=None):
     """Sets up a channel laid out by `layout` from Domain `tx` to Domain `rx`, both of this
     process, and binds both halves under `key` for the TF ops (no control plane: a channel
     bound by hand). Returns (RingSender, RingReceiver); unbind with _core.unbind_channel(key).
     `leased`: each half holds its region as the control plane's do, so the region leaves its
-    Domain with the last user of the half (else with the Domain)."""
+    Domain with the last user of the half (else with the Domain). `endpoints`: (tx to rx,
+    rx to tx) to share with other channels, as a task pair's channels do (else new ones)."""
     ring, credit = rx.allocate(layout.bytes, label="ring"), tx.allocate(CREDIT_BYTES, label="credit")
-    to_rx, to_tx = tx.connect(rx.address), rx.connect(tx.address)
+    to_rx, to_tx = endpoints or (tx.connect(rx.address), rx.connect(tx.address))
     sender = RingSender(to_rx, to_rx.attach(ring.descriptor), layout, credit)
     receiver = RingReceiver(ring, layout, to_tx, to_tx.attach(credit.descriptor))
     sender.bind(key, lease=RegionLease(credit) if leased else None)

@@ -74,6 +74,8 @@ cdef extern from "channel.h" namespace "rdmadev":
 
 
 cdef extern from "registry.h" namespace "rdmadev":
+    double kParkedGraceS
+    double kReleasedGraceS
     shared_ptr[void] LeaseRegion(const shared_ptr[Domain]& domain, const shared_ptr[Region]& region)
 
     cdef enum Half "rdmadev::ChannelRegistry::Half":
@@ -103,6 +105,7 @@ cdef extern from "registry.h" namespace "rdmadev":
     cdef cppclass Counts "rdmadev::ChannelRegistry::Counts":
         uint64_t senders
         uint64_t receivers
+        uint64_t parked
 
     cdef cppclass ChannelRegistry:
         @staticmethod
@@ -116,11 +119,12 @@ cdef extern from "registry.h" namespace "rdmadev":
         Receiver AdvanceReceiver(const string& key) except +raise_py_error nogil
         void Moved(const string& key) nogil
         Receiver FindReceiver(const string& key, const Deadline& d) except +raise_py_error nogil
-        size_t Unbind(const string& key, Half half)
+        size_t Unbind(const string& key, Half half, double park_s)
         void Fail(const string& key, Half half, const string& why, const string& hint)
         void Unfail(const string& key, Half half)
         size_t UnbindDomain(const Domain* domain)
         size_t UnbindPeer(const Domain* domain, const string& peer)
+        size_t ReleaseDrained()
         Counts CountsFor(const Domain* domain)
         vector[string] Keys()
 

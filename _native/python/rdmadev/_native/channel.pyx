@@ -14,7 +14,7 @@ from rdmadev._native.c_channel cimport (BenchStreamRecv, BenchStreamSend, Channe
                                         Counts, CountedTransfers, Growth, Half, LeaseRegion, Receiver,
                                         RingLayout as CLayout,
                                         RingReceiver as CReceiver, RingSender as CSender, Sender,
-                                        Slot as CSlot, TransferCounts, kBoth, kCreditBytes,
+                                        Slot as CSlot, TransferCounts, kBoth, kCreditBytes, kParkedGraceS, kReleasedGraceS,
                                         kLengthOffset, kRecv, kSend, kSeqOffset, kShapeBlockOffset,
                                         kShapeDimBytes, kShapeDimsOffset, kShapeRankOffset,
                                         kSlotHeaderBytes)
@@ -27,7 +27,7 @@ from rdmadev._native.region cimport Region, source_view
 from rdmadev import errors as _errors
 
 __all__ = ["RingLayout", "RingSender", "RingReceiver", "RegionLease", "CREDIT_BYTES",
-           "wire_layout", "unbind_channel", "fail_half", "unfail_half", "unbind_domain", "unbind_peer", "bound_channels", "channel_send",
+           "wire_layout", "unbind_channel", "fail_half", "unfail_half", "unbind_domain", "unbind_peer", "release_drained", "bound_channels", "channel_send",
            "channel_recv", "channel_counts", "transfer_counts"]
 
 _HALVES = {"send": kSend, "recv": kRecv, "both": kBoth}
@@ -62,6 +62,11 @@ cdef class RegionLease(Handle):
 
 #: Bytes of a sender's credit region (one cache line, the u64 credit word at +0).
 CREDIT_BYTES = kCreditBytes
+#: Seconds a sending half unbound before its receiver credited all it sent stays parked at
+#: most (unbind_channel), and at most once its receiver said its half is unbound (registry.h
+#: explains both figures).
+PARKED_GRACE_S = kParkedGraceS
+RELEASED_GRACE_S = kReleasedGraceS
 
 
 def wire_layout():
@@ -368,10 +373,13 @@ cdef class RingReceiver(Handle):
         self.sp.reset()
 
 
-def unbind_channel(key, half="both"):
+def unbind_channel(key, half="both", park_s=PARKED_GRACE_S):
     """Removes `half` ("send", "recv" or "both") of channel `key` from the process-wide table;
-    returns how many halves went."""
-    return ChannelRegistry.Global().Unbind(as_bytes(key), _half(half))
+    returns how many halves went. A sending half whose receiver has not credited all it sent
+    (it may still read the half's stage or write a credit) is parked, its memory kept, until
+    it has (release_drained) or for `park_s` seconds at most; a half of `key` parked earlier
+    gets at most `park_s` more."""
+    return ChannelRegistry.Global().Unbind(as_bytes(key), _half(half), park_s)
 
 
 def fail_half(key, half, why, hint=""):
@@ -398,10 +406,19 @@ def unbind_peer(Domain domain, peer):
     return ChannelRegistry.Global().UnbindPeer(domain.p.get(), as_bytes(peer))
 
 
+def release_drained():
+    """Releases the sending halves parked by unbind_channel whose receiver has credited all
+    they sent since, whose time parked is up, or whose Domain closed; returns how many went.
+    The control plane's watcher calls it."""
+    return ChannelRegistry.Global().ReleaseDrained()
+
+
 def channel_counts(Domain domain=None):
-    """{"senders", "receivers"} bound through `domain` (None: every domain)."""
+    """{"senders", "receivers", "parked"} bound through `domain` (None: every domain);
+    parked: sending halves unbound before their receiver credited all they sent, kept
+    until it has (release_drained)."""
     cdef Counts c = ChannelRegistry.Global().CountsFor(domain.p.get() if domain is not None else NULL)
-    return {"senders": c.senders, "receivers": c.receivers}
+    return {"senders": c.senders, "receivers": c.receivers, "parked": c.parked}
 
 
 def transfer_counts():
