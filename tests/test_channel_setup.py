@@ -242,6 +242,36 @@ def test_release_frees_regions_credits_and_mappings_on_every_task(world):
             assert after[what] == before[t][what], (t, what, before[t][what], after[what])
 
 
+def test_a_sending_half_released_before_its_receiver_took_its_transfer_waits_for_the_receiver(world):
+    """The planner's release may reach a sender while a transfer it sent is still in the
+    receiver's slot (its step cut short): the sending half is parked, its credit region kept,
+    since the receiver may still take it and write a credit. The receiving task's release
+    then tells the sender its half is unbound, and the parked half goes within
+    RELEASED_GRACE_S, well before PARKED_GRACE_S."""
+    rt, _ = world
+    instance = f"parked{next(_instances)}"
+    _, swap, regions = plan([(W0, PS)], sizes=(400,))
+    keys = [t.channel_key for t in swap]
+    before = rt.call(W0, {"op": "counters"})
+    channels.open_channels(rt.call, instance, swap, regions)
+    during = rt.call(W0, {"op": "counters"})
+    assert rt.call(W0, {"op": "t_send", "key": keys[0], "count": 1, "size": 400, "seed": 5}) == 1
+    assert rt.call(W0, {"op": "release", "keys": keys, "half": "both"}) == 1
+    parked = rt.call(W0, {"op": "counters"})
+    assert parked["channels"] == before["channels"] and parked["parked"] == 1, parked
+    assert parked["regions"] == during["regions"] > before["regions"], (before, parked)
+    rt.call(PS, {"op": "release", "keys": keys, "half": "both", "instance": instance})
+    deadline = time.monotonic() + (rdmadev._core.PARKED_GRACE_S + rdmadev._core.RELEASED_GRACE_S) / 2
+    while time.monotonic() < deadline:
+        now = rt.call(W0, {"op": "counters"})
+        if now["parked"] == 0:
+            break
+        time.sleep(0.2)
+    assert now["parked"] == 0, now
+    for what in ("regions", "registered_bytes"):
+        assert now[what] == before[what], (what, before, now)
+
+
 def test_halves_of_a_dead_peer_are_unbound():
     """ps:0 dies: this task's halves of channels to and from it go (its watcher sees the
     endpoint die), while its channels with worker:0 stay."""

@@ -204,9 +204,6 @@ void Bury(T&& entry, std::vector<std::shared_ptr<void>>* graveyard) {
   graveyard->push_back(std::make_shared<std::decay_t<T>>(std::forward<T>(entry)));
 }
 
-}  // namespace
-
-namespace {
 std::chrono::steady_clock::time_point After(double s) {
   return std::chrono::steady_clock::now() +
          std::chrono::duration_cast<std::chrono::steady_clock::duration>(

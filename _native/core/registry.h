@@ -6,9 +6,9 @@
 // Lifetime: a bound half holds its ring, endpoint and a lease on the region it owns (the
 // receiver's ring region, the sender's credit region, and its stage); a region is released
 // from its Domain when the last half holding its lease is unbound, except that a sending half
-// whose receiver has not credited all it sent is parked until it has (Unbind). Halves are unbound by the control plane:
-// when the process that planned them saw TF drop the function (rdmadev.cluster.instances),
-// when their peer task died, or with their Domain. TF kernels do not own an instantiation's
+// whose receiver has not credited all it sent is parked until it has (Unbind). Halves are
+// unbound by the control plane: when the process that planned them saw TF drop the function
+// (rdmadev.cluster.instances), when their peer task died, or with their Domain. TF kernels do not own an instantiation's
 // halves: TF destroys and re-creates the kernels of functions it still runs (ops.cc). A half
 // pair's kernels (TF1 sessions) hold theirs, and the last one unbinds it (Hold/LetGo).
 #pragma once
@@ -42,8 +42,8 @@ constexpr int kFindPollMs = 100;
 // receive that took the transfer, so a transfer not credited by then was abandoned (its step
 // failed and its function was released) and only its memory is left to free:
 // - kParkedGraceS when the receiving half may still be bound (the sender's own release came
-//   first): a receive may yet start and take the transfer. A 4 GiB staged read at 200 MB/s
-//   takes 20 s.
+//   first): a receive may yet start and take the transfer. The largest staged read
+//   (RDMADEV_MAX_TENSOR_BYTES, 2 GiB by default) takes ~10 s at 200 MB/s.
 // - kReleasedGraceS once the receiving task says its half is unbound (its release notice,
 //   channels.py): no receive starts any more, and one already reading is in its last copy.
 constexpr double kParkedGraceS = 60;

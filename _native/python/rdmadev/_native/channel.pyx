@@ -14,8 +14,8 @@ from rdmadev._native.c_channel cimport (BenchStreamRecv, BenchStreamSend, Channe
                                         Counts, CountedTransfers, Growth, Half, LeaseRegion, Receiver,
                                         RingLayout as CLayout,
                                         RingReceiver as CReceiver, RingSender as CSender, Sender,
-                                        Slot as CSlot, TransferCounts, kBoth, kCreditBytes, kParkedGraceS, kReleasedGraceS,
-                                        kLengthOffset, kRecv, kSend, kSeqOffset, kShapeBlockOffset,
+                                        Slot as CSlot, TransferCounts, kBoth, kCreditBytes,
+                                        kParkedGraceS, kReleasedGraceS, kLengthOffset, kRecv, kSend, kSeqOffset, kShapeBlockOffset,
                                         kShapeDimBytes, kShapeDimsOffset, kShapeRankOffset,
                                         kSlotHeaderBytes)
 from rdmadev._native.c_common cimport Deadline, as_bytes, deadline_of, kCacheLine
@@ -27,7 +27,9 @@ from rdmadev._native.region cimport Region, source_view
 from rdmadev import errors as _errors
 
 __all__ = ["RingLayout", "RingSender", "RingReceiver", "RegionLease", "CREDIT_BYTES",
-           "wire_layout", "unbind_channel", "fail_half", "unfail_half", "unbind_domain", "unbind_peer", "release_drained", "bound_channels", "channel_send",
+           "PARKED_GRACE_S", "RELEASED_GRACE_S",
+           "wire_layout", "unbind_channel", "fail_half", "unfail_half", "unbind_domain", "unbind_peer",
+           "release_drained", "bound_channels", "channel_send",
            "channel_recv", "channel_counts", "transfer_counts"]
 
 _HALVES = {"send": kSend, "recv": kRecv, "both": kBoth}
