@@ -25,6 +25,7 @@ from rdmadev import Config
 from rdmadev.cluster import channels, runtime
 from rdmadev.errors import ProtocolError
 from rdmadev.testing import launch
+from rdmadev.testing.timing import wait_until
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -261,13 +262,10 @@ def test_a_sending_half_released_before_its_receiver_took_its_transfer_waits_for
     assert parked["channels"] == before["channels"] and parked["parked"] == 1, parked
     assert parked["regions"] == during["regions"] > before["regions"], (before, parked)
     rt.call(PS, {"op": "release", "keys": keys, "half": "both", "instance": instance})
-    deadline = time.monotonic() + (rdmadev._core.PARKED_GRACE_S + rdmadev._core.RELEASED_GRACE_S) / 2
-    while time.monotonic() < deadline:
-        now = rt.call(W0, {"op": "counters"})
-        if now["parked"] == 0:
-            break
-        time.sleep(0.2)
-    assert now["parked"] == 0, now
+    within = (rdmadev._core.PARKED_GRACE_S + rdmadev._core.RELEASED_GRACE_S) / 2
+    counters = lambda: rt.call(W0, {"op": "counters"})
+    assert wait_until(lambda: counters()["parked"] == 0, within, 0.2), counters()
+    now = counters()
     for what in ("regions", "registered_bytes"):
         assert now[what] == before[what], (what, before, now)
 

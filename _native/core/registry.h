@@ -8,9 +8,10 @@
 // from its Domain when the last half holding its lease is unbound, except that a sending half
 // whose receiver has not credited all it sent is parked until it has (Unbind). Halves are
 // unbound by the control plane: when the process that planned them saw TF drop the function
-// (rdmadev.cluster.instances), when their peer task died, or with their Domain. TF kernels do not own an instantiation's
-// halves: TF destroys and re-creates the kernels of functions it still runs (ops.cc). A half
-// pair's kernels (TF1 sessions) hold theirs, and the last one unbinds it (Hold/LetGo).
+// (rdmadev.cluster.instances), when their peer task died, or with their Domain. TF kernels do
+// not own an instantiation's halves: TF destroys and re-creates the kernels of functions it
+// still runs (ops.cc). A half pair's kernels (TF1 sessions) hold theirs, and the last one
+// unbinds it (Hold/LetGo).
 #pragma once
 
 #include <chrono>

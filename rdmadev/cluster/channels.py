@@ -631,8 +631,8 @@ class ChannelTable:
             "transfers", "sent", "received", "discarded", "abandoned", "grown", "staged", "stages",
             "waits", "fds", "memfd_maps", "notices", "peers", "silent_peers", "py_threads"}``:
             channel halves bound here, sending halves unbound but parked (their receiver had
-            not credited all they sent; their memory goes once it has), regions and their bytes in
-            this task's Domain, transfers completed by this process (of the received, those a
+            not credited all they sent; their memory goes once it has), regions and their
+            bytes in this task's Domain, transfers completed by this process (of the received, those a
             failed step left behind and that were discarded unread; receives that ended
             without a transfer), larger rings registered for channels whose tensors outgrew
             their slots (growth), tensors sent staged and the stages registered for them, waits pending on the progress thread, open file descriptors,

@@ -12,7 +12,8 @@ failed task; for rdmadev, when the surviving tasks knew (a silent task: their he
 `silent_peers`); that nothing hangs; that every step the faulted job finished is exact (each
 applied once, before the fault and after the task came back); that the job runs again, with
 exact numbers, once the task is back; and that no channel, region, registered byte, memfd
-mapping, fd or thread is left over on any task. Bounds are asserted for rdmadev only; gRPC's figures are reported.
+mapping, fd or thread is left over on any task. Bounds are asserted for rdmadev only; gRPC's
+figures are reported.
 
 TF itself waits for every component of a call: while a task is stopped or cut off, the
 coordinator's call returns only once it is back, on either path. What rdmadev bounds is how

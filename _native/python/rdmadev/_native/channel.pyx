@@ -15,7 +15,8 @@ from rdmadev._native.c_channel cimport (BenchStreamRecv, BenchStreamSend, Channe
                                         RingLayout as CLayout,
                                         RingReceiver as CReceiver, RingSender as CSender, Sender,
                                         Slot as CSlot, TransferCounts, kBoth, kCreditBytes,
-                                        kParkedGraceS, kReleasedGraceS, kLengthOffset, kRecv, kSend, kSeqOffset, kShapeBlockOffset,
+                                        kParkedGraceS, kReleasedGraceS, kLengthOffset, kRecv,
+                                        kSend, kSeqOffset, kShapeBlockOffset,
                                         kShapeDimBytes, kShapeDimsOffset, kShapeRankOffset,
                                         kSlotHeaderBytes)
 from rdmadev._native.c_common cimport Deadline, as_bytes, deadline_of, kCacheLine
@@ -28,8 +29,8 @@ from rdmadev import errors as _errors
 
 __all__ = ["RingLayout", "RingSender", "RingReceiver", "RegionLease", "CREDIT_BYTES",
            "PARKED_GRACE_S", "RELEASED_GRACE_S",
-           "wire_layout", "unbind_channel", "fail_half", "unfail_half", "unbind_domain", "unbind_peer",
-           "release_drained", "bound_channels", "channel_send",
+           "wire_layout", "unbind_channel", "fail_half", "unfail_half", "unbind_domain",
+           "unbind_peer", "release_drained", "bound_channels", "channel_send",
            "channel_recv", "channel_counts", "transfer_counts"]
 
 _HALVES = {"send": kSend, "recv": kRecv, "both": kBoth}
