@@ -12,7 +12,7 @@ import time
 import pytest
 
 from rdmadev import Config
-from rdmadev.cluster import runtime
+from rdmadev.cluster import liveness, runtime
 from rdmadev.testing import launch
 
 pytestmark = pytest.mark.tf
@@ -51,8 +51,8 @@ def test_200_dropped_functions_leave_nothing_behind(cluster):
         assert end["registered_bytes"] == start["registered_bytes"], (task, start, end)
         # One instantiation's worth of slack (of which the first also opened the endpoints),
         # and the heartbeats' connections (liveness.py), which may start after `one`: per peer
-        # task, the one this task pings on and the one it is pinged on.
-        heartbeats = {"fds": 2 * (len(r["end"]) - 1), "memfd_maps": 0}
+        # task, the LANES this task pings on and the LANES it is pinged on.
+        heartbeats = {"fds": 2 * liveness.LANES * (len(r["end"]) - 1), "memfd_maps": 0}
         for what in ("fds", "memfd_maps"):
             worth = max(0, one[what] - start[what]) + heartbeats[what]
             assert end[what] <= start[what] + worth, (task, what, start[what], one[what], end[what])

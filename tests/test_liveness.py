@@ -6,7 +6,10 @@ ps:0 is a `tests/control_task.py` process; this test process is worker:1 (it pla
 """
 import json
 import os
+import re
+import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -107,6 +110,45 @@ def test_a_peer_that_answers_stays_heard_through_a_long_wait(pair):
         late.join(DEADLINE_S)
     assert data == control_task.pattern(size, 3)
     assert rt.table.counters()["silent_peers"] == []
+
+
+def _nft(script):
+    subprocess.run(["nft", "-f", "-"], input=script, text=True, check=True, capture_output=True,
+                   timeout=30)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("nft"),
+                    reason="dropping one connection's packets needs root and nftables' `nft`")
+@pytest.mark.parametrize("pair", ["tcp"], indirect=True)
+def test_a_peer_stays_heard_while_one_heartbeat_connection_is_stalled(pair):
+    """A ping whose packets are lost waits for TCP's retransmissions and holds its connection's
+    next pings behind it; the other lane keeps the peer heard. Real loss: nftables drops every
+    packet of one lane's connection on loopback (that port only) for 4 x RDMADEV_LIVENESS_S."""
+    rt, _ = pair
+    _, swap, regions = plan([(PS, W1)])
+    channels.open_channels(rt.call, "lanes", swap, regions)  # an endpoint: the ps is watched
+    assert wait_until(lambda: PS in rt.heartbeats.peers and all(
+        lane.client for lane in rt.heartbeats.peers[PS].lanes), 30)
+    lanes = rt.heartbeats.peers[PS].lanes
+    stalled = lanes[0].client
+    port = stalled.sock.getsockname()[1]
+    table = f"rdmadev_test_lane_{os.getpid()}"
+    _nft(f"add table inet {table}\n"
+         f"add chain inet {table} out {{ type filter hook output priority 0; }}\n"
+         f"add rule inet {table} out oifname lo tcp sport {port} counter drop\n"
+         f"add rule inet {table} out oifname lo tcp dport {port} counter drop\n")
+    try:
+        silent, until = [], time.monotonic() + 4 * LIVENESS_S
+        while time.monotonic() < until:
+            silent += rt.table.counters()["silent_peers"]
+            time.sleep(0.02)
+        dropped = subprocess.run(["nft", "list", "table", "inet", table], capture_output=True,
+                                 text=True, timeout=30).stdout
+    finally:
+        subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True, timeout=30)
+    assert sum(map(int, re.findall(r"packets (\d+)", dropped))) > 0, dropped  # lost, really
+    assert lanes[0].client is not stalled  # its ping timed out: one lane alone went quiet
+    assert silent == []  # yet the ps was never marked silent: the other lane answered
 
 
 def test_liveness_zero_turns_heartbeats_off():

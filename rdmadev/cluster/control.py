@@ -44,10 +44,11 @@ HANDSHAKE_TIMEOUT_S = 10.0
 # this many descriptors and threads at most, and cannot keep a real peer out (its connection is
 # the newest while it proves the secret).
 MAX_HANDSHAKING = 64
-# Authenticated connections, at most: one per peer task and coordinator process (every task
-# trusts every holder of the cluster secret: README, "Trust model and limits"), so this only bounds
+# Authenticated connections, at most: a peer task holds 1 + liveness.LANES (its calls, its
+# heartbeats), a coordinator process one, so this serves a job of ~1300 tasks. Every task trusts
+# every holder of the cluster secret (README, "Trust model and limits"), so this only bounds
 # threads and descriptors should a peer misbehave.
-MAX_CONNECTIONS = 1024
+MAX_CONNECTIONS = 4096
 # Seconds the accept loop waits after accept() failed for lack of descriptors or memory
 # (EMFILE, ENFILE, ENOBUFS, ENOMEM): the connection stays queued and is reported again at
 # once, so retrying at once would spin a core (the native acceptor's kAcceptBackoffMs).
