@@ -112,11 +112,6 @@ def test_a_peer_that_answers_stays_heard_through_a_long_wait(pair):
     assert rt.table.counters()["silent_peers"] == []
 
 
-def _nft(script):
-    subprocess.run(["nft", "-f", "-"], input=script, text=True, check=True, capture_output=True,
-                   timeout=30)
-
-
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("nft"),
                     reason="dropping one connection's packets needs root and nftables' `nft`")
 @pytest.mark.parametrize("pair", ["tcp"], indirect=True)
@@ -133,10 +128,11 @@ def test_a_peer_stays_heard_while_one_heartbeat_connection_is_stalled(pair):
     stalled = lanes[0].client
     port = stalled.sock.getsockname()[1]
     table = f"rdmadev_test_lane_{os.getpid()}"
-    _nft(f"add table inet {table}\n"
-         f"add chain inet {table} out {{ type filter hook output priority 0; }}\n"
-         f"add rule inet {table} out oifname lo tcp sport {port} counter drop\n"
-         f"add rule inet {table} out oifname lo tcp dport {port} counter drop\n")
+    subprocess.run(["nft", "-f", "-"], text=True, check=True, capture_output=True, timeout=30,
+                   input=f"add table inet {table}\n"
+                         f"add chain inet {table} out {{ type filter hook output priority 0; }}\n"
+                         f"add rule inet {table} out oifname lo tcp sport {port} counter drop\n"
+                         f"add rule inet {table} out oifname lo tcp dport {port} counter drop\n")
     try:
         silent, until = [], time.monotonic() + 4 * LIVENESS_S
         while time.monotonic() < until:
