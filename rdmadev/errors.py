@@ -105,6 +105,13 @@ def _from_native(kind, err, message, hint):
     return class_for_kind(kind)(message, err, hint)
 
 
+def errno_hint(err, hint=""):
+    """The hint for a failure with errno `err`: the core's own when the errno alone says what to
+    fix (out of file descriptors: EMFILE, ENFILE; native errors carry it already), else `hint`."""
+    from ._native.domain import errno_hint as core_hint  # run time: the native modules import this one
+    return (core_hint(err) if err else "") or hint
+
+
 def errno_name(err):
     """'ETIMEDOUT' for 110, '' for 0."""
     return _errno.errorcode.get(err, "") if err else ""

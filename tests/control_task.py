@@ -53,6 +53,7 @@ def main():
     runtime.register_handler("bound", lambda r: _core.bound_channels())
     # what a TF1 task's pass does for the sending halves it planned (rdmadev.tf.bridge)
     runtime.register_handler("t_want", lambda r: runtime.current().table.want_halves(r["sizes"]))
+    runtime.log_to_stderr()  # as `rdmadev serve` does
     runtime.start(spec, args.job, args.task)
     host, port = split_address(spec[args.job][args.task], args.job)
     ready = socket.create_server((host, port))  # readiness for launch.Cluster

@@ -1,4 +1,6 @@
 """`rdmadev doctor` checks the op library the way every task loads it."""
+import json
+
 import pytest
 
 from rdmadev.tf import ops, protocol
@@ -36,3 +38,15 @@ def test_cli_usage_lists_every_command(argv, capsys):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert all(cmd in out for cmd in ("doctor", "serve", "demo", "plan"))
+
+
+def test_doctor_reports_the_open_file_limits_and_the_peers_they_serve():
+    import subprocess
+    import sys
+    code = ("import json, resource; resource.setrlimit(resource.RLIMIT_NOFILE, (1000, 4000)); "
+            "from rdmadev.tools import doctor; print(json.dumps(doctor._open_files()))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    info = json.loads(out.stdout)
+    assert info["soft"] == "1000" and info["hard"] == "4000", info
+    assert "serves about 328 peer tasks" in info["note"], info  # (4000 - 64) // 12

@@ -140,7 +140,7 @@ sys.stdin.readline()
         proc.kill()
         _, err = proc.communicate(timeout=30)
     assert err.count("cannot accept connections") == 1, err
-    assert "raise the open-file limit" in err and "accepting connections on" in err, err
+    assert "open-file limit (RLIMIT_NOFILE" in err and "accepting connections on" in err, err
 
 
 def test_unreachable_control_service_says_how_to_start_tasks():

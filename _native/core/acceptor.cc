@@ -116,9 +116,7 @@ void Acceptor::Loop() {
         LogEvent(fabric_ + ": cannot accept connections on " + reach_ + ": " +
                  std::strerror(err) + " (errno " + std::to_string(err) + "); retrying every " +
                  std::to_string(kAcceptBackoffMs) + " ms" +
-                 (err == EMFILE || err == ENFILE
-                      ? "; raise the open-file limit (ulimit -n) or close descriptors"
-                      : ""));
+                 (ErrnoHint(err).empty() ? "" : ". Fix: " + ErrnoHint(err)));
       }
       starved = true;
       continue;

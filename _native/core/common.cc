@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <chrono>
@@ -16,6 +17,22 @@ std::vector<std::pair<std::string, int>> ErrorKindTable() {
       RDMADEV_ERROR_KINDS(RDMADEV_KIND_ROW)
 #undef RDMADEV_KIND_ROW
   };
+}
+
+std::string ErrnoHint(int err) {
+  if (err == EMFILE) {
+    // A task holds about ten descriptors per peer task it exchanges tensors with (README,
+    // "Errors"), so a ps of a few hundred workers needs more than the usual soft limit of 1024.
+    return "raise this process's open-file limit (RLIMIT_NOFILE, `ulimit -n`), the hard one: "
+           "nofile in /etc/security/limits.conf, LimitNOFILE= for systemd, --ulimit nofile= "
+           "for docker; a task started by `rdmadev serve` or the grpc+rdmadev protocol raises "
+           "its soft limit to the hard one, and `rdmadev doctor` shows both";
+  }
+  if (err == ENFILE) {
+    return "the system's table of open files is full: raise fs.file-max (sysctl) or close "
+           "files elsewhere on this host";
+  }
+  return "";
 }
 
 void ThrowErrno(ErrorKind kind, const std::string& what, int err, const std::string& hint) {

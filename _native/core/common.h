@@ -35,11 +35,18 @@ enum class ErrorKind : int {
 // Every kind as (name, value), in declaration order.
 std::vector<std::pair<std::string, int>> ErrorKindTable();
 
+// The fix-it hint for an errno that says what to fix whatever failed (out of file descriptors:
+// EMFILE, ENFILE), else "". Error uses it in place of the hint it was given.
+std::string ErrnoHint(int err);
+
 // Every failure in the core is an Error: a kind, the errno (0 if none) and a fix-it hint.
 class Error : public std::runtime_error {
  public:
   Error(ErrorKind kind, const std::string& what, int err = 0, std::string hint = "")
-      : std::runtime_error(what), kind_(kind), errno_(err), hint_(std::move(hint)) {}
+      : std::runtime_error(what), kind_(kind), errno_(err), hint_(std::move(hint)) {
+    std::string own = ErrnoHint(err);
+    if (!own.empty()) hint_ = std::move(own);
+  }
   ErrorKind kind() const { return kind_; }
   int err() const { return errno_; }
   const std::string& hint() const { return hint_; }

@@ -62,10 +62,17 @@ uint64_t WaitWord(const std::atomic<uint64_t>* word, uint64_t target, const Dead
         if (!alive(&why)) {
           v = word->load(std::memory_order_acquire);
           if (v >= target) return v;
+          // A cause that carries its own fix (the heartbeats' "this task could not ping it:
+          // ... Fix: raise the open-file limit") says more than the peer's usual fate.
+          std::string hint = "the peer task died, stopped or was cut off (see its log); "
+                             "restart or resume it, then run the step again";
+          const size_t own_fix = why.find(". Fix: ");
+          if (own_fix != std::string::npos) {
+            hint = why.substr(own_fix + 7);
+            why.resize(own_fix);
+          }
           throw Error(ErrorKind::kPeerLost, "Peer lost while waiting for " + what + ": " + why,
-                      ECONNRESET,
-                      "the peer task died, stopped or was cut off (see its log); restart or "
-                      "resume it, then run the step again");
+                      ECONNRESET, hint);
         }
       }
     }

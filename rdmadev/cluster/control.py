@@ -24,7 +24,7 @@ import time
 
 from .. import _core
 from ..config import Config
-from ..errors import AuthError, PeerLostError, ProtocolError, RdmadevError
+from ..errors import AuthError, PeerLostError, ProtocolError, RdmadevError, errno_hint
 from .spec import split_address
 
 __all__ = ["ControlServer", "ControlClient", "Session", "session", "control_address"]
@@ -255,9 +255,8 @@ class ControlServer(socketserver.ThreadingTCPServer):
             if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                 if not self.starved:
                     log.warning("control: cannot accept connections on %s:%d: %s; retrying "
-                                "every %g s; raise the open-file limit (ulimit -n) or close "
-                                "descriptors", *self.server_address[:2], e.strerror,
-                                ACCEPT_BACKOFF_S)
+                                "every %g s. Fix: %s", *self.server_address[:2], e.strerror,
+                                ACCEPT_BACKOFF_S, errno_hint(e.errno, "free memory"))
                 self.starved = True
                 time.sleep(ACCEPT_BACKOFF_S)
             raise
@@ -316,9 +315,10 @@ class ControlClient:
             self.sock = socket.create_connection(address, timeout=timeout)
         except OSError as e:
             raise PeerLostError(f"cannot reach the rdmadev control service at {address[0]}:{address[1]}: "
-                                f"{e.strerror or e}", e.errno or 0,
-                                "start every task with `rdmadev serve` (python -m rdmadev.server), "
-                                "which opens it at the task's TF port + RDMADEV_CONTROL_PORT_OFFSET") from None
+                                f"{e.strerror or e}", e.errno or 0, errno_hint(
+                                    e.errno, "start every task with `rdmadev serve` (python -m "
+                                    "rdmadev.server), which opens it at the task's TF port + "
+                                    "RDMADEV_CONTROL_PORT_OFFSET")) from None
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         where = f"the rdmadev control service at {address[0]}:{address[1]}"
         try:

@@ -25,6 +25,8 @@ import logging
 import threading
 import time
 
+from ..errors import errno_hint
+
 __all__ = ["Heartbeats", "LANES", "PINGS_PER_LIVENESS"]
 
 #: Pings a peer gets per liveness period on each lane: it is found silent only after missing
@@ -50,6 +52,7 @@ class _Lane:
     def __init__(self, peer, delay):
         self.peer = peer
         self.client = None
+        self.local_failure = ""  # why its last ping failed here, when this task is to blame
         self.thread = threading.Thread(target=self._ping, args=(delay,), daemon=True,
                                        name=f"rdmadev-heartbeat {peer.task}")
         self.thread.start()
@@ -64,7 +67,10 @@ class _Lane:
                     self.client = beats.connect(peer.task, beats.liveness_s)
                 self.client.call({"op": "ping"})
                 peer.heard = max(peer.heard, time.monotonic())
-            except Exception:  # no answer: silence is judged by the watch, not here
+                self.local_failure = ""
+            except Exception as e:  # no answer: silence is judged by the watch, not here
+                hint = errno_hint(getattr(e, "errno", 0) or 0)  # e.g. out of descriptors
+                self.local_failure = f"{e}" if hint else ""
                 self.drop_client()
             peer.stopping.wait(max(0.0, beats.interval - (time.monotonic() - started)))
         self.drop_client()
@@ -144,12 +150,15 @@ class Heartbeats:
                 p.heard = max(p.heard, now - self.interval)
             quiet = now - p.heard
             if quiet > self.liveness_s:
+                local = next((l.local_failure for l in p.lanes if l.local_failure), "")
+                cause = (f"this task could not ping it: {local}" if local else
+                         f"stopped, overloaded or cut off; RDMADEV_LIVENESS_S={self.liveness_s:g}")
                 if p.silent_since is None:
                     p.silent_since = now
-                    log.warning("rdmadev: task %s has not answered heartbeats for %.1f s: waits "
-                                "on it fail until it answers", p.task, quiet)
-                why = (f"silent: no answer to rdmadev heartbeats for {quiet:.1f} s (stopped, "
-                       f"overloaded or cut off; RDMADEV_LIVENESS_S={self.liveness_s:g})")
+                    log.warning("rdmadev: task %s has not answered heartbeats for %.1f s (%s): "
+                                "waits on it fail until it answers", p.task, quiet, cause)
+                why = (f"silent: no answer to rdmadev heartbeats for {quiet:.1f} s: {cause}" if local
+                       else f"silent: no answer to rdmadev heartbeats for {quiet:.1f} s ({cause})")
                 for ep in endpoints[p.task]:
                     if not ep.silent:  # including endpoints made since the mark
                         ep.set_silent(why)

@@ -10,6 +10,8 @@ Example:
     >>> rt.call(task_name("ps", 0), {"op": "ping"})
 """
 import dataclasses
+import logging
+import sys
 import threading
 
 from graph_pass.devices import split_task, task_name
@@ -17,13 +19,13 @@ from graph_pass.devices import split_task, task_name
 from ..config import Config
 from ..device import open_domain
 from ..errors import ConfigError, PeerLostError, ProtocolError, RdmadevError
-from . import instances, reports
+from . import instances, open_files, reports
 from .channels import REQUESTS as CHANNEL_REQUESTS, ChannelTable
 from .control import ControlClient, ControlServer, control_address
 from .liveness import Heartbeats
 from .spec import parse_cluster, split_address
 
-__all__ = ["Runtime", "start", "current", "register_handler"]
+__all__ = ["Runtime", "start", "current", "register_handler", "log_to_stderr"]
 
 _current = None
 _lock = threading.Lock()
@@ -59,6 +61,8 @@ class Runtime:
         if job is not None:
             address = self._address(job, index)
             self.task = task_name(job, index)
+            open_files.raise_soft_limit()  # a ps holds ~10 descriptors per worker
+            open_files.check(self.task, peers=sum(map(len, self.cluster.values())))  # + coordinator
             host, _ = split_address(address, job)
             self.domain = open_domain(f"{job}:{index}", self.config, tcp_addr=f"{host}:0")
             self.table = ChannelTable(self.domain, self.config, call=self.call, task=self.task)
@@ -153,6 +157,17 @@ class Runtime:
             self.server.close()
         if self.domain:
             self.domain.close()
+
+
+def log_to_stderr():
+    """Sends rdmadev's warnings to stderr, prefixed with the logger and pid (the core's own lines
+    read ``rdmadev[pid]: ...``). For processes rdmadev owns, such as `rdmadev serve`: as a
+    library rdmadev leaves logging to the application."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s[%(process)d]: %(message)s"))
+    root = logging.getLogger("rdmadev")
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
 
 
 def start(cluster, job=None, index=None, config=None):

@@ -4,7 +4,8 @@ A thin wrapper over the grpc+rdmadev protocol (rdmadev.tf.protocol): it checks t
 configuration first (so a bad one is reported as rdmadev's own error), then starts
 tf.distribute.Server with that protocol, which opens this task's Domain and control service
 and loads the op library and the partition pass, and serves until killed. Unlike a bare
-protocol server, the pass rewrites only rdmadev.optimize's functions unless RDMADEV_AUTO=1.
+protocol server, the pass rewrites only rdmadev.optimize's functions unless RDMADEV_AUTO=1,
+and rdmadev's warnings (a silent peer, an open-file limit too low for the cluster) go to stderr.
 
 Example:
     $ RDMADEV_SECRET=... python -m rdmadev.server --cluster '{"ps": ["h:2222"], "worker": ["h:2223"]}' --job ps --task 0
@@ -32,6 +33,7 @@ def main(argv=None):
     ap.add_argument("--task", type=int, help="this task's index (default: TF_CONFIG's task.index)")
     args = ap.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    runtime.log_to_stderr()  # e.g. a silent peer, or an open-file limit below the cluster's need
 
     job, index = args.job, args.task
     try:

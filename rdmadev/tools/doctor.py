@@ -14,6 +14,7 @@ import resource
 from .. import _core
 from ..config import Config
 from ..device import fabric_report
+from ..cluster import open_files
 from ..errors import ConfigError
 from ..tf import ops, protocol
 
@@ -29,6 +30,16 @@ def _memlock():
             "for systemd or --ulimit memlock=-1 for docker (root with CAP_IPC_LOCK is exempt)"
             if soft != resource.RLIM_INFINITY else "")
     return {"soft": show(soft), "hard": show(hard), "note": note}
+
+
+def _open_files():
+    lim = open_files.limits()
+    show = lambda v: "unlimited" if v is None else str(v)
+    note = ("a task raises its soft limit to the hard one when it starts; it holds about "
+            f"{open_files.DESCRIPTORS_PER_PEER} descriptors per peer task it exchanges tensors "
+            "with, so the hard limit serves " + (f"about {lim['peers']}" if lim["peers"] is not None
+                                                 else "any number of") + " peer tasks")
+    return {"soft": show(lim["soft"]), "hard": show(lim["hard"]), "note": note}
 
 
 def _dev_shm():
@@ -180,6 +191,7 @@ def collect(env=None):
         "config": config,
         "fabrics": [{"fabric": n, "viable": ok, "reason": why} for n, ok, why in fabric_report()],
         "memlock": _memlock(),
+        "open_files": _open_files(),
         "dev_shm": _dev_shm(),
         "verbs": dict(_verbs_devices(), ports=_rdma_ports()),
         "tensorflow": _tensorflow(),
@@ -211,6 +223,8 @@ def main(argv=None):
         print(f"  fabric {f['fabric']:<6} : {state}")
     m = info["memlock"]
     print(f"  memlock limit : soft {m['soft']}, hard {m['hard']}" + (f"  ({m['note']})" if m["note"] else ""))
+    n = info["open_files"]
+    print(f"  open files    : soft {n['soft']}, hard {n['hard']}  ({n['note']})")
     s = info["dev_shm"]
     print(f"  /dev/shm      : {s.get('size')} ({s['note']})")
     v = info["verbs"]

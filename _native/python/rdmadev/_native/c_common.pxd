@@ -27,6 +27,7 @@ cdef extern from "common.h" namespace "rdmadev":
     string RecentEvents()
     uint64_t kCacheLine
     vector[pair[string, int]] ErrorKindTable()
+    string ErrnoHint(int err)
 
 
 cdef extern from "completion.h" namespace "rdmadev":

@@ -10,7 +10,8 @@ from libcpp.string cimport string
 from libcpp.vector cimport vector
 
 from rdmadev._native.handle cimport Handle
-from rdmadev._native.c_common cimport AtomicU64, Deadline, ErrorKindTable, RecentEvents, WaitPolicy
+from rdmadev._native.c_common cimport (AtomicU64, Deadline, ErrnoHint, ErrorKindTable,
+                                       RecentEvents, WaitPolicy)
 from rdmadev._native.c_common cimport as_bytes, deadline_of
 from rdmadev._native.c_fabric cimport (AliveOf, Domain as CDomain, DomainOptions,
                                        Endpoint as CEndpoint, FabricPriority,
@@ -22,8 +23,8 @@ from rdmadev._native.region cimport Region
 
 from rdmadev.errors import ClosedError
 
-__all__ = ["Domain", "ANY_PEER", "error_kinds", "fabric_priority", "unviable_reason",
-           "recent_events"]
+__all__ = ["Domain", "ANY_PEER", "error_kinds", "errno_hint", "fabric_priority",
+           "unviable_reason", "recent_events"]
 
 #: Grant to every authenticated peer (Domain.allocate(grant=...)).
 ANY_PEER = "*"
@@ -32,6 +33,12 @@ ANY_PEER = "*"
 def error_kinds():
     """{name: value} of every native error kind (C++'s RDMADEV_ERROR_KINDS table)."""
     return {name.decode(): value for name, value in ErrorKindTable()}
+
+
+def errno_hint(int err):
+    """The core's fix-it hint for errno `err` when the errno alone says what to fix (out of
+    file descriptors), else "": the hint every native error with that errno carries."""
+    return ErrnoHint(err).decode()
 
 
 def fabric_priority():

@@ -1,0 +1,84 @@
+"""The open-file limit of a task. A task holds descriptors for every peer task it exchanges
+tensors with (control connections, heartbeat lanes, its fabric endpoint, a memfd per region),
+so a ps serving a few hundred workers needs more than the soft RLIMIT_NOFILE of 1024 that most
+systems start a process with, below a hard limit that is usually far higher.
+
+A task's runtime therefore raises its soft limit to the hard one when it starts, as Go's runtime
+does for every program (a soft limit below the hard one only protects programs that still use
+select(2); rdmadev and TensorFlow poll and epoll), and warns when even the hard limit is below
+what its cluster spec may need. Running out anyway fails with an error that names the limit
+(rdmadev.errors.errno_hint); `rdmadev doctor` shows both limits.
+
+Example:
+    >>> raise_soft_limit()
+    (1024, 524288)
+"""
+import errno
+import logging
+import resource
+
+from ..errors import errno_hint
+
+__all__ = ["DESCRIPTORS_PER_PEER", "BASE_DESCRIPTORS", "needed", "raise_soft_limit",
+           "check", "limits"]
+
+#: Descriptors a task holds per peer task it exchanges tensors with. Measured 2026-11-28 on
+#: loopback (shm), peak count from /proc of each `rdmadev serve` task:
+#: - one in-graph function in which every worker reads a ps variable, takes tf.unique of it
+#:   and sends an update back: the ps held 11 more descriptors with 1 worker, 38 with 4 and
+#:   74 with 8, ~9.3 per peer;
+#: - `benchmarks/embedding.py --one` (2 ps, 27 transfers per worker and ps, 24 of them of
+#:   run-time shape): each ps peaked at 19 with 1 worker and 51 with 4, ~10.7 per worker.
+#: They are 1 + liveness.LANES control connections the peer holds to it, LANES it pings the
+#: peer on, 1 it calls the peer on, the fabric endpoint (a pidfd or socket) and the regions of
+#: each function's pairs (a memfd each); rounded up for a few more functions.
+DESCRIPTORS_PER_PEER = 12
+#: Descriptors a task holds before its first peer: Python, TensorFlow's gRPC server and the
+#: control listener; measured 11 for `rdmadev serve` (2026-11-28), with room for log files.
+BASE_DESCRIPTORS = 64
+
+log = logging.getLogger(__name__)
+log.addHandler(logging.NullHandler())
+
+
+def needed(peers):
+    """About how many descriptors a task needs to exchange tensors with `peers` other tasks."""
+    return BASE_DESCRIPTORS + DESCRIPTORS_PER_PEER * peers
+
+
+def raise_soft_limit():
+    """Raises this process's soft RLIMIT_NOFILE to its hard limit; returns (before, after)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or (hard != resource.RLIM_INFINITY and soft >= hard):
+        return soft, soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError) as e:  # e.g. a hard limit above fs.nr_open
+        log.info("rdmadev: kept the open-file limit at %d: raising it to %d failed: %s", soft,
+                 hard, e)
+        return soft, soft
+    log.info("rdmadev: open-file limit raised from %d to %d (the hard limit)", soft, hard)
+    return soft, hard
+
+
+def check(task, peers):
+    """Warns once when this process's hard open-file limit is below what exchanging tensors
+    with `peers` other tasks may need; returns whether it is enough."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = needed(peers)
+    if hard == resource.RLIM_INFINITY or hard >= want:
+        return True
+    log.warning("rdmadev: task %s may run out of file descriptors: its open-file limit is %d, and "
+                "exchanging tensors with the %d other tasks of its cluster (the coordinator "
+                "included) may take about %d. Fix: %s", task, hard, peers, want,
+                errno_hint(errno.EMFILE))
+    return False
+
+
+def limits():
+    """{"soft", "hard", "peers"}: this process's open-file limits (None: unlimited) and about how
+    many peer tasks the hard limit serves."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    show = lambda v: None if v == resource.RLIM_INFINITY else v
+    peers = None if hard == resource.RLIM_INFINITY else max(0, hard - BASE_DESCRIPTORS) // DESCRIPTORS_PER_PEER
+    return {"soft": show(soft), "hard": show(hard), "peers": peers}

@@ -1,0 +1,192 @@
+"""The open-file limit (rdmadev/cluster/open_files.py), with real processes and no TF: a task
+raises its soft RLIMIT_NOFILE to the hard one and warns when its cluster may need more; a
+process out of descriptors gets errors that name the limit, from the core (a region's memfd),
+from a control connection and from the heartbeats, and recovers once descriptors are free.
+
+Each case runs in a child process with its own limits, so the test process keeps its own.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rdmadev.cluster import open_files
+from rdmadev.testing import launch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ENV = {"RDMADEV_SECRET": "rdmadev-open-files-secret",
+       "PYTHONPATH": os.pathsep.join([os.path.dirname(HERE), HERE, os.environ.get("PYTHONPATH", "")])}
+#: Seconds a child may take: it imports numpy and rdmadev on a loaded 2-core machine.
+CHILD_TIMEOUT_S = 300
+
+#: Runs argv[2:] as a new program with RLIMIT_NOFILE set to (soft, hard) from argv[1].
+WITH_LIMIT = """
+import os, resource, sys
+soft, hard = map(int, sys.argv[1].split(":"))
+resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+os.execv(sys.executable, [sys.executable] + sys.argv[2:])
+"""
+
+
+def open_file_limits(pid):
+    """(soft, hard) RLIMIT_NOFILE of process `pid`, from /proc."""
+    with open(f"/proc/{pid}/limits") as f:
+        row = next(l for l in f if l.startswith("Max open files"))
+    soft, hard = row.split()[3:5]
+    return int(soft), int(hard)
+
+
+@pytest.mark.parametrize("hard, workers, warned", [(8192, 2, False), (1024, 99, True)])
+def test_a_task_raises_its_soft_limit_and_warns_when_its_cluster_may_need_more(hard, workers, warned):
+    ports = launch.free_ports(1 + workers)  # only ps:0 is started; the spec sizes the need
+    spec = {"ps": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{p}" for p in ports[1:]]}
+
+    def launcher(job, index, _):
+        return [sys.executable, "-c", WITH_LIMIT, f"256:{hard}", os.path.join(HERE, "control_task.py"),
+                "--cluster", json.dumps(spec), "--job", job, "--task", str(index)]
+
+    with launch.Cluster(spec={"ps": spec["ps"]}, env=ENV, launcher=launcher) as cluster:
+        assert open_file_limits(cluster.pid("ps", 0)) == (hard, hard)
+        log = cluster.log_path("ps", 0).read_text()
+    need = open_files.needed(1 + workers)  # every other task and the coordinator
+    assert (need > hard) == warned, (need, hard)
+    assert ("may run out of file descriptors" in log) == warned, log
+    if warned:
+        assert (f"its open-file limit is {hard}, and exchanging tensors with the {1 + workers} "
+                f"other tasks") in log and f"may take about {need}" in log, log
+        assert "LimitNOFILE=" in log, log  # the fix
+
+
+#: Fills this process's descriptors (soft limit: what is open + 64), then tries what needs one.
+OUT_OF_DESCRIPTORS = """
+import json, os, resource, socket, sys
+import rdmadev
+from rdmadev.cluster.control import ControlClient, ControlServer
+
+dom = rdmadev.open_domain("t:0", rdmadev.Config(fabric="tcp", secret=b"k"))
+server = ControlServer(("127.0.0.1", 0), b"k", lambda r: {"echo": r})
+open_now = len(os.listdir("/proc/self/fd"))
+resource.setrlimit(resource.RLIMIT_NOFILE, (open_now + 64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+fillers = []
+try:
+    while len(fillers) < 1000:
+        fillers.append(os.open(os.devnull, os.O_RDONLY))
+except OSError:
+    pass
+out = {"filled": len(fillers)}
+try:
+    dom.allocate(4096)
+except rdmadev.RdmadevError as e:
+    out["region"] = [type(e).__name__, str(e)]
+try:
+    ControlClient(server.server_address, b"k", timeout=30)
+except rdmadev.RdmadevError as e:
+    out["control"] = [type(e).__name__, str(e)]
+for fd in fillers:
+    os.close(fd)
+region = dom.allocate(4096)  # descriptors are free again: both work
+client = ControlClient(server.server_address, b"k", timeout=30)
+out["recovered"] = client.call({"op": "x"}) == {"echo": {"op": "x"}} and region.size == 4096
+print("RESULT " + json.dumps(out), flush=True)
+"""
+
+
+def run_child(code, *args):
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          timeout=CHILD_TIMEOUT_S, env={**os.environ, **ENV})
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, (proc.stdout + proc.stderr)[-4000:]
+    return json.loads(lines[-1][len("RESULT "):]), proc.stderr
+
+
+def test_out_of_descriptors_errors_name_the_open_file_limit_and_the_fix():
+    out, _ = run_child(OUT_OF_DESCRIPTORS)
+    assert out["filled"] < 1000, out  # the table did fill
+    for what in ("region", "control"):
+        kind, text = out[what]
+        assert "Too many open files" in text, (what, text)
+        assert "open-file limit (RLIMIT_NOFILE, `ulimit -n`)" in text and "LimitNOFILE=" in text, (what, text)
+    assert out["region"][0] == "RegionError"
+    assert "start every task with" not in out["control"][1]  # the peer is not to blame
+    assert out["recovered"], out
+
+
+#: worker:1 with channels to ps:0 (a control_task process): its heartbeat lanes lose their
+#: connections while this process has no descriptor left, so they cannot ping ps:0.
+HEARTBEATS_WITHOUT_DESCRIPTORS = """
+import json, os, resource, sys, time
+from graph_pass.devices import task_name
+from rdmadev import Config, _core
+from rdmadev.cluster import channels, runtime
+from rdmadev.errors import PeerLostError
+from rdmadev.testing.timing import wait_until
+import control_task
+from test_channel_setup import plan
+
+spec, fabric = json.loads(sys.argv[1]), sys.argv[2]
+PS, W1 = task_name("ps", 0), task_name("worker", 1)
+runtime.register_handler("t_send", control_task.t_send)
+rt = runtime.Runtime(spec, "worker", 1, Config(fabric=fabric, secret=os.environ["RDMADEV_SECRET"].encode(),
+                                               deadline_s=120, liveness_s=1.0))
+_, swap, regions = plan([(PS, W1)])
+channels.open_channels(rt.call, "fds", swap, regions)
+into_me = swap[0]
+assert wait_until(lambda: PS in rt.heartbeats.peers and all(
+    l.client is not None for l in rt.heartbeats.peers[PS].lanes), 60)
+open_now = len(os.listdir("/proc/self/fd"))
+resource.setrlimit(resource.RLIMIT_NOFILE, (open_now + 64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+fillers = []
+
+
+def fill():
+    try:
+        while len(fillers) < 1000:
+            fillers.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        pass
+
+
+lanes = rt.heartbeats.peers[PS].lanes
+fill()
+for attempt in range(10):  # a lane that connected again before fill() took its descriptor back
+    for lane in lanes:
+        lane.drop_client()  # as a reset connection would: the lane must connect again
+    fill()  # takes the descriptors the dropped connections freed
+    if wait_until(lambda: all(l.local_failure for l in lanes), 5):
+        break
+out = {"filled": len(fillers), "attempts": attempt + 1}
+started = time.monotonic()
+try:
+    _core.channel_recv(into_me.channel_key, timeout=120)
+except PeerLostError as e:
+    out["error"], out["after_s"] = str(e), time.monotonic() - started
+for fd in fillers:
+    os.close(fd)
+out["heard_again"] = wait_until(lambda: rt.table.counters()["silent_peers"] == [], 60)
+rt.call(PS, {"op": "t_send", "key": into_me.channel_key, "count": 1, "size": 40, "seed": 5})
+out["data_ok"] = _core.channel_recv(into_me.channel_key, timeout=60)[1] == control_task.pattern(40, 5)
+rt.close()
+print("RESULT " + json.dumps(out), flush=True)
+"""
+
+
+@pytest.mark.parametrize("fabric", ["shm", "tcp"])
+def test_heartbeats_that_cannot_connect_for_lack_of_descriptors_say_so(fabric):
+    ports = launch.free_ports(3)  # worker:0 is never started
+    spec = {"ps": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{p}" for p in ports[1:]]}
+
+    def launcher(job, index, _):
+        return [sys.executable, os.path.join(HERE, "control_task.py"), "--cluster", json.dumps(spec),
+                "--job", job, "--task", str(index)]
+
+    env = {**ENV, "RDMADEV_FABRIC": fabric, "RDMADEV_LIVENESS_S": "1"}
+    with launch.Cluster(spec={"ps": spec["ps"]}, env=env, launcher=launcher):
+        out, _ = run_child(HEARTBEATS_WITHOUT_DESCRIPTORS, json.dumps(spec), fabric)
+    assert out["filled"] < 1000, out
+    assert "silent: no answer to rdmadev heartbeats" in out.get("error", ""), out
+    assert "this task could not ping it" in out["error"] and "Too many open files" in out["error"], out
+    assert "open-file limit (RLIMIT_NOFILE" in out["error"], out
+    assert out["after_s"] < 60, out  # liveness (1 s) and its intervals, not the 120 s deadline
+    assert out["heard_again"] and out["data_ok"], out
