@@ -204,6 +204,32 @@ def test_valid_frames_from_hand_written_client_apply(victim):
     s.close()
 
 
+def test_a_write_to_a_released_region_is_dropped_and_the_connection_carries_on(victim):
+    """A write still on its way when its region was released (a receiving half unbound while
+    its sender's last write was in flight, tests/test_tf_ops.py) is read past and dropped: the
+    connection, which a task pair's channels share, applies the next frame. An id that never
+    named a region is still refused ("no_region" above)."""
+    dom, granted, _ = victim
+    rid, size, rkey = tc.parse_desc(granted.descriptor)
+    gone = dom.allocate(SIZE, label="gone", grant=["intruder"])
+    gid, gsize, gkey = tc.parse_desc(gone.descriptor)
+    gone.close()
+    granted.store(64, 0)
+    before = rdmadev.recent_events()
+    s, ok = tc.connect(dom.address, SECRET)
+    assert ok
+    s.sendall(tc.frame(tc.OP_WRITE, gid, gkey, 0, gsize, b"\xee" * gsize, signal=(0, 5, 5)))
+    s.sendall(tc.frame(tc.OP_WRITE, rid, rkey, 100, 5, b"after", signal=(64, 9, 5)))
+    assert granted.wait(64, 9, timeout=30) == 9
+    assert bytes(memoryview(granted)[100:105]) == b"after"
+    s.sendall(tc.frame(tc.OP_WRITE, gid + 1000, gkey, 0, 8, b"x" * 8))  # never a region
+    assert tc.closed_by_peer(s)
+    s.close()
+    logged = _events_since(before)
+    assert [l for l in logged if "rejected" in l] == [l for l in logged if f"no region {gid + 1000}" in l], logged
+    assert len(logged) == 1, logged
+
+
 def test_a_flood_of_failed_handshakes_logs_a_bounded_number_of_lines(victim):
     """Each wrong-secret peer fails its handshake; 40 of them within seconds log at most the
     budget's lines plus one saying the rest are left out, and a real peer still gets through."""

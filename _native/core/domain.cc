@@ -96,9 +96,12 @@ std::shared_ptr<Region> Domain::Allocate(uint64_t size, const std::string& label
   return r;
 }
 
-std::shared_ptr<Region> Domain::Find(uint64_t id) const {
+std::shared_ptr<Region> Domain::Find(uint64_t id, bool* retired) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = regions_.find(id);
+  // Ids are handed out in order and never reused, so an id below the next one that is not
+  // live was released (or failed to register).
+  if (retired) *retired = it == regions_.end() && id != 0 && id < next_region_;
   return it == regions_.end() ? nullptr : it->second;
 }
 

@@ -43,8 +43,9 @@ class Domain : public std::enable_shared_from_this<Domain> {
   std::vector<std::string> fabric_names() const;
 
   std::shared_ptr<Region> Allocate(uint64_t size, const std::string& label);
-  // The live region with this id, or null (the tcp fabric serves frames through this).
-  std::shared_ptr<Region> Find(uint64_t id) const;
+  // The live region with this id, or null (the tcp fabric serves frames through this);
+  // *retired (if given) says whether the id named a region this domain has released.
+  std::shared_ptr<Region> Find(uint64_t id, bool* retired = nullptr) const;
   void Release(uint64_t id);
   // Regions live in this domain and their bytes (what it has registered with its fabrics).
   std::pair<uint64_t, uint64_t> RegionStats() const;

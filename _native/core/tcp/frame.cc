@@ -2,16 +2,24 @@
 
 #include <atomic>
 
+#include <algorithm>
+
 namespace rdmadev {
 
 std::string CheckFrame(const FrameHeader& h, const std::string& peer, const RegionLookup& find,
-                       std::shared_ptr<Region>* region) {
+                       std::shared_ptr<Region>* region, bool* late) {
   if (h.magic != kFrameMagic) return "bad magic (not an rdmadev frame)";
   if (h.op != kOpWrite && h.op != kOpRead) return "unknown op " + std::to_string(h.op);
   if ((h.flags & ~uint16_t(kFlagSignal)) != 0) return "unknown flags " + std::to_string(h.flags);
   if (h.op == kOpRead && h.flags != 0) return "a READ cannot carry a signal";
-  *region = find(h.region);
+  bool retired = false;
+  *region = find(h.region, &retired);
   const Region* r = region->get();
+  *late = false;
+  if (!r && retired && h.op == kOpWrite) {
+    *late = true;
+    return "";
+  }
   if (!r || r->closed()) return "no region " + std::to_string(h.region);
   if (h.rkey != r->desc().rkey) return "wrong key for region " + std::to_string(h.region);
   if (!r->Granted(peer)) return "region " + std::to_string(h.region) + " is not granted to it";
@@ -39,10 +47,25 @@ ServeResult ServeFrames(ByteStream& stream, const std::string& peer, const Regio
       return out;
     }
     std::shared_ptr<Region> region;  // keeps the memory mapped while we fill it
-    std::string why = CheckFrame(h, peer, find, &region);
+    bool late = false;
+    std::string why = CheckFrame(h, peer, find, &region, &late);
     if (!why.empty()) {
       out.rejected = why;
       return out;
+    }
+    if (late) {  // its region is gone: read the payload past, apply nothing
+      uint8_t sink[4096];
+      for (uint64_t left = h.length; left > 0;) {
+        size_t n = static_cast<size_t>(std::min<uint64_t>(left, sizeof sink));
+        if (stream.Recv(sink, n, /*next_frame=*/false) < n) {
+          out.rejected = "truncated frame: connection ended inside a " + std::to_string(h.length) +
+                         "-byte payload";
+          return out;
+        }
+        left -= n;
+      }
+      ++out.late;
+      continue;
     }
     uint8_t* base = region->base();
     if (h.op == kOpWrite) {

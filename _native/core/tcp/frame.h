@@ -45,16 +45,21 @@ class ByteStream {
   virtual bool SendAll(const void* a, size_t na, const void* b, size_t nb) = 0;
 };
 
-// Looks up a region by id (null if none).
-using RegionLookup = std::function<std::shared_ptr<Region>(uint64_t id)>;
+// Looks up a region by id: the live region, or null, with *retired set when the id named a
+// region this side has since released (Domain::Find).
+using RegionLookup = std::function<std::shared_ptr<Region>(uint64_t id, bool* retired)>;
 
 // Checks one header from `peer` and returns "" if it may be applied, else why not;
-// *region is set to the target region when found.
+// *region is set to the target region when found. A WRITE to a retired region passes with
+// *region null and *late set: it was on its way when the region went (a receiving half
+// unbound while its sender's last write was in flight), so its payload is dropped and the
+// connection, which the pair's other channels share, carries on.
 std::string CheckFrame(const FrameHeader& h, const std::string& peer, const RegionLookup& find,
-                       std::shared_ptr<Region>* region);
+                       std::shared_ptr<Region>* region, bool* late);
 
 struct ServeResult {
   uint64_t frames = 0;     // frames applied
+  uint64_t late = 0;       // writes to retired regions, dropped
   std::string rejected;    // why the stream was cut ("" = clean end of stream)
 };
 

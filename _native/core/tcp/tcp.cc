@@ -237,7 +237,9 @@ class TcpFabric : public Fabric {
   void Serve(int fd, const std::string& peer, const std::string& where) {
     SocketStream s(fd, domain_->options().wait.spin_ns);
     Domain* d = domain_;
-    ServeResult r = ServeFrames(s, peer, [d](uint64_t id) { return d->Find(id); });
+    ServeResult r = ServeFrames(s, peer, [d](uint64_t id, bool* retired) {
+      return d->Find(id, retired);
+    });
     if (!r.rejected.empty()) {
       rejected_frames_.Log("tcp: rejected a frame from peer '" + peer + "' at " + where + ": " +
                            r.rejected + "; disconnected");
@@ -286,7 +288,9 @@ std::unique_ptr<Fabric> MakeTcpFabric(const FabricContext& ctx, const TcpOptions
 
 ServeResult FeedFrames(Domain* domain, const std::string& peer, const std::string& bytes) {
   BufferStream s(bytes);
-  return ServeFrames(s, peer, [domain](uint64_t id) { return domain->Find(id); });
+  return ServeFrames(s, peer, [domain](uint64_t id, bool* retired) {
+    return domain->Find(id, retired);
+  });
 }
 
 }  // namespace rdmadev
