@@ -11,7 +11,8 @@ __all__ = ["main"]
 USAGE = """usage: rdmadev COMMAND [ARGS]
 
 commands:
-  doctor   what this machine offers rdmadev (fabrics, memlock, devices, TensorFlow)
+  doctor   what this machine offers rdmadev (fabrics, memlock and open-file limits, devices,
+           TensorFlow)
   serve    start one TF task with rdmadev (see rdmadev serve --help)
   demo     two processes on this host move tensors through every viable fabric, checked
   plan     print and draw the transfer plan of a TF function (see rdmadev plan --help)
