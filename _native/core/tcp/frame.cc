@@ -1,8 +1,7 @@
 #include "frame.h"
 
-#include <atomic>
-
 #include <algorithm>
+#include <atomic>
 
 namespace rdmadev {
 
@@ -64,7 +63,6 @@ ServeResult ServeFrames(ByteStream& stream, const std::string& peer, const Regio
         }
         left -= n;
       }
-      ++out.late;
       continue;
     }
     uint8_t* base = region->base();

@@ -59,7 +59,6 @@ std::string CheckFrame(const FrameHeader& h, const std::string& peer, const Regi
 
 struct ServeResult {
   uint64_t frames = 0;     // frames applied
-  uint64_t late = 0;       // writes to retired regions, dropped
   std::string rejected;    // why the stream was cut ("" = clean end of stream)
 };
 
