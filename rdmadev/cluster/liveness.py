@@ -69,7 +69,7 @@ class _Lane:
                 peer.heard = max(peer.heard, time.monotonic())
                 self.local_failure = ""
             except Exception as e:  # no answer: silence is judged by the watch, not here
-                hint = errno_hint(getattr(e, "errno", 0) or 0)  # e.g. out of descriptors
+                hint = errno_hint(getattr(e, "errno", 0))  # e.g. out of descriptors
                 self.local_failure = f"{e}" if hint else ""
                 self.drop_client()
             peer.stopping.wait(max(0.0, beats.interval - (time.monotonic() - started)))

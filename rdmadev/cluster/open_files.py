@@ -10,8 +10,9 @@ what its cluster spec may need. Running out anyway fails with an error that name
 (rdmadev.errors.errno_hint); `rdmadev doctor` shows both limits.
 
 Example:
-    >>> raise_soft_limit()
-    (1024, 524288)
+    >>> raise_soft_limit()  # soft 1024, hard 524288 -> soft 524288
+    >>> peers_served(524288)
+    43685
 """
 import errno
 import logging
@@ -19,8 +20,8 @@ import resource
 
 from ..errors import errno_hint
 
-__all__ = ["DESCRIPTORS_PER_PEER", "BASE_DESCRIPTORS", "needed", "raise_soft_limit",
-           "check", "limits"]
+__all__ = ["DESCRIPTORS_PER_PEER", "BASE_DESCRIPTORS", "needed", "peers_served",
+           "raise_soft_limit", "check"]
 
 #: Descriptors a task holds per peer task it exchanges tensors with. Measured 2026-11-28 on
 #: loopback (shm), peak count from /proc of each `rdmadev serve` task:
@@ -46,39 +47,33 @@ def needed(peers):
     return BASE_DESCRIPTORS + DESCRIPTORS_PER_PEER * peers
 
 
+def peers_served(hard):
+    """About how many peer tasks an open-file limit of `hard` serves (None: unlimited)."""
+    return None if hard == resource.RLIM_INFINITY else max(0, hard - BASE_DESCRIPTORS) // DESCRIPTORS_PER_PEER
+
+
 def raise_soft_limit():
-    """Raises this process's soft RLIMIT_NOFILE to its hard limit; returns (before, after)."""
+    """Raises this process's soft RLIMIT_NOFILE to its hard limit."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or (hard != resource.RLIM_INFINITY and soft >= hard):
-        return soft, soft
+        return
     try:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     except (ValueError, OSError) as e:  # e.g. a hard limit above fs.nr_open
         log.info("rdmadev: kept the open-file limit at %d: raising it to %d failed: %s", soft,
                  hard, e)
-        return soft, soft
+        return
     log.info("rdmadev: open-file limit raised from %d to %d (the hard limit)", soft, hard)
-    return soft, hard
 
 
 def check(task, peers):
-    """Warns once when this process's hard open-file limit is below what exchanging tensors
-    with `peers` other tasks may need; returns whether it is enough."""
+    """Warns when this process's hard open-file limit is below what exchanging tensors with
+    `peers` other tasks may need."""
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = needed(peers)
     if hard == resource.RLIM_INFINITY or hard >= want:
-        return True
+        return
     log.warning("rdmadev: task %s may run out of file descriptors: its open-file limit is %d, and "
                 "exchanging tensors with the %d other tasks of its cluster (the coordinator "
                 "included) may take about %d. Fix: %s", task, hard, peers, want,
                 errno_hint(errno.EMFILE))
-    return False
-
-
-def limits():
-    """{"soft", "hard", "peers"}: this process's open-file limits (None: unlimited) and about how
-    many peer tasks the hard limit serves."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    show = lambda v: None if v == resource.RLIM_INFINITY else v
-    peers = None if hard == resource.RLIM_INFINITY else max(0, hard - BASE_DESCRIPTORS) // DESCRIPTORS_PER_PEER
-    return {"soft": show(soft), "hard": show(hard), "peers": peers}

@@ -33,13 +33,14 @@ def _memlock():
 
 
 def _open_files():
-    lim = open_files.limits()
-    show = lambda v: "unlimited" if v is None else str(v)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    show = lambda v: "unlimited" if v == resource.RLIM_INFINITY else str(v)
+    peers = open_files.peers_served(hard)
     note = ("a task raises its soft limit to the hard one when it starts; it holds about "
             f"{open_files.DESCRIPTORS_PER_PEER} descriptors per peer task it exchanges tensors "
-            "with, so the hard limit serves " + (f"about {lim['peers']}" if lim["peers"] is not None
+            "with, so the hard limit serves " + (f"about {peers}" if peers is not None
                                                  else "any number of") + " peer tasks")
-    return {"soft": show(lim["soft"]), "hard": show(lim["hard"]), "note": note}
+    return {"soft": show(soft), "hard": show(hard), "note": note}
 
 
 def _dev_shm():
