@@ -9,7 +9,8 @@ wait release the GIL.
 """
 from . import errors as _errors
 from ._native.bench import bench_memcpy, bench_pingpong, bench_tcp_pingpong, bench_tcp_stream
-from ._native.channel import (CREDIT_BYTES, PARKED_GRACE_S, RELEASED_GRACE_S, RegionLease,
+from ._native.channel import (CREDIT_BYTES, LATE_WRITE_GRACE_S, PARKED_GRACE_S,
+                              RELEASED_GRACE_S, RegionLease,
                               RingLayout, RingReceiver, RingSender,
                               bound_channels, channel_counts, channel_recv, channel_send,
                               channel_want, fail_half, growing_channels, release_drained,
@@ -25,7 +26,7 @@ __all__ = [
     "Domain", "Region", "Endpoint", "RemoteRegion", "RingLayout", "RingSender", "RingReceiver",
     "CREDIT_BYTES", "ANY_PEER", "wire_layout", "error_kinds", "unbind_channel",
     "bound_channels", "channel_send", "channel_recv", "channel_want", "growing_channels", "fail_half", "unfail_half", "RegionLease", "unbind_domain", "unbind_peer",
-    "release_drained", "PARKED_GRACE_S", "RELEASED_GRACE_S",
+    "release_drained", "PARKED_GRACE_S", "RELEASED_GRACE_S", "LATE_WRITE_GRACE_S",
     "channel_counts", "transfer_counts", "fabric_priority", "unviable_reason", "recent_events", "hmac_sha256",
     "handshake_proof", "client_handshake", "server_handshake", "bench_memcpy",
     "bench_pingpong", "bench_tcp_pingpong", "bench_tcp_stream",

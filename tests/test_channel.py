@@ -136,8 +136,8 @@ def test_a_channel_moves_to_its_successor_ring_between_transfers(fabric, secret)
             assert big_credit.wait(0, 6, timeout=10) == 6
             with pytest.raises(rdmadev.BoundsError, match="larger than planned"):
                 _core.channel_send(key, bytes(4097))
-            assert _core.channel_counts(a) == {"senders": 1, "receivers": 0, "parked": 0}
-            assert _core.channel_counts(b) == {"senders": 0, "receivers": 1, "parked": 0}
+            assert _core.channel_counts(a) == {"senders": 1, "receivers": 0, "parked": 0, "retired": 0}
+            assert _core.channel_counts(b) == {"senders": 0, "receivers": 1, "parked": 0, "retired": 0}
         finally:
             _core.unbind_channel(key)
 
@@ -186,7 +186,7 @@ def test_a_marker_that_could_not_be_written_is_written_by_the_next_send(fabric, 
             data = bytes(pattern(4096, SEED))
             assert _core.channel_send(key, data) == 1
             assert _core.channel_recv(key) == (1, data)
-            assert _core.channel_counts(a) == {"senders": 1, "receivers": 0, "parked": 0}
+            assert _core.channel_counts(a) == {"senders": 1, "receivers": 0, "parked": 0, "retired": 0}
         finally:
             _core.unbind_channel(key)
 

@@ -285,7 +285,7 @@ def test_a_stage_outlives_its_unbound_sender_until_its_receiver_is_done(channel,
         ops.send(x, keys[0])
         assert _moved(before)["staged"] == 1
         assert _core.unbind_channel(keys[0], "send") == 1
-        assert _core.channel_counts(a) == {"senders": 1, "receivers": 0, "parked": 1}
+        assert _core.channel_counts(a) == {"senders": 1, "receivers": 0, "parked": 1, "retired": 0}
         assert a.region_stats[0] == regions + 1  # its credit region and its stage stay
         assert _core.release_drained() == 0  # not read yet, its time not up
         if read:
@@ -296,11 +296,47 @@ def test_a_stage_outlives_its_unbound_sender_until_its_receiver_is_done(channel,
             assert _core.unbind_channel(keys[0], "recv") == 1
             assert _core.unbind_channel(keys[0], "send", park_s=0) == 0  # none bound: parked
             assert _core.release_drained() == 0  # the unbind released it
-        assert _core.channel_counts(a) == {"senders": 1, "receivers": 0, "parked": 0}
+        assert _core.channel_counts(a) == {"senders": 1, "receivers": 0, "parked": 0, "retired": 0}
         assert a.region_stats[0] == regions - 1  # the stage and the unbound half's credit region
         ops.send(tf.ones([3]), keys[1], timeout_s=30)
         np.testing.assert_array_equal(ops.recv(tf.float32, [None], keys[1], timeout_s=30),
                                       np.ones(3))
+    finally:
+        for key in keys:
+            _core.unbind_channel(key)
+
+
+def test_a_write_racing_its_receivers_release_lands_nowhere(channel, fabric):
+    """A receiving task releases a function (its half unbound) while its sender's last write
+    is still on its way, or while a step cut short on the sender still writes: the write lands
+    nowhere and the connection the task pair's channels share carries on. On verbs the NIC
+    checks the ring's key, and a write to a deregistered ring failed the queue pair every
+    channel to that peer uses: there the ring stays registered for a grace after its unbind
+    (registry.h). tcp drops a write to a released region; on shm the sender's mapping
+    outlives the release."""
+    a, b = channel.sender_domain, channel.receiver_domain
+    shared = (a.connect(b.address), b.connect(a.address))
+    keys = [f"late-write:{name}" for name in ("released", "other")]
+    for key in keys:
+        bind_local(a, b, key, ring_layout(SLOTS, 4096), leased=True, endpoints=shared)
+    try:
+        regions = b.region_stats[0]  # the two rings
+        assert _core.unbind_channel(keys[0], "recv") == 1
+        retired = int(fabric == "verbs")
+        assert _core.channel_counts(b) == {"senders": 0, "receivers": 1, "parked": 0,
+                                           "retired": retired}
+        assert b.region_stats[0] == regions - 1 + retired
+        ops.send(tf.ones([1000]), keys[0], timeout_s=30)  # its receiver is gone
+        for step in range(3):
+            x = tf.fill([1000], float(step))
+            ops.send(x, keys[1], timeout_s=30)
+            np.testing.assert_array_equal(ops.recv(tf.float32, [1000], keys[1], timeout_s=30),
+                                          x.numpy())
+        assert _core.release_drained() == 0  # its grace is not up
+        # Unbound again with no grace (its peer task died, its Domain closed): it goes.
+        assert _core.unbind_channel(keys[0], "recv", park_s=0) == 0
+        assert _core.channel_counts(b)["retired"] == 0
+        assert b.region_stats[0] == regions - 1
     finally:
         for key in keys:
             _core.unbind_channel(key)
@@ -429,13 +465,14 @@ def test_a_cancelled_step_ends_the_wait_for_an_unbound_half(half, request):
 
 @pytest.mark.parametrize("half", ["recv", "send"])
 @pytest.mark.parametrize("run_by", ["eager", "function"])
-def test_unbinding_a_half_ends_its_pending_wait(channel, half, run_by):
+def test_unbinding_a_half_ends_its_pending_wait(channel, fabric, half, run_by):
     """A step whose peer will never write (its step failed elsewhere, the peer task alive and
     not cancelled) waits on a half the control plane then unbinds (the function released, the
     peer restarted): the wait ends then, naming the channel, not at its 600 s deadline, and
     the half's region (the receiver's ring, the sender's credit line), which the wait held,
-    leaves its Domain: the receiver's at once, the sender's once the receiver has taken (and
-    credited) the transfer it left in the slot, which it may still do.
+    leaves its Domain: the receiver's at once (verbs: at the first sweep after its
+    late-write grace), the sender's once the receiver has taken (and credited) the transfer
+    it left in the slot, which it may still do.
 
     The error stays TF's UnavailableError when a function's executor runs the op as well as
     eagerly: the ops are registered as distributed communication, else TF's executor turns
@@ -478,6 +515,15 @@ def test_unbinding_a_half_ends_its_pending_wait(channel, half, run_by):
         assert domain.region_stats[0] == regions and _core.release_drained() == 0
         np.testing.assert_array_equal(ops.recv(tf.float32, [16], key).numpy(), np.ones(16))
         assert _released_once_credited(domain)
+    elif fabric == "verbs":  # retired: its sender's last write may still be on its way
+        assert _core.channel_counts(domain)["retired"] == 1
+        assert domain.region_stats[0] == regions and _core.release_drained() == 0
+
+        def released():
+            _core.release_drained()  # what the watcher does every WATCH_INTERVAL_S
+            return _core.channel_counts(domain)["retired"] == 0
+
+        assert wait_until(released, _core.LATE_WRITE_GRACE_S + 30, 0.1), _core.channel_counts(domain)
     assert wait_until(lambda: domain.region_stats[0] == regions - 1, 30, 0.01), domain.region_stats
 
 

@@ -74,6 +74,11 @@ class Endpoint {
   // process (tcp's receiver thread) rather than by the peer's CPU or a NIC: a waiter must
   // then not spin, or it takes the core that thread needs (2 vCPUs here).
   virtual bool delivered_by_local_thread() const { return false; }
+  // True when a write that reaches one of the peer's regions after the peer released it
+  // fails the connection (verbs: the peer's NIC refuses the key and the queue pair, which
+  // every channel to that peer uses, goes to its error state). tcp drops such a write and
+  // serves the next frame; on shm the writer's mapping outlives the release.
+  virtual bool late_write_breaks() const { return false; }
   // Cheap, non-blocking: false (with the reason) once the peer is gone or silent. What every
   // wait on the peer asks (WaitPolicy::liveness_every_ns).
   bool Alive(std::string* why);

@@ -35,18 +35,33 @@ void Equip(ChannelRegistry::Sender& s) {
 void Equip(ChannelRegistry::Receiver& r) {
   if (!r.staged) r.staged = std::make_shared<StageReader>();
 }
+
+// Keeps an unbound half's ring and leases until `graveyard` is destroyed, after unlocking:
+// freeing a region deregisters it from its fabric, which must not run under the lock.
+template <typename T>
+void Bury(T&& entry, std::vector<std::shared_ptr<void>>* graveyard) {
+  graveyard->push_back(std::make_shared<std::decay_t<T>>(std::forward<T>(entry)));
+}
+
+std::chrono::steady_clock::time_point After(double s) {
+  return std::chrono::steady_clock::now() +
+         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+             std::chrono::duration<double>(s));
+}
 }  // namespace
 
 void ChannelRegistry::Bind(const std::string& key, Sender s) {
   Equip(s);
-  Sender old;  // a rebound key's previous half goes after unlocking, or is parked (Unbind)
+  // A rebound key's previous half is parked (Unbind), or goes after unlocking.
+  std::vector<std::shared_ptr<void>> graveyard;
+  Sender old;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto& slot = senders_[key];
     old = std::move(slot);
     if (old.ring && old.ring != s.ring) {
       old.ring->MarkUnbound();  // its waits give up
-      if (!old.ring->Drained()) ParkLocked(key, std::move(old), kParkedGraceS);
+      RetireLocked(key, std::move(old), kParkedGraceS, &graveyard);
     }
     slot = std::move(s);
     failed_.erase({key, kSend});
@@ -56,12 +71,17 @@ void ChannelRegistry::Bind(const std::string& key, Sender s) {
 
 void ChannelRegistry::Bind(const std::string& key, Receiver r) {
   Equip(r);
-  Receiver old;  // a rebound key's previous half goes after unlocking
+  // A rebound key's previous half is retired (Unbind), or goes after unlocking.
+  std::vector<std::shared_ptr<void>> graveyard;
+  Receiver old;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto& slot = receivers_[key];
     old = std::move(slot);
-    if (old.ring && old.ring != r.ring) old.ring->MarkUnbound();  // its waits give up
+    if (old.ring && old.ring != r.ring) {
+      old.ring->MarkUnbound();  // its waits give up
+      RetireLocked(key, std::move(old), kParkedGraceS, &graveyard);
+    }
     slot = std::move(r);
     failed_.erase({key, kRecv});
   }
@@ -141,7 +161,9 @@ void ChannelRegistry::BindSuccessor(const std::string& key, Receiver r) {
 }
 
 ChannelRegistry::Receiver ChannelRegistry::AdvanceReceiver(const std::string& key) {
-  Receiver old;  // goes after unlocking: dropping its lease deregisters the old ring
+  // Goes after unlocking: dropping its lease deregisters the old ring, at once: the marker
+  // taken from it was its sender's last write there.
+  Receiver old;
   std::lock_guard<std::mutex> lock(mu_);
   auto next = next_receivers_.find(key);
   auto current = receivers_.find(key);
@@ -180,9 +202,7 @@ namespace {
 
 // Erases the entries of `table` (senders or receivers) for which pred(key, entry) holds,
 // marking each ring unbound (a kernel waiting on it gives up) and handing each entry (ring,
-// leases) to sink(key, entry), which keeps it or passes it to the caller's graveyard,
-// destroyed after unlocking: freeing a region deregisters it from its fabric, which must
-// not run under the lock.
+// leases) to sink(key, entry), which keeps it or passes it to the caller's graveyard (Bury).
 template <typename Table, typename Pred, typename Sink>
 size_t EraseWhere(Table& table, Pred pred, Sink sink) {
   size_t n = 0;
@@ -199,39 +219,49 @@ size_t EraseWhere(Table& table, Pred pred, Sink sink) {
   return n;
 }
 
-template <typename T>
-void Bury(T&& entry, std::vector<std::shared_ptr<void>>* graveyard) {
-  graveyard->push_back(std::make_shared<std::decay_t<T>>(std::forward<T>(entry)));
-}
-
-std::chrono::steady_clock::time_point After(double s) {
-  return std::chrono::steady_clock::now() +
-         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-             std::chrono::duration<double>(s));
-}
 }  // namespace
 
-void ChannelRegistry::ParkLocked(const std::string& key, Sender&& s, double park_s) {
-  parked_.push_back(Parked{key, std::move(s), After(park_s)});
+void ChannelRegistry::RetireLocked(const std::string& key, Sender&& s, double park_s,
+                                   std::vector<std::shared_ptr<void>>* graveyard) {
+  if (!s.ring || s.ring->Drained() || park_s <= 0) return Bury(std::move(s), graveyard);
+  parked_.push_back({key, std::move(s), After(park_s)});
 }
 
-void ChannelRegistry::ReleaseParkedLocked(std::vector<std::shared_ptr<void>>* graveyard) {
-  const auto now = Clock::now();
-  for (auto it = parked_.begin(); it != parked_.end();) {
-    const bool gone = it->half.domain && it->half.domain->closed();  // its regions went with it
-    if (gone || it->until <= now || it->half.ring->Drained()) {
+void ChannelRegistry::RetireLocked(const std::string& key, Receiver&& r, double park_s,
+                                   std::vector<std::shared_ptr<void>>* graveyard) {
+  const bool late_writes_break =
+      r.ring && r.ring->endpoint() && r.ring->endpoint()->late_write_breaks();
+  if (!late_writes_break || park_s <= 0) return Bury(std::move(r), graveyard);
+  retired_.push_back({key, std::move(r), After(std::min(park_s, kLateWriteGraceS))});
+}
+
+namespace {
+// Moves the entries of `kept` that `done(entry)`, whose time is up or whose Domain closed
+// (its regions went with it) into `graveyard`.
+template <typename T, typename Done>
+void ReleaseKept(std::vector<T>* kept, Done done, std::vector<std::shared_ptr<void>>* graveyard) {
+  const auto now = std::chrono::steady_clock::now();
+  for (auto it = kept->begin(); it != kept->end();) {
+    const bool gone = it->half.domain && it->half.domain->closed();
+    if (gone || it->until <= now || done(it->half)) {
       Bury(std::move(it->half), graveyard);
-      it = parked_.erase(it);
+      it = kept->erase(it);
     } else {
       ++it;
     }
   }
 }
+}  // namespace
+
+void ChannelRegistry::ReleaseKeptLocked(std::vector<std::shared_ptr<void>>* graveyard) {
+  ReleaseKept(&parked_, [](const Sender& s) { return s.ring->Drained(); }, graveyard);
+  ReleaseKept(&retired_, [](const Receiver&) { return false; }, graveyard);
+}
 
 size_t ChannelRegistry::ReleaseDrained() {
   std::vector<std::shared_ptr<void>> graveyard;  // destroyed after the lock is released
   std::lock_guard<std::mutex> lock(mu_);
-  ReleaseParkedLocked(&graveyard);
+  ReleaseKeptLocked(&graveyard);
   return graveyard.size();
 }
 
@@ -239,27 +269,28 @@ template <typename Pred>
 size_t ChannelRegistry::UnbindWhere(Half half, Pred pred, double park_s) {
   std::vector<std::shared_ptr<void>> graveyard;  // destroyed after the lock is released
   std::lock_guard<std::mutex> lock(mu_);
-  auto bury = [&](const std::string&, auto&& entry) { Bury(std::move(entry), &graveyard); };
-  // A sending half its receiver may still use is parked, not buried.
-  auto retire = [&](const std::string& key, Sender&& s) {
-    if (!s.ring || s.ring->Drained()) return Bury(std::move(s), &graveyard);
-    ParkLocked(key, std::move(s), park_s);
+  // A half its peer may still use is parked or retired, not buried.
+  auto retire = [&](const std::string& key, auto&& entry) {
+    RetireLocked(key, std::move(entry), park_s, &graveyard);
   };
-  if (half != kRecv) {
+  auto shorten = [&](auto& kept) {
     const auto until = After(park_s);
-    for (auto& p : parked_) {
-      if (pred(p.key, p.half)) p.until = std::min(p.until, until);
+    for (auto& k : kept) {
+      if (pred(k.key, k.half)) k.until = std::min(k.until, until);
     }
-  }
+  };
+  if (half != kRecv) shorten(parked_);
+  if (half != kSend) shorten(retired_);
   size_t n = 0;
   if (half != kRecv) n += EraseWhere(senders_, pred, retire);
-  if (half != kSend) n += EraseWhere(receivers_, pred, bury);
+  if (half != kSend) n += EraseWhere(receivers_, pred, retire);
   // Successors are not counted: they belong to the halves that went. One that never sent
-  // is drained; a replaced half whose marker is pending is parked like the half itself.
+  // is drained; a replaced half whose marker is pending is parked like the half itself; a
+  // receiving successor may be written to (its sender moved first) and is retired.
   if (half != kRecv) EraseWhere(next_senders_, pred, retire);
   if (half != kRecv) EraseWhere(moving_senders_, pred, retire);
-  if (half != kSend) EraseWhere(next_receivers_, pred, bury);
-  ReleaseParkedLocked(&graveyard);
+  if (half != kSend) EraseWhere(next_receivers_, pred, retire);
+  ReleaseKeptLocked(&graveyard);
   return n;
 }
 
@@ -319,6 +350,10 @@ ChannelRegistry::Counts ChannelRegistry::CountsFor(const Domain* domain) const {
   for (const auto& p : parked_) {
     if (domain && p.half.domain.get() != domain) continue;
     ++c.parked;
+  }
+  for (const auto& r : retired_) {
+    if (domain && r.half.domain.get() != domain) continue;
+    ++c.retired;
   }
   for (const auto& kv : receivers_) {
     if (domain && kv.second.domain.get() != domain) continue;

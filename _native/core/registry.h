@@ -6,7 +6,8 @@
 // Lifetime: a bound half holds its ring, endpoint and a lease on the region it owns (the
 // receiver's ring region, the sender's credit region, and its stage); a region is released
 // from its Domain when the last half holding its lease is unbound, except that a sending half
-// whose receiver has not credited all it sent is parked until it has (Unbind). Halves are
+// whose receiver has not credited all it sent is parked until it has, and a receiving half
+// whose sender may still write is retired for a grace before its ring goes (Unbind). Halves are
 // unbound by the control plane: when the process that planned them saw TF drop the function
 // (rdmadev.cluster.instances), when their peer task died, or with their Domain. TF kernels do
 // not own an instantiation's halves: TF destroys and re-creates the kernels of functions it
@@ -49,6 +50,15 @@ constexpr int kFindPollMs = 100;
 //   channels.py): no receive starts any more, and one already reading is in its last copy.
 constexpr double kParkedGraceS = 60;
 constexpr double kReleasedGraceS = 5;
+// How long a receiving half unbound while its sender may still write stays retired, its
+// ring registered, when a write reaching a released ring would break the connection
+// (Endpoint::late_write_breaks: verbs). A write posted before the unbind lands, or fails,
+// within the queue pair's retry budget (~2.1 s, verbs_qp.h); one posted after it comes from a
+// send already past its credit wait on the sender, whose half goes with the same release
+// (the planner tells every task) or with this task's notice (channels.py), one control round
+// trip later. 10 s covers both on a loaded host; a write later still breaks the pair's
+// connection, which the control plane then replaces (the peer counts as lost meanwhile).
+constexpr double kLateWriteGraceS = 10;
 
 class ChannelRegistry {
  public:
@@ -77,6 +87,7 @@ class ChannelRegistry {
   struct Counts {
     uint64_t senders = 0, receivers = 0;
     uint64_t parked = 0;  // sending halves unbound, their memory kept for their receiver
+    uint64_t retired = 0;  // receiving halves unbound, their ring kept for late writes
   };
   // A receiving half whose tensors outgrew its slots (RingReceiver::wanted), with no
   // successor yet: what the control plane needs to set one up.
@@ -118,16 +129,20 @@ class ChannelRegistry {
   // most `park_s` (a half of `key` parked earlier gets at most that much more): the
   // receiver may still read the tensor it staged (stage.h) or write a credit, and freeing
   // that memory under it would fail the read and, on tcp and verbs, break the connection
-  // every channel to that peer shares. ReleaseDrained frees it.
+  // every channel to that peer shares. ReleaseDrained frees it. A receiving half whose
+  // fabric breaks on a late write (verbs) is retired likewise, its ring kept registered for
+  // min(park_s, kLateWriteGraceS) (a half of `key` retired earlier gets at most that much
+  // more): its sender's last write may still be on its way.
   size_t Unbind(const std::string& key, Half half = kBoth, double park_s = kParkedGraceS);
   // Unbinds every half bound with `domain` (its task is shutting down), parked ones too.
   size_t UnbindDomain(const Domain* domain);
   // Unbinds every half of `domain` whose peer is task `peer` (it died or restarted), parked
   // ones too: that peer reads and credits nothing more.
   size_t UnbindPeer(const Domain* domain, const std::string& peer);
-  // Releases the parked sending halves whose receiver has credited all they sent, whose
-  // time parked is up, or whose Domain closed; returns how many went. Every unbind does it
-  // too, and the control plane's watcher every WATCH_INTERVAL_S (channels.py).
+  // Releases the parked sending halves whose receiver has credited all they sent, and the
+  // parked or retired halves whose time is up or whose Domain closed; returns how many went.
+  // Every unbind does it too, and the control plane's watcher every WATCH_INTERVAL_S
+  // (channels.py).
   size_t ReleaseDrained();
 
   // A half pair the control plane gave up on (its peer task runs without rdmadev, refused
@@ -150,21 +165,30 @@ class ChannelRegistry {
   template <typename T>
   T Find(std::map<std::string, T>& table, const std::string& key, const Deadline& deadline,
          Half half, const Cancelled& cancelled);
-  // Unbinds the halves (of `half`) whose (key, entry) satisfy `pred`, parking sending ones
-  // for at most `park_s` (Unbind), and gives parked halves satisfying `pred` at most that
-  // much more (0: their peer reads nothing more, they go now); returns how many went.
+  // Unbinds the halves (of `half`) whose (key, entry) satisfy `pred`, parking or retiring
+  // them for at most `park_s` (Unbind), and gives parked and retired halves satisfying
+  // `pred` at most that much more (0: their peer reads and writes nothing more, they go
+  // now); returns how many went.
   template <typename Pred>
   size_t UnbindWhere(Half half, Pred pred, double park_s);
   using Clock = std::chrono::steady_clock;
-  struct Parked {
+  // An unbound half whose memory its peer may still use.
+  template <typename T>
+  struct Kept {
     std::string key;
-    Sender half;
+    T half;
     Clock::time_point until;  // released then at the latest
   };
-  void ParkLocked(const std::string& key, Sender&& s, double park_s);
-  // Under mu_: moves the parked halves that drained, whose time is up or whose Domain
-  // closed into `graveyard`.
-  void ReleaseParkedLocked(std::vector<std::shared_ptr<void>>* graveyard);
+  // Under mu_: `s` is parked when its receiver has not credited all it sent, else goes to
+  // `graveyard`; `r` is retired when late writes break its fabric and `park_s` > 0, else
+  // goes to `graveyard`.
+  void RetireLocked(const std::string& key, Sender&& s, double park_s,
+                    std::vector<std::shared_ptr<void>>* graveyard);
+  void RetireLocked(const std::string& key, Receiver&& r, double park_s,
+                    std::vector<std::shared_ptr<void>>* graveyard);
+  // Under mu_: moves the parked halves that drained, and the kept ones whose time is up or
+  // whose Domain closed, into `graveyard`.
+  void ReleaseKeptLocked(std::vector<std::shared_ptr<void>>* graveyard);
 
   mutable std::mutex mu_;
   std::condition_variable bound_;
@@ -176,7 +200,8 @@ class ChannelRegistry {
   std::map<std::string, Sender> next_senders_;  // successors (growth)
   std::map<std::string, Receiver> next_receivers_;
   std::map<std::string, Sender> moving_senders_;  // replaced, their marker not yet written
-  std::vector<Parked> parked_;  // unbound sending halves their receiver may still use
+  std::vector<Kept<Sender>> parked_;     // unbound sending halves their receiver may still use
+  std::vector<Kept<Receiver>> retired_;  // unbound receiving halves their sender may write to
 };
 
 }  // namespace rdmadev

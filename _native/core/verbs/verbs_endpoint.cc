@@ -102,6 +102,7 @@ class VerbsEndpoint : public Endpoint {
 
   std::string fabric() const override { return "verbs"; }
   std::string peer() const override { return "verbs=" + reach_; }
+  bool late_write_breaks() const override { return true; }
 
   std::shared_ptr<RemoteRegion> Attach(const RegionDesc& desc) override {
     RequireVerbsKey(desc);

@@ -76,6 +76,7 @@ cdef extern from "channel.h" namespace "rdmadev":
 cdef extern from "registry.h" namespace "rdmadev":
     double kParkedGraceS
     double kReleasedGraceS
+    double kLateWriteGraceS
     shared_ptr[void] LeaseRegion(const shared_ptr[Domain]& domain, const shared_ptr[Region]& region)
 
     cdef enum Half "rdmadev::ChannelRegistry::Half":
@@ -106,6 +107,7 @@ cdef extern from "registry.h" namespace "rdmadev":
         uint64_t senders
         uint64_t receivers
         uint64_t parked
+        uint64_t retired
 
     cdef cppclass ChannelRegistry:
         @staticmethod

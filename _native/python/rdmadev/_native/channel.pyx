@@ -15,8 +15,8 @@ from rdmadev._native.c_channel cimport (BenchStreamRecv, BenchStreamSend, Channe
                                         RingLayout as CLayout,
                                         RingReceiver as CReceiver, RingSender as CSender, Sender,
                                         Slot as CSlot, TransferCounts, kBoth, kCreditBytes,
-                                        kParkedGraceS, kReleasedGraceS, kLengthOffset, kRecv,
-                                        kSend, kSeqOffset, kShapeBlockOffset,
+                                        kLateWriteGraceS, kLengthOffset, kParkedGraceS, kRecv,
+                                        kReleasedGraceS, kSend, kSeqOffset, kShapeBlockOffset,
                                         kShapeDimBytes, kShapeDimsOffset, kShapeRankOffset,
                                         kSlotHeaderBytes)
 from rdmadev._native.c_common cimport Deadline, as_bytes, deadline_of, kCacheLine
@@ -28,7 +28,7 @@ from rdmadev._native.region cimport Region, source_view
 from rdmadev import errors as _errors
 
 __all__ = ["RingLayout", "RingSender", "RingReceiver", "RegionLease", "CREDIT_BYTES",
-           "PARKED_GRACE_S", "RELEASED_GRACE_S",
+           "PARKED_GRACE_S", "RELEASED_GRACE_S", "LATE_WRITE_GRACE_S",
            "wire_layout", "unbind_channel", "fail_half", "unfail_half", "unbind_domain",
            "unbind_peer", "release_drained", "bound_channels", "channel_send",
            "channel_recv", "channel_counts", "transfer_counts"]
@@ -70,6 +70,9 @@ CREDIT_BYTES = kCreditBytes
 #: explains both figures).
 PARKED_GRACE_S = kParkedGraceS
 RELEASED_GRACE_S = kReleasedGraceS
+#: Seconds a receiving half unbound on a fabric where a late write breaks the connection
+#: (verbs) keeps its ring registered at most (unbind_channel; registry.h explains the figure).
+LATE_WRITE_GRACE_S = kLateWriteGraceS
 
 
 def wire_layout():
@@ -380,8 +383,10 @@ def unbind_channel(key, half="both", park_s=PARKED_GRACE_S):
     """Removes `half` ("send", "recv" or "both") of channel `key` from the process-wide table;
     returns how many halves went. A sending half whose receiver has not credited all it sent
     (it may still read the half's stage or write a credit) is parked, its memory kept, until
-    it has (release_drained) or for `park_s` seconds at most; a half of `key` parked earlier
-    gets at most `park_s` more."""
+    it has (release_drained) or for `park_s` seconds at most. A receiving half whose sender
+    may still write, on a fabric where a write to a released ring breaks the connection
+    (verbs), is retired: its ring stays registered for min(`park_s`, LATE_WRITE_GRACE_S).
+    A half of `key` parked or retired earlier gets at most `park_s` more."""
     return ChannelRegistry.Global().Unbind(as_bytes(key), _half(half), park_s)
 
 
@@ -411,17 +416,19 @@ def unbind_peer(Domain domain, peer):
 
 def release_drained():
     """Releases the sending halves parked by unbind_channel whose receiver has credited all
-    they sent since, whose time parked is up, or whose Domain closed; returns how many went.
-    The control plane's watcher calls it."""
+    they sent since, and the parked or retired halves whose time is up or whose Domain
+    closed; returns how many went. The control plane's watcher calls it."""
     return ChannelRegistry.Global().ReleaseDrained()
 
 
 def channel_counts(Domain domain=None):
-    """{"senders", "receivers", "parked"} bound through `domain` (None: every domain);
-    parked: sending halves unbound before their receiver credited all they sent, kept
-    until it has (release_drained)."""
+    """{"senders", "receivers", "parked", "retired"} bound through `domain` (None: every
+    domain); parked: sending halves unbound before their receiver credited all they sent,
+    kept until it has (release_drained); retired: receiving halves unbound, their ring kept
+    registered for their sender's late writes (verbs)."""
     cdef Counts c = ChannelRegistry.Global().CountsFor(domain.p.get() if domain is not None else NULL)
-    return {"senders": c.senders, "receivers": c.receivers, "parked": c.parked}
+    return {"senders": c.senders, "receivers": c.receivers, "parked": c.parked,
+            "retired": c.retired}
 
 
 def transfer_counts():
