@@ -56,8 +56,9 @@ constexpr double kReleasedGraceS = 5;
 // within the queue pair's retry budget (~2.1 s, verbs_qp.h); one posted after it comes from a
 // send already past its credit wait on the sender, whose half goes with the same release
 // (the planner tells every task) or with this task's notice (channels.py), one control round
-// trip later. 10 s covers both on a loaded host; a write later still breaks the pair's
-// connection, which the control plane then replaces (the peer counts as lost meanwhile).
+// trip later. 10 s covers both on a loaded host. A write later still breaks the connection:
+// the control plane then unbinds the channels it carried, as for a lost peer, and connects
+// afresh for the next instantiation (channels.py).
 constexpr double kLateWriteGraceS = 10;
 
 class ChannelRegistry {
