@@ -113,10 +113,10 @@ void Acceptor::Loop() {
         continue;
       }
       if (!starved) {  // once per episode, not once per attempt
+        const std::string fix = ErrnoHint(err);
         LogEvent(fabric_ + ": cannot accept connections on " + reach_ + ": " +
                  std::strerror(err) + " (errno " + std::to_string(err) + "); retrying every " +
-                 std::to_string(kAcceptBackoffMs) + " ms" +
-                 (ErrnoHint(err).empty() ? "" : ". Fix: " + ErrnoHint(err)));
+                 std::to_string(kAcceptBackoffMs) + " ms" + (fix.empty() ? "" : ". Fix: " + fix));
       }
       starved = true;
       continue;

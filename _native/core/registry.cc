@@ -219,23 +219,6 @@ size_t EraseWhere(Table& table, Pred pred, Sink sink) {
   return n;
 }
 
-}  // namespace
-
-void ChannelRegistry::RetireLocked(const std::string& key, Sender&& s, double park_s,
-                                   std::vector<std::shared_ptr<void>>* graveyard) {
-  if (!s.ring || s.ring->Drained() || park_s <= 0) return Bury(std::move(s), graveyard);
-  parked_.push_back({key, std::move(s), After(park_s)});
-}
-
-void ChannelRegistry::RetireLocked(const std::string& key, Receiver&& r, double park_s,
-                                   std::vector<std::shared_ptr<void>>* graveyard) {
-  const bool late_writes_break =
-      r.ring && r.ring->endpoint() && r.ring->endpoint()->late_write_breaks();
-  if (!late_writes_break || park_s <= 0) return Bury(std::move(r), graveyard);
-  retired_.push_back({key, std::move(r), After(std::min(park_s, kLateWriteGraceS))});
-}
-
-namespace {
 // Moves the entries of `kept` that `done(entry)`, whose time is up or whose Domain closed
 // (its regions went with it) into `graveyard`.
 template <typename T, typename Done>
@@ -252,6 +235,20 @@ void ReleaseKept(std::vector<T>* kept, Done done, std::vector<std::shared_ptr<vo
   }
 }
 }  // namespace
+
+void ChannelRegistry::RetireLocked(const std::string& key, Sender&& s, double park_s,
+                                   std::vector<std::shared_ptr<void>>* graveyard) {
+  if (!s.ring || s.ring->Drained() || park_s <= 0) return Bury(std::move(s), graveyard);
+  parked_.push_back({key, std::move(s), After(park_s)});
+}
+
+void ChannelRegistry::RetireLocked(const std::string& key, Receiver&& r, double park_s,
+                                   std::vector<std::shared_ptr<void>>* graveyard) {
+  const bool late_writes_break =
+      r.ring && r.ring->endpoint() && r.ring->endpoint()->late_write_breaks();
+  if (!late_writes_break || park_s <= 0) return Bury(std::move(r), graveyard);
+  retired_.push_back({key, std::move(r), After(std::min(park_s, kLateWriteGraceS))});
+}
 
 void ChannelRegistry::ReleaseKeptLocked(std::vector<std::shared_ptr<void>>* graveyard) {
   ReleaseKept(&parked_, [](const Sender& s) { return s.ring->Drained(); }, graveyard);

@@ -157,8 +157,8 @@ class Heartbeats:
                     p.silent_since = now
                     log.warning("rdmadev: task %s has not answered heartbeats for %.1f s (%s): "
                                 "waits on it fail until it answers", p.task, quiet, cause)
-                why = (f"silent: no answer to rdmadev heartbeats for {quiet:.1f} s: {cause}" if local
-                       else f"silent: no answer to rdmadev heartbeats for {quiet:.1f} s ({cause})")
+                why = (f"silent: no answer to rdmadev heartbeats for {quiet:.1f} s" +
+                       (f": {cause}" if local else f" ({cause})"))
                 for ep in endpoints[p.task]:
                     if not ep.silent:  # including endpoints made since the mark
                         ep.set_silent(why)

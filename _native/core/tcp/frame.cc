@@ -5,6 +5,12 @@
 
 namespace rdmadev {
 
+namespace {
+std::string Truncated(uint64_t length) {
+  return "truncated frame: connection ended inside a " + std::to_string(length) + "-byte payload";
+}
+}  // namespace
+
 std::string CheckFrame(const FrameHeader& h, const std::string& peer, const RegionLookup& find,
                        std::shared_ptr<Region>* region, bool* late) {
   if (h.magic != kFrameMagic) return "bad magic (not an rdmadev frame)";
@@ -57,8 +63,7 @@ ServeResult ServeFrames(ByteStream& stream, const std::string& peer, const Regio
       for (uint64_t left = h.length; left > 0;) {
         size_t n = static_cast<size_t>(std::min<uint64_t>(left, sizeof sink));
         if (stream.Recv(sink, n, /*next_frame=*/false) < n) {
-          out.rejected = "truncated frame: connection ended inside a " + std::to_string(h.length) +
-                         "-byte payload";
+          out.rejected = Truncated(h.length);
           return out;
         }
         left -= n;
@@ -68,8 +73,7 @@ ServeResult ServeFrames(ByteStream& stream, const std::string& peer, const Regio
     uint8_t* base = region->base();
     if (h.op == kOpWrite) {
       if (h.length && stream.Recv(base + h.offset, h.length, /*next_frame=*/false) < h.length) {
-        out.rejected = "truncated frame: connection ended inside a " + std::to_string(h.length) +
-                       "-byte payload";
+        out.rejected = Truncated(h.length);
         return out;
       }
       if (h.flags & kFlagSignal) {
