@@ -24,7 +24,7 @@ from graph_pass.plan_regions import plan_regions
 from rdmadev import Config
 from rdmadev.cluster import channels, runtime
 from rdmadev.errors import ProtocolError
-from rdmadev.testing import launch
+from rdmadev.testing import faults, launch
 from rdmadev.testing.timing import wait_until
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -298,6 +298,42 @@ def test_halves_of_a_dead_peer_are_unbound():
             assert rt.table.counters()["channels"] == 3  # the 3 from worker:0
         finally:
             rt.close()
+
+
+def test_channels_of_a_connection_cut_while_both_tasks_run_are_set_up_again(world):
+    """The tcp connection from this task to ps:0 is reset with both running: both tasks set
+    up again the pairs between them (either way), the pairs with worker:0 stay as they were,
+    every channel carries exact data again, and the old regions are gone."""
+    rt, _ = world
+    if rt.config.fabric != "tcp":
+        pytest.skip("only a tcp connection can break while both tasks run here (shm has none)")
+    _, swap, regions = plan([(PS, W1), (W1, PS), (W0, W1)])
+    channels.open_channels(rt.call, "cut", swap, regions)
+    for i, t in enumerate(swap):
+        assert exchange(rt, t, count=SLOTS + 1, seed=7 * i) == [], t.channel_key
+    held = ("channels", "regions", "registered_bytes")
+    before = {t: {k: rt.call(t, {"op": "counters"})[k] for k in held + ("reopened",)}
+              for t in (W1, PS, W0)}
+    # Earlier tests of the module may hold pairs from ps:0 here too: each is set up again once.
+    from_ps = sum(p["sender"] == PS for pairs in rt.table.received.values() for p in pairs)
+    address = next(a for a, task in rt.table.peers.items() if task == PS)
+    assert faults.reset_tcp_connections(address, os.getpid()) >= 1
+
+    def reopened():
+        now = {t: rt.call(t, {"op": "counters"}) for t in (W1, PS, W0)}
+        return all(now[t]["reopened"] > before[t]["reopened"] for t in (W1, PS)) and \
+            all(now[t][k] == before[t][k] for t in now for k in held)
+    assert wait_until(reopened, within=60), before
+    # Each pair between this task and ps:0 set up once, by its receiver (asked by its own
+    # watcher, by the sender's, or both), and nothing with worker:0.
+    delta = {t: rt.call(t, {"op": "counters"})["reopened"] - before[t]["reopened"]
+             for t in (W1, PS, W0)}
+    assert delta[W1] == from_ps and delta[PS] >= 1 and delta[W0] == 0, (delta, from_ps)
+    for i, t in enumerate(swap):
+        assert exchange(rt, t, count=SLOTS + 1, seed=11 * i) == [], t.channel_key
+    for t in swap:
+        rt.call(t.recv_task, {"op": "release", "keys": [t.channel_key], "half": "both"})
+        rt.call(t.send_task, {"op": "release", "keys": [t.channel_key], "half": "both"})
 
 
 #: A planner in a process of its own (the coordinator of an in-graph job): it opens channels

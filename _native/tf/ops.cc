@@ -120,9 +120,10 @@ absl::Status WaitStatus(const rdmadev::Status& st, const Ring& ring, const std::
   if (st.kind != rdmadev::ErrorKind::kPeerLost || !ring.unbound()) return ToStatus(st);
   return tensorflow::errors::Unavailable(
       "rdmadev channel ", channel, " was unbound in this task while this step waited on it: ",
-      "its function was released, or its peer task failed or restarted, so the transfer will "
-      "not come. This step was cut short by a failure elsewhere; run it again once the "
-      "cluster is whole");
+      "its function was released, its peer task failed or restarted, or the connection to it "
+      "broke (a running peer's channels are then set up again), so the transfer will not "
+      "come. This step was cut short by a failure elsewhere; run it again once the cluster "
+      "is whole");
 }
 
 // The step tag of this execution (channel.h): from TF's step id, which the tasks of one

@@ -42,7 +42,7 @@ CREDIT_BYTES = _core.CREDIT_BYTES
 
 #: The control requests ChannelTable serves (the runtime routes them here).
 REQUESTS = ("open_pairs", "attach_senders", "half_sizes", "attach_halves", "attach_grown",
-            "bind_grown", "release", "counters")
+            "bind_grown", "release", "reopen", "bound_senders", "counters")
 
 #: Label of the regions half pairs meet in (in place of an instantiation id: none planned both).
 HALF_PAIRS = "halves"
@@ -72,6 +72,10 @@ WATCH_INTERVAL_S = 0.5
 #: The fix named when a half pair cannot be set up: both tasks must run rdmadev.
 HALF_FIX = ("start every task with the grpc+rdmadev protocol (or RDMADEV_AUTO=1), with the "
             "same RDMADEV_SECRET and rdmadev version in each")
+
+#: The fix named when the channels of a connection that broke cannot be set up again.
+REOPEN_FIX = ("retrace or re-create the function that uses them (or restart the job); "
+              "`rdmadev doctor` checks the fabric between the two tasks")
 
 #: Seconds one ``half_sizes`` request waits at the sender for its pass before answering with
 #: what is still missing; the receiver asks again until its deadline. Short, so the control
@@ -175,6 +179,8 @@ class ChannelTable:
         self.lock = threading.Lock()
         self.reserved = 0  # bytes of regions being allocated (see _reserving)
         self.notices = {"sent": 0, "failed": 0}  # release requests to peers (failed setups)
+        self.reopened = 0  # pairs set up again after their connection broke (reopen)
+        self.reopening = threading.Lock()  # one reopen at a time: both tasks may ask
         self.closing = threading.Event()
         self.received = {}  # instance -> its open_pairs entries received here, until released
         self.wanted = {}  # key -> bytes (None: run-time shape) of the sending halves planned here
@@ -192,13 +198,20 @@ class ChannelTable:
         return getattr(self, request["op"])(request)
 
     def _endpoint(self, address, task):
+        """The live endpoint to `task` at Domain `address`, connected if there is none (one
+        found dead goes first, as the watcher would have it go: _bury)."""
         with self.lock:
             self.peers[address] = task
             ep = self.endpoints.get(address)
-            if ep is None or not ep.alive()[0]:
+            dead = ep if ep is not None and not ep.alive()[0] else None
+            if dead is not None:
+                unbound = self._bury_locked(address)
+            if ep is None or dead is not None:
                 ep = self.endpoints[address] = self.domain.connect(address, self.config.fabric,
                                                                    timeout=self.config.deadline_s)
-            return ep
+        if dead is not None:
+            self._buried(address, dead, unbound)
+        return ep
 
     # -- receiving task --
 
@@ -558,17 +571,33 @@ class ChannelTable:
         With ``r["instance"]`` (the planner's release), the senders of the pairs that
         instance opened here are told too: a planner interrupted between its requests (kill
         -9 or Ctrl-C while it exits) may never reach them, and this task's hold on its
-        connection (open_pairs) is let go now, so no one else would."""
+        connection (open_pairs) is let go now, so no one else would. With ``r["failed"]``
+        (a reason: their pair could not be set up again, reopen), the steps that wait for
+        those halves fail with it at once; without, a reason given earlier is dropped."""
         half = r.get("half", "both")
         with self.lock:
             for key in r["keys"]:
                 self.not_grown.discard(key)
                 if half != "recv":
                     self.grown.pop(key, None)
+            if half != "send" and "instance" not in r:  # the planner's: _release_received
+                released = set(r["keys"])  # pairs whose receiving halves went (reopen skips them)
+                for instance, pairs in list(self.received.items()):
+                    kept = [p for p in pairs if not {c["key"] for c in p["channels"]} <= released]
+                    if kept:
+                        self.received[instance] = kept
+                    else:
+                        del self.received[instance]
         # A sending half its receiver may still read or credit is parked (registry.h); for
         # less time once the receiver says it unbound its half (_notify).
         park_s = _core.RELEASED_GRACE_S if r.get("receiver_unbound") else _core.PARKED_GRACE_S
         n = sum(_core.unbind_channel(key, half, park_s) for key in r["keys"])
+        for h in ("send", "recv") if half == "both" else (half,):
+            for key in r["keys"]:
+                if r.get("failed"):
+                    _core.fail_half(key, h, r["failed"], REOPEN_FIX)
+                else:
+                    _core.unfail_half(key, h)
         if "instance" in r:
             planner = session()
             if planner is not None:
@@ -576,18 +605,114 @@ class ChannelTable:
             self._release_received(r["instance"], notify_in_background=True)
         return n
 
-    def _notify(self, peer, keys, half):
+    def _notify(self, peer, keys, half, failed=None):
         """Best effort: tells `peer` to unbind its `half` of `keys`, saying that this task,
-        their receiver, unbound its own."""
+        their receiver, unbound its own (and, `failed`, why the steps using them fail)."""
         if self.call is None or not keys:
             return
         try:
-            self.call(peer, {"op": "release", "keys": list(keys), "half": half,
-                             "receiver_unbound": True})
+            request = {"op": "release", "keys": list(keys), "half": half, "receiver_unbound": True}
+            if failed:
+                request["failed"] = failed
+            self.call(peer, request)
             self.notices["sent"] += 1
         except Exception as e:  # the peer may be gone; its channels went with it
             self.notices["failed"] += 1
             log.info("rdmadev: could not tell %s to release %d channel(s): %s", peer, len(keys), e)
+
+    # -- broken connections --
+    #
+    # A connection can break while both of its tasks run: a verbs transfer or queue pair
+    # that failed (a write later than the late-write grace, a link down past the retry
+    # budget), a tcp connection cut (a refused frame, a reset). The watcher of a task that
+    # sees it unbinds every half with the peer (_bury); steps of the instantiations TF still
+    # holds would then wait for halves no one binds. So each task that saw it (_recover):
+    #
+    #     ping   -> peer                        the same process still? (its Domain address)
+    #     reopen    here (sender: the peer)     pairs the peer sends here, set up again
+    #     reopen -> peer (sender: this task)    pairs this task sends the peer
+    #
+    # reopen sets up again, as open_pairs did, each pair from its sender that an instantiation
+    # still holds here and that lost a half on either task (bound_senders asks the sender):
+    # both tasks may see one break, and a pair set up again is whole the second time. The step
+    # the break hit fails; one started meanwhile waits for its halves (the registry's
+    # deadline); the next run on fresh rings (epoch 0 on both sides; a late write of the
+    # failed step carries its step tag and is discarded).
+
+    def _recover(self, task, address):
+        """_buried's background half: sets up again the pairs between this task and `task`
+        (see above), if `task` is the process its Domain `address` belonged to."""
+        try:
+            same = self.call(task, {"op": "ping"})["address"] == address
+        except Exception as e:  # gone: TF fails the steps that need it
+            log.info("rdmadev: %s does not answer (%s); its channels here stay unbound", task,
+                     _reason(e))
+            return
+        if not same or self.closing.is_set():  # restarted: TF instantiates its functions again
+            return
+        try:
+            n = self.reopen({"sender": task})["reopened"]
+            n += self.call(task, {"op": "reopen", "sender": self.task})["reopened"]
+        except Exception as e:
+            log.warning("rdmadev: the connection between %s and %s broke while both run, and "
+                        "their channels could not all be set up again: %s", self.task, task,
+                        _reason(e))
+            return
+        if n:
+            log.warning("rdmadev: the connection between %s and %s broke while both run; "
+                        "%d region(s) of channels between them were set up again", self.task,
+                        task, n)
+
+    def reopen(self, r):
+        """Sets up again each pair task ``r["sender"]`` sends here that lost a half to a
+        broken connection, on this task or the sender (see above).
+
+        Returns:
+            ``{"reopened": pairs set up again}``.
+        """
+        sender = r["sender"]
+        with self.reopening:
+            self._sweep_dead_peers()  # a break this task has not looked at yet
+            with self.lock:
+                held = [(i, p) for i, pairs in self.received.items() for p in pairs
+                        if p["sender"] == sender]
+            if not held or self.closing.is_set():
+                return {"reopened": 0}
+            keys = [c["key"] for _, p in held for c in p["channels"]]
+            whole = set(self.call(sender, {"op": "bound_senders", "keys": keys}))
+            whole &= {k[len("recv:"):] for k in _core.bound_channels() if k.startswith("recv:")}
+            broken = [(i, p) for i, p in held if any(c["key"] not in whole for c in p["channels"])]
+            for instance, p in broken:
+                self._reopen_pair(instance, p)
+            self.reopened += len(broken)
+            return {"reopened": len(broken)}
+
+    def _reopen_pair(self, instance, p):
+        """open_pairs again for one pair of `instance`; if that fails, the steps using its
+        channels fail at once on both tasks, saying why."""
+        sender, keys = p["sender"], [c["key"] for c in p["channels"]]
+        try:
+            self._open_pair(instance, p)
+        except Exception as e:
+            why = (f"its connection to task {sender} broke and setting the pair up again "
+                   f"failed: {_reason(e)}")
+            self.release({"keys": keys, "half": "recv", "failed": why})
+            self._notify(sender, keys, "send", failed=why)
+            log.warning("rdmadev: %d channel(s) from %s to %s (first %s) stay unbound, and the "
+                        "steps using them fail: %s", len(keys), sender, self.task, keys[0], why)
+            return
+        with self.lock:
+            released = instance not in self.received
+        if released:  # meanwhile: what was just bound goes too
+            self.release({"keys": keys, "half": "recv"})
+            self._notify(sender, keys, "send")
+
+    def bound_senders(self, r):
+        """The channels of ``r["keys"]`` whose sending half is bound here, on a connection
+        that has not broken (reopen asks)."""
+        self._sweep_dead_peers()
+        bound = set(_core.bound_channels())
+        return [k for k in r["keys"] if "send:" + k in bound]
 
     def peer_endpoints(self):
         """``{peer task: [Endpoint]}``: the endpoints to each peer task (the heartbeats'
@@ -599,17 +724,34 @@ class ChannelTable:
             return grouped
 
     def _sweep_dead_peers(self):
-        """Unbinds the halves whose peer task died (its endpoint says so)."""
+        """Unbinds the halves whose peer's endpoint died, and sets up again those of peers
+        that are alive (_bury)."""
         with self.lock:
             dead = [(a, ep) for a, ep in self.endpoints.items() if not ep.alive()[0]]
-            for address, _ in dead:
-                del self.endpoints[address]
-        for address, ep in dead:
-            task = self.peers.get(address)
-            n = _core.unbind_peer(self.domain, task) if task else 0
-            log.info("rdmadev: peer %s (%s) is gone: %s; unbound %d channel half(s)", task,
-                     address, ep.alive()[1] if not ep.closed else "closed", n)
-            ep.close()
+            unbound = [self._bury_locked(address) for address, _ in dead]
+        for (address, ep), n in zip(dead, unbound):
+            self._buried(address, ep, n)
+
+    def _bury_locked(self, address):
+        """Forgets the dead endpoint to `address` and unbinds every half with its task, under
+        self.lock: a half bound on the endpoint that replaces it is bound after this."""
+        del self.endpoints[address]
+        task = self.peers.get(address)
+        return _core.unbind_peer(self.domain, task) if task else 0
+
+    def _buried(self, address, ep, unbound):
+        """Says why the endpoint to `address` died (`unbound` halves went with it), closes it,
+        and, in the background, sets
+        up again the channels between this task and its peer if that task is still alive
+        (_recover): a connection can break with both tasks running (a failed verbs transfer
+        or queue pair, a tcp connection cut)."""
+        task = self.peers.get(address)
+        log.info("rdmadev: peer %s (%s) is gone: %s; unbound %d channel half(s)", task, address,
+                 ep.alive()[1] if not ep.closed else "closed", unbound)
+        ep.close()
+        if task is not None and not self.closing.is_set():
+            threading.Thread(target=self._recover, args=(task, address), daemon=True,
+                             name=f"rdmadev-recover {task}").start()
 
     def _watch_peers(self):
         """Unbinds the halves of peers that died, frees the memory of sending halves parked
@@ -629,20 +771,20 @@ class ChannelTable:
         Returns:
             ``{"channels", "senders", "receivers", "parked", "retired", "regions",
             "registered_bytes", "transfers", "sent", "received", "discarded", "abandoned",
-            "grown", "staged", "stages", "waits", "fds", "memfd_maps", "notices", "peers",
-            "silent_peers", "py_threads"}``: channel halves bound here, sending halves unbound
-            but parked (their receiver had not credited all they sent; their memory goes once
-            it has), receiving halves unbound but retired (verbs: their ring stays registered
-            for the sender's late writes, LATE_WRITE_GRACE_S), regions and their bytes in this
-            task's Domain, transfers completed by this process (of the received, those a
-            failed step left behind and that were discarded unread; receives that ended
+            "grown", "staged", "stages", "waits", "fds", "memfd_maps", "notices", "reopened",
+            "peers", "silent_peers", "py_threads"}``: channel halves bound here, sending halves
+            unbound but parked (their receiver had not credited all they sent; their memory goes
+            once it has), receiving halves unbound but retired (verbs: their ring stays
+            registered for the sender's late writes, LATE_WRITE_GRACE_S), regions and their
+            bytes in this task's Domain, transfers completed by this process (of the received,
+            those a failed step left behind and that were discarded unread; receives that ended
             without a transfer), larger rings registered for channels whose tensors outgrew
-            their slots (growth), tensors sent staged and the stages registered for them,
-            waits pending on the progress thread, open file descriptors, mappings of rdmadev
-            memfds (its own regions and peers' mapped here), release requests sent to peers
-            and failed, the peer tasks this task has endpoints to and those marked silent
-            (liveness.py), Python threads (rdmadev's own: control connections, heartbeats,
-            watchers; TF's threads are native).
+            their slots (growth), tensors sent staged and the stages registered for them, waits
+            pending on the progress thread, open file descriptors, mappings of rdmadev memfds
+            (its own regions and peers' mapped here), release requests sent to peers and failed,
+            pairs set up again after their connection broke (reopen), the peer tasks this task
+            has endpoints to and those marked silent (liveness.py), Python threads (rdmadev's
+            own: control connections, heartbeats, watchers; TF's threads are native).
         """
         bound = _core.channel_counts(self.domain)
         moved = _core.transfer_counts()
@@ -652,6 +794,7 @@ class ChannelTable:
                 "transfers": moved["sent"] + moved["received"], **moved,
                 "waits": self.domain.pending_waits, "fds": len(os.listdir("/proc/self/fd")),
                 "memfd_maps": _memfd_maps(), "notices": dict(self.notices),
+                "reopened": self.reopened,
                 "peers": sorted(self.peer_endpoints()),
                 "silent_peers": sorted(t for t, eps in self.peer_endpoints().items()
                                        if any(ep.silent for ep in eps)),

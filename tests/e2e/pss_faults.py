@@ -2,7 +2,7 @@
 one coordinator process that owns its own loopback cluster (it kills and restarts tasks),
 prints one JSON line.
 
-    python pss_faults.py release | restart_worker | kill_ps
+    python pss_faults.py release | restart_worker | kill_ps | cut_connection
 """
 import gc
 import json
@@ -15,7 +15,8 @@ import tensorflow as tf  # noqa: E402
 
 import rdmadev  # noqa: E402
 from e2e_util import ENV  # noqa: E402
-from rdmadev.testing import launch  # noqa: E402
+from rdmadev.cluster import runtime  # noqa: E402
+from rdmadev.testing import faults, launch  # noqa: E402
 
 #: Steps per phase: enough for every worker to run the step several times.
 STEPS = 40
@@ -134,14 +135,55 @@ def kill_ps(cluster):
     return {"error": error[:500], "seconds": time.monotonic() - t0}
 
 
+def cut_connection(cluster):
+    """Reset the tcp connection from worker:0 to the ps mid-training, both running on: the
+    channels between them are set up again (counted as "reopened") and training goes on
+    through rdmadev, no step lost, nothing left over once the old rings went."""
+    strategy, coordinator = _strategy(cluster)
+    w, step = _model(strategy)
+    _run(coordinator, step, STEPS)
+    before, reopened = _held(), _reopened()
+    ps = runtime.current().call("/job:ps/replica:0/task:0", {"op": "ping"})["address"]
+    for _ in range(STEPS):  # in flight while the connection breaks
+        coordinator.schedule(step)
+    cut = faults.reset_tcp_connections(ps, cluster.pid("worker", 0))
+    coordinator.join()
+    deadline = time.monotonic() + 120
+    applied = 2 * STEPS
+    while time.monotonic() < deadline:  # until both have set the pairs up again (bounded)
+        _run(coordinator, step, STEPS)
+        applied += STEPS
+        if all(_reopened()[t] > reopened[t] for t in ("/job:ps/replica:0/task:0",
+                                                       "/job:worker/replica:0/task:0")):
+            break
+    _run(coordinator, step, STEPS)  # after it, on the rings set up again
+    applied += STEPS
+    while time.monotonic() < deadline and _held() != before:
+        time.sleep(0.5)
+    now = _reopened()
+    return {"applied": applied, "in_flight": STEPS, "w": float(w[0, 0].numpy()), "cut": cut,
+            "reopened": {t: now[t] - reopened[t] for t in now},
+            "swapped": sum("transfers swapped" in str(r) for r in step.reports),
+            "before": before, "after": _held()}
+
+
+def _reopened():
+    return {task: c["reopened"] for task, c in rdmadev.counters().items()}
+
+
+#: The environment of each scenario's cluster beyond ENV: a tcp connection, to break.
+SCENARIO_ENV = {"cut_connection": {"RDMADEV_FABRIC": "tcp"}}
+
+
 def main():
     scenario = sys.argv[1]
-    os.environ.update(ENV)
-    cluster = launch.Cluster(num_ps=1, num_workers=2, env=ENV).start()
+    env = {**ENV, **SCENARIO_ENV.get(scenario, {})}
+    os.environ.update(env)
+    cluster = launch.Cluster(num_ps=1, num_workers=2, env=env).start()
     code = 1
     try:
         result = {"release": release, "restart_worker": restart_worker,
-                  "kill_ps": kill_ps}[scenario](cluster)
+                  "kill_ps": kill_ps, "cut_connection": cut_connection}[scenario](cluster)
         print("RESULT " + json.dumps(result), flush=True)
         code = 0
     except BaseException:

@@ -50,3 +50,17 @@ def test_dropped_scheduled_functions_release_what_every_task_held():
         for task in r["start"]:
             assert rnd["holding"][task]["channels"] > r["start"][task]["channels"], (i, task, rnd)
         assert rnd["after"] == r["start"], (i, rnd, r["start"])
+
+
+def test_a_connection_cut_while_both_tasks_run_is_set_up_again_and_training_goes_on():
+    """tcp fabric: worker:0's connection to the ps is reset mid-training (ss -K), both tasks
+    running on. The steps it cut short fail as transient (Unavailable) and are run again."""
+    r = _run("cut_connection")
+    assert r["cut"] >= 1, r
+    assert r["swapped"] >= 2, r  # both workers ran the step through rdmadev
+    # none lost; a step applied on the ps whose return the reset cut is run again
+    assert r["applied"] <= r["w"] <= r["applied"] + r["in_flight"], r
+    ps, w0, w1 = (f"/job:{j}/replica:0/task:{i}" for j, i in (("ps", 0), ("worker", 0), ("worker", 1)))
+    assert r["reopened"][ps] >= 1 and r["reopened"][w0] >= 1 and r["reopened"][w1] == 0, r
+    # the old rings went, the new ones are the same size, worker:1 kept its own
+    assert r["after"] == r["before"], r
