@@ -146,7 +146,7 @@ def cut_connection(cluster):
     ps = runtime.current().call("/job:ps/replica:0/task:0", {"op": "ping"})["address"]
     for _ in range(STEPS):  # in flight while the connection breaks
         coordinator.schedule(step)
-    cut = faults.reset_tcp_connections(ps, cluster.pid("worker", 0))
+    cut = faults.reset_connections(ps, cluster.pid("worker", 0), "tcp")
     coordinator.join()
     deadline = time.monotonic() + 120
     applied = 2 * STEPS
