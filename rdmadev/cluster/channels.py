@@ -199,7 +199,7 @@ class ChannelTable:
 
     def _endpoint(self, address, task):
         """The live endpoint to `task` at Domain `address`, connected if there is none (one
-        found dead goes first, as the watcher would have it go: _bury)."""
+        found dead goes first, as the watcher's sweep would have it go)."""
         with self.lock:
             self.peers[address] = task
             ep = self.endpoints.get(address)
@@ -625,7 +625,7 @@ class ChannelTable:
     # A connection can break while both of its tasks run: a verbs transfer or queue pair
     # that failed (a write later than the late-write grace, a link down past the retry
     # budget), a tcp connection cut (a refused frame, a reset). The watcher of a task that
-    # sees it unbinds every half with the peer (_bury); steps of the instantiations TF still
+    # sees it unbinds every half with the peer (_bury_locked); steps of the instantiations TF still
     # holds would then wait for halves no one binds. So each task that saw it (_recover):
     #
     #     ping   -> peer                        the same process still? (its Domain address)
@@ -725,7 +725,7 @@ class ChannelTable:
 
     def _sweep_dead_peers(self):
         """Unbinds the halves whose peer's endpoint died, and sets up again those of peers
-        that are alive (_bury)."""
+        that still run (_buried)."""
         with self.lock:
             dead = [(a, ep) for a, ep in self.endpoints.items() if not ep.alive()[0]]
             unbound = [self._bury_locked(address) for address, _ in dead]
@@ -740,14 +740,13 @@ class ChannelTable:
         return _core.unbind_peer(self.domain, task) if task else 0
 
     def _buried(self, address, ep, unbound):
-        """Says why the endpoint to `address` died (`unbound` halves went with it), closes it,
-        and, in the background, sets
-        up again the channels between this task and its peer if that task is still alive
-        (_recover): a connection can break with both tasks running (a failed verbs transfer
-        or queue pair, a tcp connection cut)."""
+        """Says why the endpoint to `address` died (`unbound` halves went with it), closes
+        it, and, in the background, sets up again the channels between this task and its
+        peer if that task still runs (_recover): a connection can break with both tasks
+        running (a failed verbs transfer or queue pair, a tcp connection cut)."""
         task = self.peers.get(address)
-        log.info("rdmadev: peer %s (%s) is gone: %s; unbound %d channel half(s)", task, address,
-                 ep.alive()[1] if not ep.closed else "closed", unbound)
+        log.info("rdmadev: connection to %s (%s) is gone: %s; unbound %d channel half(s)", task,
+                 address, ep.alive()[1] if not ep.closed else "closed", unbound)
         ep.close()
         if task is not None and not self.closing.is_set():
             threading.Thread(target=self._recover, args=(task, address), daemon=True,
