@@ -21,7 +21,7 @@ import rdmadev
 from graph_pass.devices import task_name
 from graph_pass.plan import Config as PlanConfig, Transfer
 from graph_pass.plan_regions import plan_regions
-from rdmadev import Config
+from rdmadev import Config, _core
 from rdmadev.cluster import channels, runtime
 from rdmadev.errors import ProtocolError
 from rdmadev.testing import faults, launch
@@ -339,11 +339,39 @@ def test_channels_of_a_connection_cut_while_both_tasks_run_are_set_up_again(worl
         rt.call(t.send_task, {"op": "release", "keys": [t.channel_key], "half": "both"})
 
 
+def test_channels_that_cannot_be_set_up_again_after_a_cut_fail_at_once_saying_why(world):
+    """As above, but this task's registered-memory limit refuses the new ring: the receive
+    here and the send on ps:0 fail with the reason at once, not at their deadline."""
+    rt, _ = world
+    if rt.config.fabric == "shm":
+        pytest.skip("a shm endpoint has no connection that could break (its peer's pidfd)")
+    _, swap, regions = plan([(PS, W1)], sizes=(400,))
+    channels.open_channels(rt.call, "cut-refused", swap, regions)
+    key = swap[0].channel_key
+    config = rt.table.config
+    rt.table.config = dataclasses.replace(config, max_registered_bytes=1)
+    try:
+        address = next(a for a, task in rt.table.peers.items() if task == PS)
+        assert faults.reset_connections(address, os.getpid(), rt.config.fabric) >= 1
+        assert wait_until(lambda: "recv:" + key not in _core.bound_channels(), within=60)
+        with pytest.raises(rdmadev.ConfigError) as received:
+            _core.channel_recv(key, timeout=60)  # waits for the half until the reopen fails
+        with pytest.raises(rdmadev.RdmadevError) as sent:
+            rt.call(PS, {"op": "t_send", "key": key, "count": 1, "size": 400, "seed": 0})
+    finally:
+        rt.table.config = config
+    for e in (received.value, sent.value):
+        assert "broke and setting the pair up again failed" in str(e), e
+        assert "RDMADEV_MAX_REGISTERED_BYTES" in str(e), e  # the cause, and its fix
+    for task, half in ((W1, "recv"), (PS, "send")):
+        rt.call(task, {"op": "release", "keys": [key], "half": half})
+
+
 #: A planner in a process of its own (the coordinator of an in-graph job): it opens channels
 #: between ps:0 and worker:0 through its control connections, says so, then waits to be killed.
 _PLANNER = """
 import sys, time
-from rdmadev import Config
+from rdmadev import Config, _core
 from rdmadev.cluster import channels, runtime
 import test_channel_setup as t
 rt = runtime.Runtime(t.json.loads(sys.argv[1]), config=Config(secret=t.SECRET.encode(), deadline_s=60))

@@ -572,8 +572,8 @@ class ChannelTable:
         instance opened here are told too: a planner interrupted between its requests (kill
         -9 or Ctrl-C while it exits) may never reach them, and this task's hold on its
         connection (open_pairs) is let go now, so no one else would. With ``r["failed"]``
-        (a reason: their pair could not be set up again, reopen), the steps that wait for
-        those halves fail with it at once; without, a reason given earlier is dropped."""
+        (``[why, fix]``: their pair could not be set up again, reopen), the steps that wait
+        for those halves fail with it at once; without, a reason given earlier is dropped."""
         half = r.get("half", "both")
         with self.lock:
             for key in r["keys"]:
@@ -595,7 +595,7 @@ class ChannelTable:
         for h in ("send", "recv") if half == "both" else (half,):
             for key in r["keys"]:
                 if r.get("failed"):
-                    _core.fail_half(key, h, r["failed"], REOPEN_FIX)
+                    _core.fail_half(key, h, *r["failed"])
                 else:
                     _core.unfail_half(key, h)
         if "instance" in r:
@@ -607,7 +607,8 @@ class ChannelTable:
 
     def _notify(self, peer, keys, half, failed=None):
         """Best effort: tells `peer` to unbind its `half` of `keys`, saying that this task,
-        their receiver, unbound its own (and, `failed`, why the steps using them fail)."""
+        their receiver, unbound its own (and, `failed`, why the steps using them fail and the
+        fix: ``[why, fix]``)."""
         if self.call is None or not keys:
             return
         try:
@@ -682,30 +683,32 @@ class ChannelTable:
             whole = set(self.call(sender, {"op": "bound_senders", "keys": keys}))
             whole &= {k[len("recv:"):] for k in _core.bound_channels() if k.startswith("recv:")}
             broken = [(i, p) for i, p in held if any(c["key"] not in whole for c in p["channels"])]
-            for instance, p in broken:
-                self._reopen_pair(instance, p)
-            self.reopened += len(broken)
-            return {"reopened": len(broken)}
+            n = sum(self._reopen_pair(instance, p) for instance, p in broken)
+            self.reopened += n
+            return {"reopened": n}
 
     def _reopen_pair(self, instance, p):
-        """open_pairs again for one pair of `instance`; if that fails, the steps using its
-        channels fail at once on both tasks, saying why."""
+        """open_pairs again for one pair of `instance`: True if it is set up. If that fails,
+        the steps using its channels fail at once on both tasks, saying why (and the fix of
+        the cause, when it names one)."""
         sender, keys = p["sender"], [c["key"] for c in p["channels"]]
         try:
             self._open_pair(instance, p)
         except Exception as e:
-            why = (f"its connection to task {sender} broke and setting the pair up again "
-                   f"failed: {_reason(e)}")
-            self.release({"keys": keys, "half": "recv", "failed": why})
-            self._notify(sender, keys, "send", failed=why)
+            failed = [f"its connection to task {sender} broke and setting the pair up again "
+                      f"failed: {_reason(e)}", getattr(e, "hint", None) or REOPEN_FIX]
+            self.release({"keys": keys, "half": "recv", "failed": failed})
+            self._notify(sender, keys, "send", failed=failed)
             log.warning("rdmadev: %d channel(s) from %s to %s (first %s) stay unbound, and the "
-                        "steps using them fail: %s", len(keys), sender, self.task, keys[0], why)
-            return
+                        "steps using them fail: %s", len(keys), sender, self.task, keys[0],
+                        failed[0])
+            return False
         with self.lock:
             released = instance not in self.received
         if released:  # meanwhile: what was just bound goes too
             self.release({"keys": keys, "half": "recv"})
             self._notify(sender, keys, "send")
+        return True
 
     def bound_senders(self, r):
         """The channels of ``r["keys"]`` whose sending half is bound here, on a connection
