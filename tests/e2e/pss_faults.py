@@ -139,22 +139,26 @@ def cut_connection(cluster):
     """Reset the tcp connection from worker:0 to the ps mid-training, both running on: the
     channels between them are set up again (counted as "reopened") and training goes on
     through rdmadev, no step lost, nothing left over once the old rings went."""
+    ps_task, w0 = "/job:ps/replica:0/task:0", "/job:worker/replica:0/task:0"
     strategy, coordinator = _strategy(cluster)
     w, step = _model(strategy)
-    _run(coordinator, step, STEPS)
+    applied, deadline = 0, time.monotonic() + 120
+    while not applied or (ps_task not in rdmadev.counters()[w0]["peers"] and
+                          time.monotonic() < deadline):  # until worker:0 ran a step (bounded)
+        _run(coordinator, step, STEPS)
+        applied += STEPS
     before, reopened = _held(), _reopened()
-    ps = runtime.current().call("/job:ps/replica:0/task:0", {"op": "ping"})["address"]
+    ps = runtime.current().call(ps_task, {"op": "ping"})["address"]
     for _ in range(STEPS):  # in flight while the connection breaks
         coordinator.schedule(step)
     cut = faults.reset_connections(ps, cluster.pid("worker", 0), "tcp")
     coordinator.join()
     deadline = time.monotonic() + 120
-    applied = 2 * STEPS
+    applied += STEPS
     while time.monotonic() < deadline:  # until both have set the pairs up again (bounded)
         _run(coordinator, step, STEPS)
         applied += STEPS
-        if all(_reopened()[t] > reopened[t] for t in ("/job:ps/replica:0/task:0",
-                                                       "/job:worker/replica:0/task:0")):
+        if all(_reopened()[t] > reopened[t] for t in (ps_task, w0)):
             break
     _run(coordinator, step, STEPS)  # after it, on the rings set up again
     applied += STEPS
