@@ -1,5 +1,7 @@
 #include "registry.h"
 
+#include <type_traits>
+
 namespace rdmadev {
 
 namespace {
@@ -99,7 +101,8 @@ T ChannelRegistry::Find(std::map<std::string, T>& table, const std::string& key,
     if (it != table.end()) return it->second;
     auto failed = failed_.find({key, half});
     if (failed != failed_.end()) {
-      throw Error(ErrorKind::kConfig, no + ": " + failed->second.first, 0, failed->second.second);
+      const Failure& f = failed->second;
+      throw Error(f.kind, no + ": " + f.why, 0, f.hint);
     }
     if (cancelled && cancelled()) {
       throw Error(ErrorKind::kClosed, no + ": the step was cancelled while waiting for it");
@@ -263,11 +266,18 @@ size_t ChannelRegistry::ReleaseDrained() {
 }
 
 template <typename Pred>
-size_t ChannelRegistry::UnbindWhere(Half half, Pred pred, double park_s) {
+size_t ChannelRegistry::UnbindWhere(Half half, Pred pred, double park_s, const std::string* lost) {
   std::vector<std::shared_ptr<void>> graveyard;  // destroyed after the lock is released
   std::lock_guard<std::mutex> lock(mu_);
   // A half its peer may still use is parked or retired, not buried.
   auto retire = [&](const std::string& key, auto&& entry) {
+    if (lost) {
+      constexpr bool sending = std::is_same_v<std::decay_t<decltype(entry)>, Sender>;
+      failed_[{key, sending ? kSend : kRecv}] = {
+          ErrorKind::kPeerLost, *lost,
+          "run the step again: once the peer task runs again or its connection is set up "
+          "again, the next step finds its channels"};
+    }
     RetireLocked(key, std::move(entry), park_s, &graveyard);
   };
   auto shorten = [&](auto& kept) {
@@ -288,6 +298,7 @@ size_t ChannelRegistry::UnbindWhere(Half half, Pred pred, double park_s) {
   if (half != kRecv) EraseWhere(moving_senders_, pred, retire);
   if (half != kSend) EraseWhere(next_receivers_, pred, retire);
   ReleaseKeptLocked(&graveyard);
+  if (lost) bound_.notify_all();  // kernels waiting in Find fail now
   return n;
 }
 
@@ -301,10 +312,11 @@ size_t ChannelRegistry::UnbindDomain(const Domain* domain) {
   }, /*park_s=*/0);
 }
 
-size_t ChannelRegistry::UnbindPeer(const Domain* domain, const std::string& peer) {
+size_t ChannelRegistry::UnbindPeer(const Domain* domain, const std::string& peer,
+                                   const std::string& why) {
   return UnbindWhere(kBoth, [&](const std::string&, const auto& e) {
     return e.domain.get() == domain && e.peer == peer;
-  }, /*park_s=*/0);
+  }, /*park_s=*/0, &why);
 }
 
 void ChannelRegistry::Hold(const std::string& key, Half half) {
@@ -327,7 +339,7 @@ void ChannelRegistry::Fail(const std::string& key, Half half, const std::string&
                            const std::string& hint) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    failed_[{key, half}] = {why, hint};
+    failed_[{key, half}] = {ErrorKind::kConfig, why, hint};
   }
   bound_.notify_all();  // waiters fail now
 }

@@ -137,9 +137,14 @@ class ChannelRegistry {
   size_t Unbind(const std::string& key, Half half = kBoth, double park_s = kParkedGraceS);
   // Unbinds every half bound with `domain` (its task is shutting down), parked ones too.
   size_t UnbindDomain(const Domain* domain);
-  // Unbinds every half of `domain` whose peer is task `peer` (it died or restarted), parked
-  // ones too: that peer reads and credits nothing more.
-  size_t UnbindPeer(const Domain* domain, const std::string& peer);
+  // Unbinds every half of `domain` whose peer is task `peer` (it died or restarted, or the
+  // connection to it broke), parked ones too: that peer reads and credits nothing more. A
+  // kernel that then looks for one of those halves fails at once with kPeerLost and `why`
+  // (Unavailable: TF's retrying callers run the step again), until the half is bound again:
+  // the control plane sets a running peer's pairs up again (channels.py, "broken
+  // connections"), and a step that began before then must not take halves meant for the
+  // steps after it.
+  size_t UnbindPeer(const Domain* domain, const std::string& peer, const std::string& why);
   // Releases the parked sending halves whose receiver has credited all they sent, and the
   // parked or retired halves whose time is up or whose Domain closed; returns how many went.
   // Every unbind does it too, and the control plane's watcher every WATCH_INTERVAL_S
@@ -170,8 +175,9 @@ class ChannelRegistry {
   // them for at most `park_s` (Unbind), and gives parked and retired halves satisfying
   // `pred` at most that much more (0: their peer reads and writes nothing more, they go
   // now); returns how many went.
+  // `lost` (not null): each half unbound is marked lost with that reason (UnbindPeer).
   template <typename Pred>
-  size_t UnbindWhere(Half half, Pred pred, double park_s);
+  size_t UnbindWhere(Half half, Pred pred, double park_s, const std::string* lost = nullptr);
   using Clock = std::chrono::steady_clock;
   // An unbound half whose memory its peer may still use.
   template <typename T>
@@ -194,8 +200,13 @@ class ChannelRegistry {
   mutable std::mutex mu_;
   std::condition_variable bound_;
   std::map<std::pair<std::string, int>, int> holders_;  // (key, half) -> kernels holding it
-  // (key, half) -> (why, hint) of a half pair given up on (Fail)
-  std::map<std::pair<std::string, int>, std::pair<std::string, std::string>> failed_;
+  // Why a kernel looking for an unbound half fails at once: given up on (Fail: kConfig), or
+  // its peer lost (UnbindPeer: kPeerLost).
+  struct Failure {
+    ErrorKind kind;
+    std::string why, hint;
+  };
+  std::map<std::pair<std::string, int>, Failure> failed_;  // (key, half) -> why
   std::map<std::string, Sender> senders_;
   std::map<std::string, Receiver> receivers_;
   std::map<std::string, Sender> next_senders_;  // successors (growth)

@@ -205,7 +205,7 @@ class ChannelTable:
             ep = self.endpoints.get(address)
             dead = ep if ep is not None and not ep.alive()[0] else None
             if dead is not None:
-                unbound = self._bury_locked(address)
+                unbound = self._bury_locked(address, dead)
             if ep is None or dead is not None:
                 ep = self.endpoints[address] = self.domain.connect(address, self.config.fabric,
                                                                    timeout=self.config.deadline_s)
@@ -731,16 +731,23 @@ class ChannelTable:
         that still run (_buried)."""
         with self.lock:
             dead = [(a, ep) for a, ep in self.endpoints.items() if not ep.alive()[0]]
-            unbound = [self._bury_locked(address) for address, _ in dead]
+            unbound = [self._bury_locked(address, ep) for address, ep in dead]
         for (address, ep), n in zip(dead, unbound):
             self._buried(address, ep, n)
 
-    def _bury_locked(self, address):
-        """Forgets the dead endpoint to `address` and unbinds every half with its task, under
-        self.lock: a half bound on the endpoint that replaces it is bound after this."""
+    def _bury_locked(self, address, ep):
+        """Forgets the dead endpoint `ep` to `address` and unbinds every half with its task,
+        under self.lock: a half bound on the endpoint that replaces it is bound after this.
+        Until then, a step looking for one of them fails at once, as Unavailable: one that
+        began before the break must not take the halves set up again for the steps after."""
         del self.endpoints[address]
         task = self.peers.get(address)
-        return _core.unbind_peer(self.domain, task) if task else 0
+        if not task:
+            return 0
+        why = (f"task {task} is gone or the connection to it broke "
+               f"({ep.alive()[1] if not ep.closed else 'closed'}); the channels of a task "
+               "that still runs are set up again")
+        return _core.unbind_peer(self.domain, task, why)
 
     def _buried(self, address, ep, unbound):
         """Says why the endpoint to `address` died (`unbound` halves went with it), closes

@@ -409,9 +409,11 @@ def unbind_domain(Domain domain):
     return ChannelRegistry.Global().UnbindDomain(domain.p.get())
 
 
-def unbind_peer(Domain domain, peer):
-    """Unbinds every half bound through `domain` whose peer is task `peer`; returns how many."""
-    return ChannelRegistry.Global().UnbindPeer(domain.p.get(), as_bytes(peer))
+def unbind_peer(Domain domain, peer, why="its peer task is gone"):
+    """Unbinds every half bound through `domain` whose peer is task `peer`; returns how many.
+    Until one is bound again, a kernel or channel_send/recv looking for it fails at once
+    (PeerLostError, TF's Unavailable: "No sender/receiver bound for channel ...: <why>")."""
+    return ChannelRegistry.Global().UnbindPeer(domain.p.get(), as_bytes(peer), as_bytes(why))
 
 
 def release_drained():
