@@ -205,12 +205,12 @@ class ChannelTable:
             ep = self.endpoints.get(address)
             dead = ep if ep is not None and not ep.alive()[0] else None
             if dead is not None:
-                unbound = self._bury_locked(address, dead)
+                buried = self._bury_locked(address, dead)
             if ep is None or dead is not None:
                 ep = self.endpoints[address] = self.domain.connect(address, self.config.fabric,
                                                                    timeout=self.config.deadline_s)
         if dead is not None:
-            self._buried(address, dead, unbound)
+            self._buried(address, dead, *buried)
         return ep
 
     # -- receiving task --
@@ -626,8 +626,8 @@ class ChannelTable:
     # A connection can break while both of its tasks run: a verbs transfer or queue pair
     # that failed (a write later than the late-write grace, a link down past the retry
     # budget), a tcp connection cut (a refused frame, a reset). The watcher of a task that
-    # sees it unbinds every half with the peer (_bury_locked); steps of the instantiations TF still
-    # holds would then wait for halves no one binds. So each task that saw it (_recover):
+    # sees it unbinds every half with the peer (_bury_locked); steps of the instantiations TF
+    # still holds would then find no halves. So each task that saw it (_recover):
     #
     #     ping   -> peer                        the same process still? (its Domain address)
     #     reopen    here (sender: the peer)     pairs the peer sends here, set up again
@@ -636,9 +636,10 @@ class ChannelTable:
     # reopen sets up again, as open_pairs did, each pair from its sender that an instantiation
     # still holds here and that lost a half on either task (bound_senders asks the sender):
     # both tasks may see one break, and a pair set up again is whole the second time. The step
-    # the break hit fails; one started meanwhile waits for its halves (the registry's
-    # deadline); the next run on fresh rings (epoch 0 on both sides; a late write of the
-    # failed step carries its step tag and is discarded).
+    # the break hit fails, and so does one that looks for the halves before they are bound
+    # again (Unavailable: they are marked lost, registry.h UnbindPeer); the next run on fresh
+    # rings (epoch 0 on both sides; a late write of the failed step carries its step tag and
+    # is discarded).
 
     def _recover(self, task, address):
         """_buried's background half: sets up again the pairs between this task and `task`
@@ -731,32 +732,33 @@ class ChannelTable:
         that still run (_buried)."""
         with self.lock:
             dead = [(a, ep) for a, ep in self.endpoints.items() if not ep.alive()[0]]
-            unbound = [self._bury_locked(address, ep) for address, ep in dead]
-        for (address, ep), n in zip(dead, unbound):
-            self._buried(address, ep, n)
+            buried = [self._bury_locked(address, ep) for address, ep in dead]
+        for (address, ep), (n, why) in zip(dead, buried):
+            self._buried(address, ep, n, why)
 
     def _bury_locked(self, address, ep):
         """Forgets the dead endpoint `ep` to `address` and unbinds every half with its task,
         under self.lock: a half bound on the endpoint that replaces it is bound after this.
         Until then, a step looking for one of them fails at once, as Unavailable: one that
-        began before the break must not take the halves set up again for the steps after."""
+        began before the break must not take the halves set up again for the steps after.
+        Returns how many halves went and why the endpoint died."""
         del self.endpoints[address]
         task = self.peers.get(address)
+        why = ep.alive()[1] if not ep.closed else "closed"
         if not task:
-            return 0
-        why = (f"task {task} is gone or the connection to it broke "
-               f"({ep.alive()[1] if not ep.closed else 'closed'}); the channels of a task "
-               "that still runs are set up again")
-        return _core.unbind_peer(self.domain, task, why)
+            return 0, why
+        lost = (f"task {task} is gone or the connection to it broke ({why}); the channels of a "
+                "task that still runs are set up again")
+        return _core.unbind_peer(self.domain, task, lost), why
 
-    def _buried(self, address, ep, unbound):
-        """Says why the endpoint to `address` died (`unbound` halves went with it), closes
+    def _buried(self, address, ep, unbound, why):
+        """Says `why` the endpoint to `address` died (`unbound` halves went with it), closes
         it, and, in the background, sets up again the channels between this task and its
         peer if that task still runs (_recover): a connection can break with both tasks
         running (a failed verbs transfer or queue pair, a tcp connection cut)."""
         task = self.peers.get(address)
         log.info("rdmadev: connection to %s (%s) is gone: %s; unbound %d channel half(s)", task,
-                 address, ep.alive()[1] if not ep.closed else "closed", unbound)
+                 address, why, unbound)
         ep.close()
         if task is not None and not self.closing.is_set():
             threading.Thread(target=self._recover, args=(task, address), daemon=True,
