@@ -4,6 +4,8 @@ discarded unread (two Domains in this process, every fabric). The channel is bou
 control plane binds an instantiation's (naming a peer), so its halves go with their last
 kernel: the tests keep every function alive."""
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -30,9 +32,9 @@ def bind(fabric, secret, request):
     ab, ba = a.connect(b.address), b.connect(a.address)
     keys = []
 
-    def bind_one(peer):
+    def bind_one(peer, slots=SLOTS):
         key = f"{request.node.name}:{len(keys)}"
-        layout = ring_layout(SLOTS, N * 4)
+        layout = ring_layout(slots, N * 4)
         ring, credit = b.allocate(layout.bytes), a.allocate(rdmadev.CREDIT_BYTES)
         rdmadev.RingSender(ab, ab.attach(ring.descriptor), layout, credit).bind(
             key, peer=peer and "rx")
@@ -41,6 +43,7 @@ def bind(fabric, secret, request):
         keys.append(key)
         return key
 
+    bind_one.receiving = b  # the receiving halves' Domain (its pending waits)
     yield bind_one
     for key in keys:
         _core.unbind_channel(key)
@@ -123,3 +126,77 @@ def test_a_channel_bound_by_hand_pairs_halves_of_different_steps(bind):
         x = tf.fill([N], float(i))
         ops.send(x, key)
         np.testing.assert_array_equal(ops.recv(tf.float32, [N], key).numpy(), x.numpy())
+
+
+#: Seconds a stale step's receive may wait before its test calls it hung: a hang guard.
+STALE_GUARD_S = 120
+
+
+def _in_background(step):
+    """Runs `step()` on a thread; returns (thread, outcome list: its result or exception)."""
+    outcome = []
+
+    def run():
+        try:
+            outcome.append(step())
+        except Exception as e:  # the test inspects which
+            outcome.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def _until_waiting(domain, waits):
+    """Until `domain` has `waits` waits pending on its progress thread (bounded)."""
+    deadline = time.monotonic() + STALE_GUARD_S
+    while domain.pending_waits < waits:
+        assert time.monotonic() < deadline, "the stale step never began waiting"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("slots", [1, 2])
+def test_a_receive_of_a_step_its_caller_gave_up_makes_way_for_the_next_step(bind, slots):
+    """A step its caller gave up can still be receiving when the next step begins (TF cancels
+    the remote part of a failed step by an RPC, lost when it arrives before that part starts).
+    The next step's receive takes its place: the stale receive ends at once saying why, and
+    the next steps get exactly their own tensors. Before, the stale receive took the next
+    step's transfer as a late one and discarded it, and that step waited for its deadline."""
+    key = bind(peer="planned", slots=slots)
+    before = _core.transfer_counts()
+    thread, outcome = _in_background(lonely_recv(key, STALE_GUARD_S))
+    _until_waiting(bind.receiving, 1)
+    check_steps(make_step(key))
+    thread.join(STALE_GUARD_S)
+    assert outcome and isinstance(outcome[0], tf.errors.AbortedError), outcome
+    assert "a later step's receive on this channel began" in str(outcome[0])
+    assert "given up by its caller" in str(outcome[0])
+    assert _core.transfer_counts()["superseded"] == before["superseded"] + 1
+
+
+def test_a_slot_a_given_up_step_still_holds_is_waited_for(bind):
+    """A step its caller gave up holds a slot (a zero-copy tensor kept while it waits on
+    another channel): the next step's receive waits for the slot to be let go, instead of
+    failing at once with "all slots are held", and gets its own tensor."""
+    key, other = bind(peer="planned", slots=1), bind(peer="planned", slots=1)
+
+    @tf.function
+    def stale(x):  # holds key's only slot (an alias) until its wait on `other` times out
+        ops.send(x, key, timeout_s=30)
+        y = ops.recv(tf.float32, [N], key, timeout_s=30, zero_copy=True)
+        return y + ops.recv(tf.float32, [N], other, timeout_s=3)
+
+    thread, outcome = _in_background(lambda: stale(tf.ones([N])))
+    _until_waiting(bind.receiving, 1)
+    # The next step, unordered (a TF1 graph: its receive may run before its send), as the
+    # halves of a step on two tasks are.
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.random.stateless_uniform([N], [7, 11])
+        send = ops.send(x, key, timeout_s=30)
+        got = ops.recv(tf.float32, [N], key, timeout_s=30)
+    with tf.compat.v1.Session(graph=graph) as session:
+        sent, received = session.run([x, got, send])[:2]
+    np.testing.assert_array_equal(received, sent)
+    thread.join(STALE_GUARD_S)
+    assert outcome and isinstance(outcome[0], tf.errors.DeadlineExceededError), outcome

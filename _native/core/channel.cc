@@ -7,7 +7,7 @@ namespace rdmadev {
 
 namespace {
 
-std::atomic<uint64_t> g_sent{0}, g_received{0}, g_discarded{0}, g_abandoned{0}, g_grown{0},
+std::atomic<uint64_t> g_sent{0}, g_received{0}, g_discarded{0}, g_abandoned{0}, g_superseded{0}, g_grown{0},
     g_staged{0}, g_stages{0};
 
 // A slot's length word (channel.h): `len` (a payload length or a marker length) and step `tag`.
@@ -57,6 +57,7 @@ TransferCounts CountedTransfers() {
   c.received = g_received.load(std::memory_order_relaxed);
   c.discarded = g_discarded.load(std::memory_order_relaxed);
   c.abandoned = g_abandoned.load(std::memory_order_relaxed);
+  c.superseded = g_superseded.load(std::memory_order_relaxed);
   c.grown = g_grown.load(std::memory_order_relaxed);
   c.staged = g_staged.load(std::memory_order_relaxed);
   c.stages = g_stages.load(std::memory_order_relaxed);
@@ -198,23 +199,36 @@ RingReceiver::RingReceiver(std::shared_ptr<Region> ring, RingLayout layout,
 }
 
 Slot RingReceiver::Acquire(const Deadline& deadline) {
-  uint64_t n = Reserve();
+  const Reservation r = Reserve();
   auto ep = ep_;
   uint64_t seen;
   try {
-    seen = WaitWord(WordFor(n), n, deadline, policy_,
+    seen = WaitWord(WordFor(r.n), r.n, deadline, policy_,
                     [ep](std::string* why) { return ep->Alive(why); },
-                    "transfer " + std::to_string(n));
+                    "transfer " + std::to_string(r.n));
   } catch (const Error&) {
-    Abandon(n);  // the next Acquire waits for transfer n again (a silent peer may resume)
+    Abandon(r);  // the next Acquire waits for transfer n again (a silent peer may resume)
     throw;
   }
   std::lock_guard<std::mutex> lock(mu_);
-  return TakeLocked(n, seen);
+  Forget(r.gen);
+  return TakeLocked(r.n, seen);
 }
 
-uint64_t RingReceiver::Reserve() {
+RingReceiver::Reservation RingReceiver::Reserve(uint32_t tag) {
   std::lock_guard<std::mutex> lock(mu_);
+  const bool others_wait =
+      tag && !waiting_.empty() &&
+      std::all_of(waiting_.begin(), waiting_.end(),
+                  [tag](const Waiting& w) { return w.tag && w.tag != tag; });
+  if (others_wait) {  // their sequence numbers are this step's to wait for
+    g_superseded.fetch_add(waiting_.size(), std::memory_order_relaxed);
+    superseded_below_ = next_gen_;
+    reserved_ = acquired_;
+    waiting_.clear();
+    superseded_.fetch_add(1, std::memory_order_release);
+    let_go_.fetch_add(1, std::memory_order_release);
+  }
   uint64_t n = reserved_ + 1;
   if (n - credit_seq_ > layout_.slots) {
     throw Error(ErrorKind::kProtocol, "Failed to acquire: all " + std::to_string(layout_.slots) +
@@ -222,16 +236,44 @@ uint64_t RingReceiver::Reserve() {
                 0, "release a slot before acquiring the next");
   }
   reserved_ = n;
-  return n;
+  Reservation r{n, next_gen_++};
+  waiting_.push_back({r.n, r.gen, tag});
+  return r;
+}
+
+void RingReceiver::Forget(uint64_t gen) {
+  for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
+    if (it->gen == gen) {
+      waiting_.erase(it);
+      return;
+    }
+  }
+}
+
+bool RingReceiver::Superseded(const Reservation& r) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return r.gen < superseded_below_;
+}
+
+uint32_t RingReceiver::TagAt(uint64_t n) const {
+  const uint64_t slot = (n - epoch_ - 1) % layout_.slots;
+  const uint64_t word =
+      ring_->Word(layout_.header(slot) + kLengthOffset)->load(std::memory_order_relaxed);
+  return static_cast<uint32_t>(word >> kTagShift);
 }
 
 const std::atomic<uint64_t>* RingReceiver::WordFor(uint64_t n) const {
   return ring_->Word(layout_.header((n - epoch_ - 1) % layout_.slots) + kSeqOffset);
 }
 
-Slot RingReceiver::Take(uint64_t n) {
+Slot RingReceiver::Take(const Reservation& r) {
   std::lock_guard<std::mutex> lock(mu_);
-  return TakeLocked(n, WordFor(n)->load(std::memory_order_acquire));
+  if (r.gen < superseded_below_) {
+    throw Error(ErrorKind::kClosed, "Transfer " + std::to_string(r.n) +
+                                        " was left to a later step's receive");
+  }
+  Forget(r.gen);
+  return TakeLocked(r.n, WordFor(r.n)->load(std::memory_order_acquire));
 }
 
 Slot RingReceiver::TakeLocked(uint64_t n, uint64_t seen) {
@@ -269,11 +311,18 @@ Slot RingReceiver::TakeLocked(uint64_t n, uint64_t seen) {
   return taken;
 }
 
-bool RingReceiver::Abandon(uint64_t n) {
+bool RingReceiver::Abandon(const Reservation& r) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (r.gen < superseded_below_) return true;  // a later step's receive has its number
+  Forget(r.gen);
+  return AbandonLocked(r.n);
+}
+
+bool RingReceiver::AbandonLocked(uint64_t n) {
   g_abandoned.fetch_add(1, std::memory_order_relaxed);
   if (n != reserved_ || n != acquired_ + 1) return false;
   reserved_ = n - 1;
+  let_go_.fetch_add(1, std::memory_order_release);
   return true;
 }
 
@@ -322,6 +371,7 @@ void RingReceiver::Release(uint64_t seq, const Deadline& deadline) {
     released_[(credit_seq_ - epoch_) % k] = false;
     ++credit_seq_;
   }
+  if (credit_seq_ != before) let_go_.fetch_add(1, std::memory_order_release);
   // Credits go back in batches of K/4 (at least 1): each credit is a message the sender's
   // side must receive (on tcp a frame and a thread wakeup), and the sender never needs the
   // newest one while more than 3/4 of the ring is free. Unreported releases stay below the

@@ -19,6 +19,14 @@
 // given up carries a tag that is not the current step's, so the next receive discards it
 // (Discard) and takes the next one. Sequence numbers thus stay in step across cancelled and
 // timed-out steps; no epoch change is needed.
+//
+// Steps of one channel run one at a time, but a step its caller gave up can still start
+// receiving here after the next one began (TF cancels the remote part of a failed step with
+// an RPC that can arrive before that part starts, and is then lost). So a reservation
+// records its step's tag, and a receive of another step takes the place of receives still
+// waiting (Reserve supersedes them: Take then refuses them, Abandon does nothing for them).
+// The receive layer (ops.cc) leaves a transfer of a step not known to have failed here for
+// that step's own receive for a while before taking it as a late one.
 #pragma once
 
 #include <atomic>
@@ -101,6 +109,7 @@ struct TransferCounts {
   uint64_t received = 0;   // taken, including discarded ones
   uint64_t discarded = 0;  // stale transfers of a failed step, dropped unread
   uint64_t abandoned = 0;  // waits that ended without a transfer
+  uint64_t superseded = 0;  // waits a later step's receive took the place of (Reserve)
   uint64_t grown = 0;      // larger rings this process registered for its receivers (growth)
   uint64_t staged = 0;     // transfers this process sent staged (a tensor larger than a slot)
   uint64_t stages = 0;     // stage regions this process registered for its senders
@@ -196,16 +205,34 @@ class RingReceiver {
   uint64_t credit() const;
   uint64_t held() const;  // acquired, not yet released
 
-  // Asynchronous receiving (the TF wait kernel): Reserve() hands out the next sequence
-  // number in call order, WordFor(n) is the word to wait on (it reaches n), and Take(n),
+  // Asynchronous receiving (the TF wait kernel): Reserve(tag) hands out the next sequence
+  // number in call order, WordFor(n) is the word to wait on (it reaches n), and Take(r),
   // once it has, acquires the slot without waiting.
-  uint64_t Reserve();
+  struct Reservation {
+    uint64_t n = 0;    // the transfer waited for
+    uint64_t gen = 0;  // tells this reservation from a later one of the same n (Superseded)
+  };
+  // Throws kProtocol when every slot is held. A receive of step `tag` (nonzero) that finds
+  // receives of other steps still waiting takes their place: they are superseded, and it
+  // is handed the first of their sequence numbers.
+  Reservation Reserve(uint32_t tag = 0);
   const std::atomic<uint64_t>* WordFor(uint64_t n) const;
-  Slot Take(uint64_t n);
-  // The wait for reserved `n` ended without taking it (cancelled, timed out): `n` is handed
-  // out again by the next Reserve(). False when a later reservation is outstanding (steps of
-  // one channel overlapping), which cannot be undone.
-  bool Abandon(uint64_t n);
+  // Throws kClosed if `r` was superseded (it then takes nothing).
+  Slot Take(const Reservation& r);
+  // The step tag written with transfer n; valid once WordFor(n) reached n.
+  uint32_t TagAt(uint64_t n) const;
+  // Whether a later step's Reserve took the place of `r`.
+  bool Superseded(const Reservation& r) const;
+  // Counts supersessions of this ring: a wait on it ends when a reservation is superseded.
+  const std::atomic<uint64_t>* SupersededWord() const { return &superseded_; }
+  // Counts slots let go (released, given back, superseded): a receive that found every slot
+  // held waits on it for one.
+  const std::atomic<uint64_t>* LetGoWord() const { return &let_go_; }
+  // The wait for `r` ended without taking it (cancelled, timed out): its sequence number is
+  // handed out again by the next Reserve(). False when a later reservation is outstanding
+  // (steps of one channel overlapping), which cannot be undone; true, doing nothing, when
+  // `r` was superseded.
+  bool Abandon(const Reservation& r);
   // Releases taken transfer `n` unread: it belongs to a step whose receive gave up.
   void Discard(uint64_t n, const Deadline& deadline);
   // The sender moved to the successor ring (this one's marker was taken): releases from now
@@ -223,6 +250,13 @@ class RingReceiver {
 
  private:
   Slot TakeLocked(uint64_t n, uint64_t seen);
+  bool AbandonLocked(uint64_t n);
+  // A reservation not yet taken or given back, and its step.
+  struct Waiting {
+    uint64_t n, gen;
+    uint32_t tag;
+  };
+  void Forget(uint64_t gen);  // drops `gen` from waiting_ (mu_ held)
   std::shared_ptr<Region> ring_;
   RingLayout layout_;
   std::shared_ptr<Endpoint> ep_;
@@ -234,6 +268,10 @@ class RingReceiver {
   WaitPolicy policy_;
   mutable std::mutex mu_;
   uint64_t reserved_;  // highest sequence handed out by Reserve()
+  std::vector<Waiting> waiting_;  // reservations in (acquired_, reserved_], oldest first
+  uint64_t next_gen_ = 1;
+  uint64_t superseded_below_ = 0;  // a reservation still waiting with a lower gen is superseded
+  std::atomic<uint64_t> superseded_{0}, let_go_{0};
   bool retired_ = false;
   std::atomic<uint64_t> wanted_{0};
   std::atomic<bool> unbound_{false};

@@ -18,9 +18,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <deque>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <unordered_set>
 #include <string>
 #include <vector>
 
@@ -140,6 +143,60 @@ rdmadev::ChannelRegistry::Cancelled StepCancelled(OpKernelContext* ctx) {
   return [cm] { return cm->IsCancelled(); };
 }
 
+// How long a receive that finds another step's transfer in its slot leaves it there for
+// that step's own receive (which then takes this receive's place: RingReceiver::Reserve),
+// unless that step is known to have failed here (FailedSteps). Past it the transfer is taken
+// as a late one of a failed step and discarded. It covers the lag between a step's sender
+// writing and the same step's receive starting in this task, a remote component function
+// dispatched on a loaded machine (milliseconds, up to a second seen on 2 cores); a step
+// after a failure whose late transfer this task cannot place pays it once.
+constexpr double kForeignTransferGraceS = 5.0;
+// How long a receive of a planned channel that finds every slot held by earlier receives
+// waits for one to be let go before failing (AllSlotsHeld). An earlier step's tensor holding
+// a slot belongs to a step its caller gave up; it goes when that step ends, which its own
+// superseded receives make happen within milliseconds.
+constexpr double kHeldSlotGraceS = 5.0;
+
+// The tags of steps an rdmadev kernel failed in, in this task (timed out, cancelled,
+// superseded, its half gone): a transfer tagged so that arrives later is a failed step's,
+// and a receive discards it at once. The last kRemembered, the failures of many steps; a
+// later step whose 24-bit tag equals a remembered one only goes without the wait that
+// LeaveForItsStep gives a transfer it cannot place.
+class FailedSteps {
+ public:
+  static constexpr size_t kRemembered = 4096;
+  static FailedSteps& Global() {
+    static FailedSteps* steps = new FailedSteps;  // never destroyed: kernels outlive statics
+    return *steps;
+  }
+  void Add(uint32_t tag) {
+    if (!tag) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!known_.insert(tag).second) return;
+    order_.push_back(tag);
+    if (order_.size() > kRemembered) {
+      known_.erase(order_.front());
+      order_.pop_front();
+    }
+  }
+  bool Has(uint32_t tag) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return known_.count(tag) > 0;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::unordered_set<uint32_t> known_;
+  std::deque<uint32_t> order_;
+};
+
+// The sooner of two deadlines.
+rdmadev::Deadline Sooner(const rdmadev::Deadline& a, const rdmadev::Deadline& b) {
+  if (a.infinite) return b;
+  if (b.infinite) return a;
+  return a.at <= b.at ? a : b;
+}
+
 // Ends a pending progress wait when TF cancels the step (a failed peer kernel, a closed
 // session): the wait completes with kClosed, which becomes a Cancelled status. The callback is
 // registered before the wait is submitted, and nothing touches the CancellationManager after
@@ -235,6 +292,7 @@ class SendOp : public AsyncOpKernel {
       s = rdmadev::ChannelRegistry::Global().FindSender(channel_, deadline, &moving_from,
                                                         StepCancelled(ctx));
     } catch (const rdmadev::Error& e) {
+      FailedSteps::Global().Add(StepTagOf(ctx));
       ctx->SetStatus(ToStatus(e));
       done();
       return;
@@ -380,6 +438,7 @@ class SendOp : public AsyncOpKernel {
 
     void Done() {
       trace_.End("rdmadev.send", channel_, s_.peer, x_.tensor_data().size(), chunks_);
+      if (!ctx_->status().ok()) FailedSteps::Global().Add(tag_);
       done_();
     }
 
@@ -452,6 +511,10 @@ class SlotBuffer : public tensorflow::TensorBuffer {
     try {
       ring_->Release(seq_, rdmadev::Deadline::After(60));
     } catch (const std::exception& e) {
+      // The credit of a channel that went, or of a connection that broke (the pair is set up
+      // again, or its peer is gone), has no one to read it: nothing to report.
+      std::string why;
+      if (ring_->unbound() || !ring_->endpoint()->PeerAlive(&why)) return;
       rdmadev::LogEvent(std::string("failed to release a received slot: ") + e.what());
     }
   }
@@ -497,6 +560,7 @@ class RecvOp : public AsyncOpKernel {
     try {
       r = rdmadev::ChannelRegistry::Global().FindReceiver(channel_, deadline, StepCancelled(ctx));
     } catch (const rdmadev::Error& e) {
+      FailedSteps::Global().Add(StepTagOf(ctx));
       ctx->SetStatus(ToStatus(e));
       done();
       return;
@@ -567,41 +631,132 @@ class RecvOp : public AsyncOpKernel {
           gen = ++gen_;
           ticket_ = 0;
         }
+        const uint64_t let_go = r_.ring->LetGoWord()->load(std::memory_order_acquire);
         try {
-          n_ = r_.ring->Reserve();
+          res_ = r_.ring->Reserve(tag_);
+          slot_grace_ = rdmadev::Deadline::Never();
         } catch (const rdmadev::Error& e) {
-          Finish(AllSlotsHeld(e));
+          WaitForASlot(gen, let_go, e);
           return;
         }
         wait_since_ = trace_.Mark();
-        const std::atomic<uint64_t>* word = r_.ring->WordFor(n_);
-        if (word->load(std::memory_order_acquire) >= n_) {
+        const std::atomic<uint64_t>* word = r_.ring->WordFor(res_.n);
+        if (word->load(std::memory_order_acquire) >= res_.n) {
           if (Took(rdmadev::Status::Ok())) continue;
           return;
         }
         auto self = shared_from_this();
-        uint64_t ticket = 0;
-        try {
-          ticket = r_.domain->progress().Submit(
-              word, n_, deadline_, AliveOf(r_.ring, r_.peer),
-              [self](const rdmadev::Status& st, uint64_t) {
-                if (self->Took(st)) self->Wait();
-              },
-              nullptr, "transfer " + std::to_string(n_) + " on channel " + op_->channel_);
-        } catch (const rdmadev::Error& e) {
-          r_.ring->Abandon(n_);
-          Finish(ToStatus(e));
-          return;
+        auto parked = Park(gen, word, res_.n, deadline_, AliveOf(r_.ring, r_.peer),
+                           [self](const rdmadev::Status& st) {
+                             if (self->Took(st)) self->Wait();
+                           },
+                           "transfer " + std::to_string(res_.n) + " on channel " + op_->channel_);
+        if (!parked.ok()) {
+          r_.ring->Abandon(res_);
+          Finish(parked);
         }
-        bool cancelled;
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          if (gen == gen_) ticket_ = ticket;  // else the wait already completed and moved on
-          cancelled = cancelled_;
-        }
-        if (cancelled) r_.domain->progress().Cancel(ticket);
         return;
       }
+    }
+
+    // Hands a wait to the progress thread: `then` runs when `word` reaches `target`, `until`
+    // passes or `alive` says no. TF's cancellation of the step ends it (Cancel).
+    absl::Status Park(uint64_t gen, const std::atomic<uint64_t>* word, uint64_t target,
+                      rdmadev::Deadline until, rdmadev::Liveness alive,
+                      std::function<void(const rdmadev::Status&)> then, std::string what) {
+      uint64_t ticket = 0;
+      try {
+        ticket = r_.domain->progress().Submit(
+            word, target, until, std::move(alive),
+            [then = std::move(then)](const rdmadev::Status& st, uint64_t) { then(st); },
+            nullptr, std::move(what));
+      } catch (const rdmadev::Error& e) {
+        return ToStatus(e);
+      }
+      bool cancelled;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (gen == gen_) ticket_ = ticket;  // else the wait already completed and moved on
+        cancelled = cancelled_;
+      }
+      if (cancelled) r_.domain->progress().Cancel(ticket);
+      return absl::OkStatus();
+    }
+
+    // Every slot is held by earlier receives. On a planned channel (tagged) those belong to a
+    // step its caller gave up, and this waits up to kHeldSlotGraceS for one to be let go;
+    // otherwise, or past that, it is the caller's error (AllSlotsHeld).
+    void WaitForASlot(uint64_t gen, uint64_t let_go, const rdmadev::Error& e) {
+      if (slot_grace_.infinite) slot_grace_ = rdmadev::Deadline::After(kHeldSlotGraceS);
+      if (!tag_ || slot_grace_.passed()) {
+        Finish(AllSlotsHeld(e));
+        return;
+      }
+      auto self = shared_from_this();
+      auto parked = Park(
+          gen, r_.ring->LetGoWord(), let_go + 1, Sooner(slot_grace_, deadline_),
+          AliveOf(r_.ring, r_.peer),
+          [self](const rdmadev::Status& st) {
+            if (st.ok || (st.kind == rdmadev::ErrorKind::kTimeout && !self->deadline_.passed())) {
+              self->Wait();  // a slot went, or the grace is over: Reserve again (or fail)
+            } else {
+              self->Finish(WaitStatus(st, *self->r_.ring, self->op_->channel_));
+            }
+          },
+          "a slot of channel " + op_->channel_ + " held by an earlier step to be let go");
+      if (!parked.ok()) Finish(parked);
+    }
+
+    // Transfer res_.n is another step's, and that step is not known to have failed here: so
+    // this receive belongs to a step given up by its caller (or calls overlap), and the
+    // other step's receive is due to take its place (RingReceiver::Reserve). Leaves the
+    // transfer there until that happens (this receive then ends, Superseded), the step is
+    // known failed here, or kForeignTransferGraceS passes (it is then taken as a failed
+    // step's late transfer and discarded).
+    void LeaveForItsStep(uint32_t tag) {
+      uint64_t gen;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        gen = ++gen_;
+        ticket_ = 0;
+      }
+      auto ring = r_.ring;
+      const auto res = res_;
+      const std::string channel = op_->channel_;
+      auto alive = AliveOf(r_.ring, r_.peer);
+      auto self = shared_from_this();
+      auto parked = Park(
+          gen, ring->SupersededWord(), ring->SupersededWord()->load(std::memory_order_acquire) + 1,
+          Sooner(foreign_grace_, deadline_),
+          [ring, res, tag, alive](std::string* why) {
+            if (ring->Superseded(res) || FailedSteps::Global().Has(tag)) {
+              *why = "settled";  // Took sees which
+              return false;
+            }
+            return alive(why);
+          },
+          [self, tag](const rdmadev::Status& st) {
+            const bool settled = st.ok || self->r_.ring->Superseded(self->res_) ||
+                                 FailedSteps::Global().Has(tag) ||
+                                 (st.kind == rdmadev::ErrorKind::kTimeout && !self->deadline_.passed());
+            if (self->Took(settled ? rdmadev::Status::Ok() : st)) self->Wait();
+          },
+          "step " + std::to_string(tag) + "'s receive to claim transfer " + std::to_string(res.n) +
+              " on channel " + channel);
+      if (!parked.ok()) {
+        r_.ring->Abandon(res_);
+        Finish(parked);
+      }
+    }
+
+    // This receive's place went to a later step's receive (RingReceiver::Reserve).
+    absl::Status Superseded() const {
+      return tensorflow::errors::Aborted(
+          "rdmadev channel ", op_->channel_, ": a later step's receive on this channel began "
+          "while this one waited for transfer ", res_.n, ", and took its place. A function's "
+          "steps run one at a time on its channels, so this step had been given up by its "
+          "caller (a step run again after a failure, whose cancellation did not reach this "
+          "task) or two calls of the function overlap (serialize them)");
     }
 
     // Reserve fails only when every slot is held by an earlier receive that has not let go.
@@ -610,28 +765,43 @@ class RecvOp : public AsyncOpKernel {
     absl::Status AllSlotsHeld(const rdmadev::Error& e) const {
       return tensorflow::errors::FailedPrecondition(
           "rdmadev channel ", op_->channel_, ": ", e.what(),
-          " by earlier receives in this task. Either two calls of this function overlap here "
+          " by earlier receives in this task",
+          tag_ ? " (for " + std::to_string(static_cast<int>(kHeldSlotGraceS)) + " s)" : "",
+          ". Either two calls of this function overlap here "
           "(rdmadev's channels carry one step of a function at a time: serialize the calls; "
           "rdmadev.optimize does for calls from Python threads, and a TF1 session must not run "
           "these fetches in two threads at once), or a consumer keeps a received tensor past "
           "its step (RDMADEV_ZERO_COPY_MIN_BYTES=1T turns zero-copy receive off)");
     }
 
-    // The wait for transfer n_ ended with `st`: takes its slot. True when the execution needs
+    // The wait for transfer res_.n ended with `st`: takes its slot. True when the execution needs
     // another transfer (the next chunk, or a stale transfer was discarded); else it finished.
     bool Took(const rdmadev::Status& st) {
       trace_.Phase("rdmadev.wait_data", wait_since_);
+      if (r_.ring->Superseded(res_)) {
+        Finish(Superseded());
+        return false;
+      }
       if (!st.ok) {
-        if (!r_.ring->Abandon(n_)) {
-          rdmadev::LogEvent("channel " + op_->channel_ + ": transfer " + std::to_string(n_) +
+        if (!r_.ring->Abandon(res_)) {
+          rdmadev::LogEvent("channel " + op_->channel_ + ": transfer " + std::to_string(res_.n) +
                             " was given up while a later one was reserved (overlapping steps); "
                             "the channel is out of step");
         }
         Finish(WaitStatus(st, *r_.ring, op_->channel_));
         return false;
       }
+      const uint32_t tag = r_.ring->TagAt(res_.n);
+      if (tag_ && tag && tag != tag_ && !gathering_ && !FailedSteps::Global().Has(tag)) {
+        if (foreign_grace_.infinite) foreign_grace_ = rdmadev::Deadline::After(kForeignTransferGraceS);
+        if (!foreign_grace_.passed()) {
+          LeaveForItsStep(tag);
+          return false;
+        }
+      }
+      foreign_grace_ = rdmadev::Deadline::Never();
       try {
-        rdmadev::Slot slot = r_.ring->Take(n_);
+        rdmadev::Slot slot = r_.ring->Take(res_);
         if (slot.moved) {  // the sender moved to the successor ring: wait there
           r_.ring->Retire();
           auto next = rdmadev::ChannelRegistry::Global().AdvanceReceiver(op_->channel_);
@@ -655,8 +825,8 @@ class RecvOp : public AsyncOpKernel {
           }
           return true;
         }
-        if (tag_ && slot.tag && slot.tag != tag_) {
-          r_.ring->Discard(n_, rdmadev::Deadline::After(60));
+        if (tag_ && slot.tag && slot.tag != tag_) {  // a failed step's, late
+          r_.ring->Discard(res_.n, rdmadev::Deadline::After(60));
           return true;
         }
         if (slot.dead) {
@@ -863,6 +1033,7 @@ class RecvOp : public AsyncOpKernel {
 
     void Finish(const tensorflow::Status& s) {
       trace_.End("rdmadev.recv", op_->channel_, r_.peer, received_, chunks_);
+      if (!s.ok()) FailedSteps::Global().Add(tag_);
       if (s.ok() && gathering_) r_.ring->Want(total_);  // it came in chunks: grow the ring
       if (cm_) cm_->TryDeregisterCallback(token_);  // drops the callback's reference to this
       if (!s.ok()) ctx_->SetStatus(s);
@@ -880,7 +1051,10 @@ class RecvOp : public AsyncOpKernel {
     std::mutex mu_;
     bool cancelled_ = false;
     uint64_t gen_ = 0, ticket_ = 0;
-    uint64_t n_ = 0;  // the reservation being waited for
+    rdmadev::RingReceiver::Reservation res_;  // the reservation being waited for
+    // When the grace ends for a slot to be let go (every slot found held), and for another
+    // step's transfer to be claimed by that step (LeaveForItsStep); Never(): not waiting.
+    rdmadev::Deadline slot_grace_, foreign_grace_;
     // A dynamic tensor arriving in chunks: its output buffer, bytes received and due.
     bool gathering_ = false;
     char* dst_ = nullptr;

@@ -43,6 +43,7 @@ cdef extern from "channel.h" namespace "rdmadev":
         uint64_t received
         uint64_t discarded
         uint64_t abandoned
+        uint64_t superseded
         uint64_t grown
         uint64_t staged
         uint64_t stages
