@@ -7,8 +7,8 @@ namespace rdmadev {
 
 namespace {
 
-std::atomic<uint64_t> g_sent{0}, g_received{0}, g_discarded{0}, g_abandoned{0}, g_superseded{0}, g_grown{0},
-    g_staged{0}, g_stages{0};
+std::atomic<uint64_t> g_sent{0}, g_received{0}, g_discarded{0}, g_abandoned{0}, g_superseded{0},
+    g_grown{0}, g_staged{0}, g_stages{0};
 
 // A slot's length word (channel.h): `len` (a payload length or a marker length) and step `tag`.
 uint64_t LengthWord(uint64_t len, uint32_t tag) {
@@ -223,7 +223,7 @@ RingReceiver::Reservation RingReceiver::Reserve(uint32_t tag) {
                   [tag](const Waiting& w) { return w.tag && w.tag != tag; });
   if (others_wait) {  // their sequence numbers are this step's to wait for
     g_superseded.fetch_add(waiting_.size(), std::memory_order_relaxed);
-    superseded_below_ = next_gen_;
+    superseded_below_.store(next_gen_, std::memory_order_release);
     reserved_ = acquired_;
     waiting_.clear();
     superseded_.fetch_add(1, std::memory_order_release);
@@ -251,8 +251,7 @@ void RingReceiver::Forget(uint64_t gen) {
 }
 
 bool RingReceiver::Superseded(const Reservation& r) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return r.gen < superseded_below_;
+  return r.gen < superseded_below_.load(std::memory_order_acquire);
 }
 
 uint32_t RingReceiver::TagAt(uint64_t n) const {

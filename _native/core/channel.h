@@ -270,7 +270,9 @@ class RingReceiver {
   uint64_t reserved_;  // highest sequence handed out by Reserve()
   std::vector<Waiting> waiting_;  // reservations in (acquired_, reserved_], oldest first
   uint64_t next_gen_ = 1;
-  uint64_t superseded_below_ = 0;  // a reservation still waiting with a lower gen is superseded
+  // A reservation still waiting with a lower gen is superseded; written under mu_, read
+  // without it (Superseded: every receive asks).
+  std::atomic<uint64_t> superseded_below_{0};
   std::atomic<uint64_t> superseded_{0}, let_go_{0};
   bool retired_ = false;
   std::atomic<uint64_t> wanted_{0};

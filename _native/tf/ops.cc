@@ -720,33 +720,36 @@ class RecvOp : public AsyncOpKernel {
         gen = ++gen_;
         ticket_ = 0;
       }
-      auto ring = r_.ring;
-      const auto res = res_;
-      const std::string channel = op_->channel_;
+      const auto* superseded = r_.ring->SupersededWord();
       auto alive = AliveOf(r_.ring, r_.peer);
       auto self = shared_from_this();
       auto parked = Park(
-          gen, ring->SupersededWord(), ring->SupersededWord()->load(std::memory_order_acquire) + 1,
+          gen, superseded, superseded->load(std::memory_order_acquire) + 1,
           Sooner(foreign_grace_, deadline_),
-          [ring, res, tag, alive](std::string* why) {
-            if (ring->Superseded(res) || FailedSteps::Global().Has(tag)) {
-              *why = "settled";  // Took sees which
-              return false;
-            }
-            return alive(why);
+          [self, tag, alive](std::string* why) {
+            if (!self->Placed(tag)) return alive(why);
+            *why = "placed";  // Took sees how
+            return false;
           },
           [self, tag](const rdmadev::Status& st) {
-            const bool settled = st.ok || self->r_.ring->Superseded(self->res_) ||
-                                 FailedSteps::Global().Has(tag) ||
-                                 (st.kind == rdmadev::ErrorKind::kTimeout && !self->deadline_.passed());
-            if (self->Took(settled ? rdmadev::Status::Ok() : st)) self->Wait();
+            // Took ends this receive (superseded), discards the transfer (a failed step's, or
+            // the grace is over) or leaves it again (another receive was superseded).
+            const bool placed = st.ok || self->Placed(tag) ||
+                                (st.kind == rdmadev::ErrorKind::kTimeout && !self->deadline_.passed());
+            if (self->Took(placed ? rdmadev::Status::Ok() : st)) self->Wait();
           },
-          "step " + std::to_string(tag) + "'s receive to claim transfer " + std::to_string(res.n) +
-              " on channel " + channel);
+          "step " + std::to_string(tag) + "'s receive to claim transfer " + std::to_string(res_.n) +
+              " on channel " + op_->channel_);
       if (!parked.ok()) {
         r_.ring->Abandon(res_);
         Finish(parked);
       }
+    }
+
+    // Whether it is settled what becomes of transfer res_.n, a transfer of step `tag`: this
+    // receive was superseded, or that step is known to have failed here.
+    bool Placed(uint32_t tag) const {
+      return r_.ring->Superseded(res_) || FailedSteps::Global().Has(tag);
     }
 
     // This receive's place went to a later step's receive (RingReceiver::Reserve).

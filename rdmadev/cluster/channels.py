@@ -782,18 +782,19 @@ class ChannelTable:
         Returns:
             ``{"channels", "senders", "receivers", "parked", "retired", "regions",
             "registered_bytes", "transfers", "sent", "received", "discarded", "abandoned",
-            "superseded", "grown", "staged", "stages", "waits", "fds", "memfd_maps", "notices", "reopened",
-            "peers", "silent_peers", "py_threads"}``: channel halves bound here, sending halves
-            unbound but parked (their receiver had not credited all they sent; their memory goes
-            once it has), receiving halves unbound but retired (verbs: their ring stays
-            registered for the sender's late writes, LATE_WRITE_GRACE_S), regions and their
-            bytes in this task's Domain, transfers completed by this process (of the received,
-            those a failed step left behind and that were discarded unread; receives that ended
-            without a transfer, and those a later step's receive took the place of), larger rings registered for channels whose tensors outgrew
-            their slots (growth), tensors sent staged and the stages registered for them, waits
-            pending on the progress thread, open file descriptors, mappings of rdmadev memfds
-            (its own regions and peers' mapped here), release requests sent to peers and failed,
-            pairs set up again after their connection broke (reopen), the peer tasks this task
+            "superseded", "grown", "staged", "stages", "waits", "fds", "memfd_maps", "notices",
+            "reopened", "peers", "silent_peers", "py_threads"}``: channel halves bound here,
+            sending halves unbound but parked (their receiver had not credited all they sent;
+            their memory goes once it has), receiving halves unbound but retired (verbs: their
+            ring stays registered for the sender's late writes, LATE_WRITE_GRACE_S), regions and
+            their bytes in this task's Domain, transfers completed by this process (of the
+            received, those a failed step left behind and that were discarded unread; receives
+            that ended without a transfer, and those a later step's receive took the place of),
+            larger rings registered for channels whose tensors outgrew their slots (growth),
+            tensors sent staged and the stages registered for them, waits pending on the
+            progress thread, open file descriptors, mappings of rdmadev memfds (its own regions
+            and peers' mapped here), release requests sent to peers and failed, pairs set up
+            again after their connection broke (reopen), the peer tasks this task
             has endpoints to and those marked silent (liveness.py), Python threads (rdmadev's
             own: control connections, heartbeats, watchers; TF's threads are native).
         """

@@ -164,11 +164,11 @@ def cut_connection(cluster):
     applied += STEPS
     while time.monotonic() < deadline and _held() != before:
         time.sleep(0.5)
-    now, counters = _reopened(), rdmadev.counters()
+    now = rdmadev.counters()
     return {"applied": applied, "in_flight": STEPS, "w": float(w[0, 0].numpy()), "cut": cut,
-            "reopened": {t: now[t] - reopened[t] for t in now},
+            "reopened": {t: c["reopened"] - reopened[t] for t, c in now.items()},
             # receives of retried steps' stale parts that the next step's took the place of
-            "superseded": {t: c["superseded"] for t, c in counters.items()},
+            "superseded": {t: c["superseded"] for t, c in now.items()},
             "swapped": sum("transfers swapped" in str(r) for r in step.reports),
             "before": before, "after": _held()}
 
