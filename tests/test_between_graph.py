@@ -7,11 +7,13 @@ MonitoredTrainingSession, one client per worker, both workers at once) on real T
 once on a gRPC cluster and once on a grpc+rdmadev cluster, compared bitwise."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import tf_cluster
@@ -304,12 +306,20 @@ def test_conditionals_and_loops_across_tasks_swap_their_halves_with_their_deadne
 # partitioner places on ps (a Switch goes where its data is): every run skips one of its
 # branches. Optionally paced (seconds per run) so that the test can kill a ps mid-job.
 MONITORED = """
-import json, sys, time
+import json, sys, threading, time
 import numpy as np
 import tensorflow as tf
 tf.compat.v1.disable_eager_execution()
 cluster, last_step, pace = json.loads(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+cut_after, worker_pid = (int(a) for a in sys.argv[5:7]) if len(sys.argv) > 5 else (0, 0)
 v1 = tf.compat.v1
+if cut_after:  # the rdmadev tcp connections of worker:0 to ps:0 are reset during run cut_after
+    import rdmadev
+    from rdmadev.cluster import runtime
+    from rdmadev.testing import faults
+    rdmadev.counters(cluster)  # connects this process's control client
+    ps = runtime.current().call("/job:ps/replica:0/task:0", {"op": "ping"})["address"]
+    cut = threading.Timer(0.01, lambda: faults.reset_connections(ps, worker_pid, "tcp"))
 with tf.Graph().as_default():
     setter = v1.train.replica_device_setter(
         worker_device="/job:worker/task:0", cluster=tf.train.ClusterSpec(cluster))
@@ -345,6 +355,8 @@ with tf.Graph().as_default():
             master="grpc://" + cluster["worker"][0], is_chief=True, hooks=hooks) as sess:
         while not sess.should_stop():
             runs += 1
+            if runs == cut_after:
+                cut.start()
             if runs % 3 == 0:
                 evaluated.append(float(sess.run(loss, {training: False})))
             else:
@@ -362,20 +374,23 @@ print("RESULT " + json.dumps(out), flush=True)
 LAST_STEP = 30
 
 
-def _monitored(rpc_layer, kill_ps_after=None):
+def _monitored(rpc_layer, kill_ps_after=None, cut_after=None):
     """Runs MONITORED to LAST_STEP on a fresh 2 ps + 1 worker cluster; with `kill_ps_after`,
     kills ps 0 (SIGKILL; it holds the global step and half the table) once the client has run
-    that many times and starts it again on its address. Returns the client's RESULT and its
-    output."""
-    cluster = tf_cluster.Cluster(num_ps=2, num_workers=1, env=ENV,
+    that many times and starts it again on its address; with `cut_after` (tcp fabric), the
+    client resets worker:0's rdmadev connection to ps 0 during that run. Returns the client's
+    RESULT and its output."""
+    env = {**ENV, "RDMADEV_FABRIC": "tcp"} if cut_after else ENV
+    cluster = tf_cluster.Cluster(num_ps=2, num_workers=1, env=env,
                                  launcher=tf_cluster.protocol_launcher(rpc_layer))
     cluster.start()
     try:
-        pace = "0.05" if kill_ps_after else "0"
+        pace = "0.05" if kill_ps_after or cut_after else "0"
         ours = "rdmadev" if rpc_layer == protocol.PROTOCOL else "grpc"
+        cut = [str(cut_after), str(cluster.pid("worker", 0))] if cut_after else []
         p = subprocess.Popen([sys.executable, "-c", MONITORED, json.dumps(cluster.spec),
-                              str(LAST_STEP), pace, ours], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, env={**os.environ, **ENV})
+                              str(LAST_STEP), pace, ours, *cut], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, env={**os.environ, **env})
         timer = threading.Timer(CLIENT_TIMEOUT_S, p.kill)
         timer.start()
         lines = []
@@ -395,9 +410,15 @@ def _monitored(rpc_layer, kill_ps_after=None):
         cluster.stop()
 
 
+@pytest.fixture(scope="module")
+def monitored_on_grpc():
+    """MONITORED's RESULT on gRPC: what an uninterrupted job trains."""
+    return _monitored("grpc")[0]
+
+
 @pytest.mark.tf
-def test_monitored_training_session_with_a_global_step_trains_as_on_grpc():
-    grpc, _ = _monitored("grpc")
+def test_monitored_training_session_with_a_global_step_trains_as_on_grpc(monitored_on_grpc):
+    grpc = monitored_on_grpc
     ours, _ = _monitored(protocol.PROTOCOL)
     assert grpc["step"] == ours["step"] == ours["trained"] == LAST_STEP
     assert ours["evaluated"] == grpc["evaluated"] and ours["variables"] == grpc["variables"], \
@@ -407,7 +428,7 @@ def test_monitored_training_session_with_a_global_step_trains_as_on_grpc():
 
 @pytest.mark.tf
 @pytest.mark.slow
-def test_monitored_training_session_recovers_from_a_killed_ps():
+def test_monitored_training_session_recovers_from_a_killed_ps(monitored_on_grpc):
     """kill -9 of a ps mid-job, then the ps started again: MonitoredTrainingSession sees the
     run fail (rdmadev's error for a lost peer is TF's UnavailableError, which it recovers
     from), opens a new session (the chief initializes every variable again: no checkpoint)
@@ -416,5 +437,132 @@ def test_monitored_training_session_recovers_from_a_killed_ps():
     ours, output = _monitored(protocol.PROTOCOL, kill_ps_after=15)
     assert ours["step"] == LAST_STEP and ours["trained"] > LAST_STEP, output[-4000:]
     assert all(ours["transfers"].values()), f"a task moved nothing over rdmadev: {ours['transfers']}"
-    grpc, _ = _monitored("grpc")
-    assert ours["variables"] == grpc["variables"]
+    assert ours["variables"] == monitored_on_grpc["variables"]
+
+
+@pytest.mark.tf
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ss"),
+                    reason="resetting a connection (ss -K) needs root and iproute2")
+def test_monitored_training_session_trains_on_through_a_connection_cut_mid_step(
+        monitored_on_grpc):
+    """worker:0's rdmadev connection to ps 0 is reset while a run is in flight, both tasks
+    running on: the run it hits fails as Unavailable, MonitoredTrainingSession opens a new
+    session (whose halves are offered while the old ones are met again: one setup at a time;
+    the chief initializes every variable again: no checkpoint), and the job trains to
+    LAST_STEP over rdmadev, ending where an uninterrupted job ends."""
+    ours, output = _monitored(protocol.PROTOCOL, cut_after=12)
+    assert ours["step"] == LAST_STEP and ours["trained"] > LAST_STEP, output[-4000:]
+    assert all(ours["transfers"].values()), f"a task moved nothing over rdmadev: {ours['transfers']}"
+    assert ours["variables"] == monitored_on_grpc["variables"]
+
+
+# A plain TF1 session (no MonitoredTrainingSession to open it again) over the tcp fabric. Each
+# step reads the ps's variable on the worker and sends back what the ps adds to it (a pair
+# each way). The rdmadev connection between worker:0 and the ps is reset (ss -K) twice: once
+# with no step running, then while a thread runs steps back to back, each time until both tasks
+# set their half pairs up again; the session runs on. argv: cluster spec, worker:0's pid.
+CUT = """
+import json, os, sys, threading, time
+import numpy as np
+import tensorflow as tf
+import rdmadev
+from rdmadev.cluster import runtime
+from rdmadev.testing import faults
+tf.compat.v1.disable_eager_execution()
+v1 = tf.compat.v1
+cluster, worker_pid = json.loads(sys.argv[1]), int(sys.argv[2])
+PS, W0 = "/job:ps/replica:0/task:0", "/job:worker/replica:0/task:0"
+
+def cut_and_wait():
+    before = rdmadev.counters(cluster)
+    cut = faults.reset_connections(ps, worker_pid, "tcp")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # until both set their pairs up again (bounded)
+        now = rdmadev.counters(cluster)
+        if all(now[t]["reopened"] > before[t]["reopened"] for t in (PS, W0)):
+            break
+        time.sleep(0.2)
+    return cut, {t: now[t]["reopened"] - before[t]["reopened"] for t in (PS, W0)}
+
+with tf.Graph().as_default():
+    with tf.device("/job:ps/task:0"):
+        v = v1.get_variable("v", [1024], initializer=v1.zeros_initializer())
+    with tf.device("/job:worker/task:0"):
+        delta = tf.floor(v * 0.001) + tf.range(1, 1025, dtype=tf.float32)
+    with tf.device("/job:ps/task:0"):
+        train = v1.assign_add(v, delta)
+    with v1.Session("grpc://" + cluster["worker"][0]) as sess:
+        sess.run(v1.global_variables_initializer())
+        out = {"values": [sess.run(train).tobytes().hex() for _ in range(3)]}
+        rdmadev.counters(cluster)  # connects this process's control client
+        ps = runtime.current().call(PS, {"op": "ping"})["address"]
+        out["idle"] = cut_and_wait()
+        out["values"] += [sess.run(train).tobytes().hex() for _ in range(3)]
+        runs = {"ok": 0, "failed": [], "stop": threading.Event()}
+
+        def steps():  # bounded: stopped below, and each step ends by the tasks' deadline
+            while not runs["stop"].is_set():
+                try:
+                    sess.run(train)
+                    runs["ok"] += 1
+                except (tf.errors.UnavailableError, tf.errors.AbortedError) as e:
+                    runs["failed"].append(type(e).__name__ + ": " + e.message[:300])
+        stepping = threading.Thread(target=steps)
+        stepping.start()
+        time.sleep(0.5)
+        out["running"] = cut_and_wait()
+        after, deadline = runs["ok"], time.monotonic() + 120
+        out["failed_before_reopened"] = len(runs["failed"])
+        while runs["ok"] < after + 10 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        moved = rdmadev.counters(cluster)
+        time.sleep(0.5)
+        runs["stop"].set()
+        stepping.join()
+        out["moved"] = {t: c["transfers"] - moved[t]["transfers"]
+                        for t, c in rdmadev.counters(cluster).items()}
+        out.update(ok=runs["ok"], failed=len(runs["failed"]), failures=runs["failed"][:3],
+                   final=sess.run(v).tobytes().hex())
+print("RESULT " + json.dumps(out), flush=True)
+"""
+
+
+@pytest.mark.tf
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ss"),
+                    reason="resetting a connection (ss -K) needs root and iproute2")
+def test_a_session_whose_connection_to_the_ps_was_cut_trains_on_over_rdmadev():
+    """The half pairs of a session whose rdmadev connection broke, both tasks running on, are
+    met again (each by its receiving task), and the same session's next steps run on them.
+    Cut with no step running, no step fails and every value is what the same arithmetic
+    gives in numpy; cut mid-step, the steps it hit fail as transient (Unavailable or
+    Aborted), the later ones move over rdmadev, and the variable holds exactly the
+    applications of the steps that ran (a failed one may have been applied on the ps)."""
+    env = {**ENV, "RDMADEV_FABRIC": "tcp"}
+    cluster = tf_cluster.Cluster(num_ps=1, num_workers=1, env=env,
+                                 launcher=tf_cluster.protocol_launcher(protocol.PROTOCOL))
+    cluster.start()
+    try:
+        p = subprocess.run([sys.executable, "-c", CUT, json.dumps(cluster.spec),
+                            str(cluster.pid("worker", 0))], capture_output=True, text=True,
+                           timeout=CLIENT_TIMEOUT_S, env={**os.environ, **env})
+    finally:
+        cluster.stop()
+    r = _printed(p.returncode, p.stdout + p.stderr, "RESULT ")
+    ps = "/job:ps/replica:0/task:0"
+    for when in ("idle", "running"):
+        cut, reopened = r[when]
+        # each task receives on a half pair, so each met one again (a region from the other)
+        assert cut >= 1 and reopened[ps] >= 1 and reopened[W0] >= 1, (when, r)
+    x = np.arange(1, 1025, dtype=np.float32)
+    applied = [np.zeros(1024, np.float32)]
+    for _ in range(6 + r["ok"] + r["failed"]):
+        applied.append(applied[-1] + (np.floor(applied[-1] * np.float32(0.001)) + x))
+    assert r["values"] == [a.tobytes().hex() for a in applied[1:7]]
+    assert r["ok"] >= 10 and all(n > 0 for n in r["moved"].values()), r
+    # Steps fail (at once) from the cut until both tasks met their pairs again; of those
+    # begun before that, at most the two in flight then fail after it.
+    assert r["failed"] >= 1 and r["failed"] - r["failed_before_reopened"] <= 2, r
+    for failure in r["failures"]:
+        assert failure.startswith("UnavailableError") and "connection" in failure, failure
+    ran = [a.tobytes().hex() for a in applied[6 + r["ok"]:]]
+    assert r["final"] in ran, "the variable is not the result of the steps that ran"

@@ -335,6 +335,11 @@ void ChannelRegistry::LetGo(const std::string& key, Half half) {
   Unbind(key, half);
 }
 
+bool ChannelRegistry::Held(const std::string& key, Half half) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return holders_.count({key, half}) > 0;
+}
+
 void ChannelRegistry::Fail(const std::string& key, Half half, const std::string& why,
                            const std::string& hint) {
   {

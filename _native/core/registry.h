@@ -163,6 +163,9 @@ class ChannelRegistry {
   // half is unbound when its last holder lets go.
   void Hold(const std::string& key, Half half);
   void LetGo(const std::string& key, Half half);
+  // Whether a kernel holds `half` of `key` (a half pair its graph still runs: the control
+  // plane sets such a half up again after its connection broke).
+  bool Held(const std::string& key, Half half) const;
 
   Counts CountsFor(const Domain* domain) const;
   std::vector<std::string> Keys() const;

@@ -74,8 +74,8 @@ HALF_FIX = ("start every task with the grpc+rdmadev protocol (or RDMADEV_AUTO=1)
             "same RDMADEV_SECRET and rdmadev version in each")
 
 #: The fix named when the channels of a connection that broke cannot be set up again.
-REOPEN_FIX = ("retrace or re-create the function that uses them (or restart the job); "
-              "`rdmadev doctor` checks the fabric between the two tasks")
+REOPEN_FIX = ("retrace or re-create the function or TF1 session that uses them (or restart "
+              "the job); `rdmadev doctor` checks the fabric between the two tasks")
 
 #: Seconds one ``half_sizes`` request waits at the sender for its pass before answering with
 #: what is still missing; the receiver asks again until its deadline. Short, so the control
@@ -184,6 +184,8 @@ class ChannelTable:
         self.closing = threading.Event()
         self.received = {}  # instance -> its open_pairs entries received here, until released
         self.wanted = {}  # key -> bytes (None: run-time shape) of the sending halves planned here
+        self.offered = {}  # sender task -> {key: channel entry}: receiving halves offered here
+        self.meeting = threading.Lock()  # one half-pair setup at a time (_meet, reopen)
         self.wanting = threading.Condition(self.lock)  # notified when `wanted` grows
         self.grown = {}  # key -> (RingSender, lease, receiver): set up, not bound (growth)
         self.not_grown = set()  # keys whose growth failed: they keep their slots
@@ -369,7 +371,8 @@ class ChannelTable:
     #         attach_halves -> sender  (attach_senders)
     #
     # Either pass may run first; a half that never meets its peer fails at the deadline, or at
-    # once when setting it up failed (the peer task runs without rdmadev: _give_up). The
+    # once when setting it up failed (the peer task runs without rdmadev: _give_up). A pair
+    # whose connection broke is met again by reopen ("broken connections" below). The
     # kernels wait for their half to be bound (the registry's deadline) and hold it while they
     # live; the last one TF destroys unbinds it (the `owned` attr: ops.cc).
 
@@ -409,6 +412,8 @@ class ChannelTable:
         "slots", "capacity_bytes" and "rank_capacity") from task `sender`, skipping those bound
         here already (the session's earlier graph shares them). ``on_met(fabric, bytes)`` is
         called once they are bound; if they cannot be, their kernels fail (HALF_FIX)."""
+        with self.lock:  # kept for setting them up again after a broken connection (reopen)
+            self.offered.setdefault(sender, {}).update((c["key"], c) for c in channels)
         bound = set(_core.bound_channels())
         todo = [c for c in channels if "recv:" + c["key"] not in bound]
         for c in todo:
@@ -419,27 +424,38 @@ class ChannelTable:
 
     def _meet(self, sender, channels, on_met):
         try:
-            sizes = self._sender_sizes(sender, [c["key"] for c in channels])
-            laid, offset = [], 0
-            for c in sorted(channels, key=lambda c: c["key"]):
-                known = sizes.get(c["key"])
-                fits = type(known) is int and 0 <= known <= self.config.max_tensor_bytes
-                capacity = known if fits else c["capacity_bytes"]
-                slot, payload = slot_bytes(capacity, c["rank_capacity"])
-                # a known size is a static channel's, as planned here for this config
-                slots = PlanConfig(slots=self.config.slots).slots_for(None) if fits else c["slots"]
-                laid.append({"key": c["key"], "slots": slots, "slot_bytes": slot,
-                             "payload_offset": payload, "capacity_bytes": capacity,
-                             "offset": offset})
-                offset += slots * slot
-            size = -(-offset // REGION_ALIGNMENT) * REGION_ALIGNMENT
-            done = self._open_pair(HALF_PAIRS, {"sender": sender, "bytes": size, "channels": laid},
-                                   attach="attach_halves")
+            with self.meeting:  # a reopen or an earlier graph's offer may have bound some
+                bound = set(_core.bound_channels())
+                channels = [c for c in channels if "recv:" + c["key"] not in bound]
+                if not channels:
+                    return
+                fabric, size = self._meet_now(sender, channels)
             if on_met is not None:
-                on_met(done["fabric"], size)
+                on_met(fabric, size)
         except Exception as e:  # nothing tries again until a new graph offers them
             self._give_up([c["key"] for c in channels], "recv",
                           f"setting up the pair from task {sender} failed: {_reason(e)}")
+
+    def _meet_now(self, sender, channels):
+        """Lays out the receiving halves `channels` from `sender` in one region and binds
+        both halves of each; returns (fabric, region bytes)."""
+        sizes = self._sender_sizes(sender, [c["key"] for c in channels])
+        laid, offset = [], 0
+        for c in sorted(channels, key=lambda c: c["key"]):
+            known = sizes.get(c["key"])
+            fits = type(known) is int and 0 <= known <= self.config.max_tensor_bytes
+            capacity = known if fits else c["capacity_bytes"]
+            slot, payload = slot_bytes(capacity, c["rank_capacity"])
+            # a known size is a static channel's, as planned here for this config
+            slots = PlanConfig(slots=self.config.slots).slots_for(None) if fits else c["slots"]
+            laid.append({"key": c["key"], "slots": slots, "slot_bytes": slot,
+                         "payload_offset": payload, "capacity_bytes": capacity,
+                         "offset": offset})
+            offset += slots * slot
+        size = -(-offset // REGION_ALIGNMENT) * REGION_ALIGNMENT
+        done = self._open_pair(HALF_PAIRS, {"sender": sender, "bytes": size, "channels": laid},
+                               attach="attach_halves")
+        return done["fabric"], size
 
     def _sender_sizes(self, sender, keys):
         """``{key: bytes or None}`` from task `sender` once its pass planned every key of
@@ -635,7 +651,10 @@ class ChannelTable:
     #
     # reopen sets up again, as open_pairs did, each pair from its sender that an instantiation
     # still holds here and that lost a half on either task (bound_senders asks the sender):
-    # both tasks may see one break, and a pair set up again is whole the second time. The step
+    # both tasks may see one break, and a pair set up again is whole the second time. Half
+    # pairs (TF1) are met again likewise, those whose receiving half a graph's kernels still
+    # hold here (_held_halves_locked), one setup at a time with new graphs' offers (meeting:
+    # two setups of one key crossing would bind a sender to the other's ring). The step
     # the break hit fails, and so does one that looks for the halves before they are bound
     # again (Unavailable: they are marked lost, registry.h UnbindPeer); the next run on fresh
     # rings (epoch 0 on both sides; a late write of the failed step carries its step tag and
@@ -673,20 +692,34 @@ class ChannelTable:
             ``{"reopened": pairs set up again}``.
         """
         sender = r["sender"]
-        with self.reopening:
+        with self.reopening, self.meeting:
             self._sweep_dead_peers()  # a break this task has not looked at yet
             with self.lock:
                 held = [(i, p) for i, pairs in self.received.items() for p in pairs
                         if p["sender"] == sender]
-            if not held or self.closing.is_set():
+                halves = self._held_halves_locked(sender)
+            if not (held or halves) or self.closing.is_set():
                 return {"reopened": 0}
-            keys = [c["key"] for _, p in held for c in p["channels"]]
+            keys = [c["key"] for _, p in held for c in p["channels"]] + [c["key"] for c in halves]
             whole = set(self.call(sender, {"op": "bound_senders", "keys": keys}))
             whole &= {k[len("recv:"):] for k in _core.bound_channels() if k.startswith("recv:")}
             broken = [(i, p) for i, p in held if any(c["key"] not in whole for c in p["channels"])]
             n = sum(self._reopen_pair(instance, p) for instance, p in broken)
+            torn = [c for c in halves if c["key"] not in whole]
+            if torn:
+                n += self._reopen_halves(sender, torn)
             self.reopened += n
             return {"reopened": n}
+
+    def _held_halves_locked(self, sender):
+        """The receiving halves of half pairs from `sender` that a TF graph here still holds
+        (under self.lock). Those neither held nor bound are forgotten: their graphs went."""
+        offered = self.offered.get(sender, {})
+        bound = set(_core.bound_channels())
+        for key in [k for k in offered if not _core.half_held(k, "recv")]:
+            if "recv:" + key not in bound:
+                del offered[key]
+        return [c for k, c in offered.items() if _core.half_held(k, "recv")]
 
     def _reopen_pair(self, instance, p):
         """open_pairs again for one pair of `instance`: True if it is set up. If that fails,
@@ -696,13 +729,7 @@ class ChannelTable:
         try:
             self._open_pair(instance, p)
         except Exception as e:
-            failed = [f"its connection to task {sender} broke and setting the pair up again "
-                      f"failed: {_reason(e)}", getattr(e, "hint", None) or REOPEN_FIX]
-            self.release({"keys": keys, "half": "recv", "failed": failed})
-            self._notify(sender, keys, "send", failed=failed)
-            log.warning("rdmadev: %d channel(s) from %s to %s (first %s) stay unbound, and the "
-                        "steps using them fail: %s", len(keys), sender, self.task, keys[0],
-                        failed[0])
+            self._not_reopened(sender, keys, e)
             return False
         with self.lock:
             released = instance not in self.received
@@ -710,6 +737,27 @@ class ChannelTable:
             self.release({"keys": keys, "half": "recv"})
             self._notify(sender, keys, "send")
         return True
+
+    def _reopen_halves(self, sender, channels):
+        """Meets again the half pairs `channels` from `sender` (one region, as _meet does):
+        True if they are set up; if not, their steps fail at once on both tasks, saying why."""
+        try:
+            self._meet_now(sender, channels)
+        except Exception as e:
+            self._not_reopened(sender, [c["key"] for c in channels], e)
+            return False
+        return True
+
+    def _not_reopened(self, sender, keys, e):
+        """The channels `keys` from `sender` could not be set up again (`e`): the steps using
+        them fail at once on both tasks with why (and the fix of the cause, when it names one)."""
+        failed = [f"its connection to task {sender} broke and setting the pair up again "
+                  f"failed: {_reason(e)}", getattr(e, "hint", None) or REOPEN_FIX]
+        self.release({"keys": keys, "half": "recv", "failed": failed})
+        self._notify(sender, keys, "send", failed=failed)
+        log.warning("rdmadev: %d channel(s) from %s to %s (first %s) stay unbound, and the "
+                    "steps using them fail: %s", len(keys), sender, self.task, keys[0],
+                    failed[0])
 
     def bound_senders(self, r):
         """The channels of ``r["keys"]`` whose sending half is bound here, on a connection

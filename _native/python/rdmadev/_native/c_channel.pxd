@@ -125,6 +125,7 @@ cdef extern from "registry.h" namespace "rdmadev":
         size_t Unbind(const string& key, Half half, double park_s)
         void Fail(const string& key, Half half, const string& why, const string& hint)
         void Unfail(const string& key, Half half)
+        bool Held(const string& key, Half half)
         size_t UnbindDomain(const Domain* domain)
         size_t UnbindPeer(const Domain* domain, const string& peer, const string& why)
         size_t ReleaseDrained()

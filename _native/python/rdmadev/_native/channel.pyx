@@ -404,6 +404,14 @@ def unfail_half(key, half):
     ChannelRegistry.Global().Unfail(as_bytes(key), _half(half))
 
 
+def half_held(key, half):
+    """Whether a TF kernel holds `half` ("send" or "recv") of channel `key` in this process:
+    a half pair whose graph TF still runs (the ops' `owned` attr)."""
+    if half not in ("send", "recv"):
+        raise ValueError(f"half must be 'send' or 'recv', not {half!r}")
+    return ChannelRegistry.Global().Held(as_bytes(key), _half(half))
+
+
 def unbind_domain(Domain domain):
     """Unbinds every channel half bound through `domain`; returns how many went."""
     return ChannelRegistry.Global().UnbindDomain(domain.p.get())
