@@ -424,22 +424,24 @@ class ChannelTable:
 
     def _meet(self, sender, channels, on_met):
         try:
+            # waits for the sender's pass (up to the deadline) before it takes `meeting`
+            sizes = self._sender_sizes(sender, [c["key"] for c in channels])
             with self.meeting:  # a reopen or an earlier graph's offer may have bound some
                 bound = set(_core.bound_channels())
                 channels = [c for c in channels if "recv:" + c["key"] not in bound]
                 if not channels:
                     return
-                fabric, size = self._meet_now(sender, channels)
+                fabric, size = self._meet_now(sender, channels, sizes)
             if on_met is not None:
                 on_met(fabric, size)
         except Exception as e:  # nothing tries again until a new graph offers them
             self._give_up([c["key"] for c in channels], "recv",
                           f"setting up the pair from task {sender} failed: {_reason(e)}")
 
-    def _meet_now(self, sender, channels):
-        """Lays out the receiving halves `channels` from `sender` in one region and binds
-        both halves of each; returns (fabric, region bytes)."""
-        sizes = self._sender_sizes(sender, [c["key"] for c in channels])
+    def _meet_now(self, sender, channels, sizes):
+        """Lays out the receiving halves `channels` from `sender` in one region, slots sized
+        by what the sender planned (`sizes`: half_sizes), and binds both halves of each;
+        returns (fabric, region bytes)."""
         laid, offset = [], 0
         for c in sorted(channels, key=lambda c: c["key"]):
             known = sizes.get(c["key"])
@@ -741,10 +743,11 @@ class ChannelTable:
     def _reopen_halves(self, sender, channels):
         """Meets again the half pairs `channels` from `sender` (one region, as _meet does):
         True if they are set up; if not, their steps fail at once on both tasks, saying why."""
+        keys = [c["key"] for c in channels]
         try:
-            self._meet_now(sender, channels)
+            self._meet_now(sender, channels, self._sender_sizes(sender, keys))
         except Exception as e:
-            self._not_reopened(sender, [c["key"] for c in channels], e)
+            self._not_reopened(sender, keys, e)
             return False
         return True
 
