@@ -224,3 +224,38 @@ def test_a_half_given_up_on_fails_its_waits_at_once_until_bound_or_retried(fabri
             _core.fail_half(key, "both", "", "")
     finally:
         _core.unfail_half(key, "recv")
+
+
+def test_a_broken_endpoint_takes_only_its_own_halves_with_a_peer(fabric, secret):
+    """unbind_peer(via=endpoint) (channels.py, when an endpoint dies): the halves with the
+    peer task on that endpoint go and fail as lost; those with the same task on another
+    endpoint (a peer restarted at once, its new instantiation set up already) carry on.
+    Without `via`, every half with the task goes."""
+    cfg = rdmadev.Config(fabric=fabric, secret=secret)
+    keys = [f"broken-{fabric}-{i}" for i in range(2)]
+    with rdmadev.open_domain("tx", cfg) as a, rdmadev.open_domain("rx", cfg) as b:
+        endpoints = [(a.connect(b.address), b.connect(a.address)) for _ in keys]
+        try:
+            for key, (ab, ba) in zip(keys, endpoints):
+                tx, rx, _ = _ring(a, b, ab, ba, 64)
+                tx.bind(key, peer="rx")
+                rx.bind(key, peer="tx")
+            old, new = keys
+            assert _core.unbind_peer(b, "tx", "the old one broke", via=endpoints[0][1]) == 1
+            assert _core.unbind_peer(a, "rx", "the old one broke", via=endpoints[0][0]) == 1
+            for send in (True, False):
+                with pytest.raises(rdmadev.PeerLostError, match="the old one broke"):
+                    if send:
+                        _core.channel_send(old, bytes(8), timeout=600)  # at once
+                    else:
+                        _core.channel_recv(old, timeout=600)
+            _core.channel_send(new, bytes(range(64)))
+            assert _core.channel_recv(new, timeout=60) == (1, bytes(range(64)))
+            assert _core.unbind_peer(b, "tx", "gone") == 1  # any endpoint
+            with pytest.raises(rdmadev.PeerLostError, match="gone"):
+                _core.channel_recv(new, timeout=600)
+        finally:
+            for key in keys:
+                _core.unbind_channel(key)
+                for half in ("send", "recv"):
+                    _core.unfail_half(key, half)

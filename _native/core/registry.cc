@@ -313,9 +313,10 @@ size_t ChannelRegistry::UnbindDomain(const Domain* domain) {
 }
 
 size_t ChannelRegistry::UnbindPeer(const Domain* domain, const std::string& peer,
-                                   const std::string& why) {
+                                   const std::string& why, const Endpoint* via) {
   return UnbindWhere(kBoth, [&](const std::string&, const auto& e) {
-    return e.domain.get() == domain && e.peer == peer;
+    return e.domain.get() == domain && e.peer == peer &&
+           (via == nullptr || e.ring->endpoint().get() == via);
   }, /*park_s=*/0, &why);
 }
 

@@ -138,13 +138,16 @@ class ChannelRegistry {
   // Unbinds every half bound with `domain` (its task is shutting down), parked ones too.
   size_t UnbindDomain(const Domain* domain);
   // Unbinds every half of `domain` whose peer is task `peer` (it died or restarted, or the
-  // connection to it broke), parked ones too: that peer reads and credits nothing more. A
+  // connection to it broke), parked ones too: that peer reads and credits nothing more.
+  // `via` (not null): only the halves on that endpoint, the one that broke. A peer restarted
+  // at once may already have halves on a new endpoint, set up for its new instantiations. A
   // kernel that then looks for one of those halves fails at once with kPeerLost and `why`
   // (Unavailable: TF's retrying callers run the step again), until the half is bound again:
   // the control plane sets a running peer's pairs up again (channels.py, "broken
   // connections"), and a step that began before then must not take halves meant for the
   // steps after it.
-  size_t UnbindPeer(const Domain* domain, const std::string& peer, const std::string& why);
+  size_t UnbindPeer(const Domain* domain, const std::string& peer, const std::string& why,
+                    const Endpoint* via = nullptr);
   // Releases the parked sending halves whose receiver has credited all they sent, and the
   // parked or retired halves whose time is up or whose Domain closed; returns how many went.
   // Every unbind does it too, and the control plane's watcher every WATCH_INTERVAL_S

@@ -788,8 +788,10 @@ class ChannelTable:
             self._buried(address, ep, n, why)
 
     def _bury_locked(self, address, ep):
-        """Forgets the dead endpoint `ep` to `address` and unbinds every half with its task,
-        under self.lock: a half bound on the endpoint that replaces it is bound after this.
+        """Forgets the dead endpoint `ep` to `address` and unbinds every half on it, under
+        self.lock: a half bound on the endpoint that replaces it is bound after this (halves
+        with the same task on another endpoint stay: a peer restarted at once, its new
+        instantiations set up already, within WATCH_INTERVAL_S).
         Until then, a step looking for one of them fails at once, as Unavailable: one that
         began before the break must not take the halves set up again for the steps after.
         Returns how many halves went and why the endpoint died."""
@@ -800,7 +802,7 @@ class ChannelTable:
             return 0, why
         lost = (f"task {task} is gone or the connection to it broke ({why}); the channels of a "
                 "task that still runs are set up again")
-        return _core.unbind_peer(self.domain, task, lost), why
+        return _core.unbind_peer(self.domain, task, lost, via=ep), why
 
     def _buried(self, address, ep, unbound, why):
         """Says `why` the endpoint to `address` died (`unbound` halves went with it), closes

@@ -127,7 +127,8 @@ cdef extern from "registry.h" namespace "rdmadev":
         void Unfail(const string& key, Half half)
         bool Held(const string& key, Half half)
         size_t UnbindDomain(const Domain* domain)
-        size_t UnbindPeer(const Domain* domain, const string& peer, const string& why)
+        size_t UnbindPeer(const Domain* domain, const string& peer, const string& why,
+                          const Endpoint* via)
         size_t ReleaseDrained()
         Counts CountsFor(const Domain* domain)
         vector[string] Keys()

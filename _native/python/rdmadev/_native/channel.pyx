@@ -417,11 +417,13 @@ def unbind_domain(Domain domain):
     return ChannelRegistry.Global().UnbindDomain(domain.p.get())
 
 
-def unbind_peer(Domain domain, peer, why="its peer task is gone"):
-    """Unbinds every half bound through `domain` whose peer is task `peer`; returns how many.
-    Until one is bound again, a kernel or channel_send/recv looking for it fails at once
-    (PeerLostError, TF's Unavailable: "No sender/receiver bound for channel ...: <why>")."""
-    return ChannelRegistry.Global().UnbindPeer(domain.p.get(), as_bytes(peer), as_bytes(why))
+def unbind_peer(Domain domain, peer, why="its peer task is gone", Endpoint via=None):
+    """Unbinds every half bound through `domain` whose peer is task `peer` (with `via`: only
+    those on that endpoint, the one that broke); returns how many. Until one is bound again,
+    a kernel or channel_send/recv looking for it fails at once (PeerLostError, TF's
+    Unavailable: "No sender/receiver bound for channel ...: <why>")."""
+    return ChannelRegistry.Global().UnbindPeer(domain.p.get(), as_bytes(peer), as_bytes(why),
+                                               via.p.get() if via is not None else NULL)
 
 
 def release_drained():
