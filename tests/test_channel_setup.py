@@ -272,6 +272,39 @@ def test_a_sending_half_released_before_its_receiver_took_its_transfer_waits_for
         assert now[what] == before[what], (what, before, now)
 
 
+def test_a_setup_past_the_memory_limit_waits_for_memory_a_parked_half_keeps(world):
+    """A pair set up while this task's registered memory is at RDMADEV_MAX_REGISTERED_BYTES
+    only because an unbound half keeps its region for its peer (here a parked sending half
+    whose receiver has not taken its last transfer; after a broken verbs connection, the
+    retired ring) waits for that memory to go, instead of failing its steps for good."""
+    rt, _ = world
+    _, out, out_regions = plan([(W1, PS)], sizes=(400,))
+    key = out[0].channel_key
+    before = rt.table.counters()["registered_bytes"]
+    channels.open_channels(rt.call, f"keeps{next(_instances)}", out, out_regions)
+    _core.channel_send(key, control_task.pattern(400, 3), timeout=60)
+    rt.table.release({"keys": [key], "half": "send"})  # parked: ps has not taken it
+    parked = rt.table.counters()
+    assert parked["parked"] >= 1 and parked["registered_bytes"] > before, parked
+    _, back, back_regions = plan([(PS, W1)], sizes=(400,))
+    config = rt.table.config
+    # fits once the parked half's credit region went, not before
+    rt.table.config = dataclasses.replace(
+        config, max_registered_bytes=before + sum(back_regions.values()))
+    taken = threading.Timer(1.0, lambda: rt.call(PS, {"op": "t_recv", "key": key, "count": 1,
+                                                      "seed": 3}))
+    taken.start()
+    try:
+        channels.open_channels(rt.call, f"fits{next(_instances)}", back, back_regions)
+    finally:
+        taken.join()
+        rt.table.config = config
+    assert exchange(rt, back[0], count=SLOTS + 1, seed=13) == []
+    for t in back + out:
+        for task in (t.send_task, t.recv_task):
+            rt.call(task, {"op": "release", "keys": [t.channel_key], "half": "both"})
+    assert wait_until(lambda: rt.table.counters()["registered_bytes"] == before, 30, 0.2)
+
 def test_halves_of_a_dead_peer_are_unbound():
     """ps:0 dies: this task's halves of channels to and from it go (its watcher sees the
     endpoint die), while its channels with worker:0 stay."""

@@ -69,6 +69,13 @@ GROWTH_MAX_SLOT = 4 << 20
 #: anyway: the fabric's liveness check names the peer).
 WATCH_INTERVAL_S = 0.5
 
+#: Seconds a setup that would pass RDMADEV_MAX_REGISTERED_BYTES waits for memory that unbound
+#: halves keep for their peer (_reserving): a receiving ring retired for late writes goes
+#: within LATE_WRITE_GRACE_S (verbs), a parked sending half once its receiver has credited
+#: what it sent. Checked every KEPT_POLL_S.
+KEPT_WAIT_S = _core.LATE_WRITE_GRACE_S + WATCH_INTERVAL_S
+KEPT_POLL_S = 0.1
+
 #: The fix named when a half pair cannot be set up: both tasks must run rdmadev.
 HALF_FIX = ("start every task with the grpc+rdmadev protocol (or RDMADEV_AUTO=1), with the "
             "same RDMADEV_SECRET and rdmadev version in each")
@@ -298,17 +305,30 @@ class ChannelTable:
     @contextlib.contextmanager
     def _reserving(self, size, label):
         """Holds `size` bytes against the task's RDMADEV_MAX_REGISTERED_BYTES while a region
-        of that size is allocated (pairs are set up in parallel), or raises RegionError."""
+        of that size is allocated (pairs are set up in parallel), or raises RegionError.
+        Memory that unbound halves still keep for their peer (parked, retired: a pair set up
+        again after its connection broke replaces a ring kept for late writes) is waited for,
+        up to KEPT_WAIT_S, before the setup is refused."""
         limit = self.config.max_registered_bytes
-        with self.lock:
-            registered = self.domain.region_stats[1] + self.reserved
-            if registered + size > limit:
+        deadline = time.monotonic() + KEPT_WAIT_S
+        while True:
+            with self.lock:
+                registered = self.domain.region_stats[1] + self.reserved
+                if registered + size <= limit:
+                    self.reserved += size
+                    break
+            held = _core.channel_counts(self.domain)
+            kept = held["parked"] + held["retired"]
+            if not kept or time.monotonic() > deadline:
+                waited = (f"; {kept} unbound channel half(s) still keep theirs for their peer "
+                          f"after {KEPT_WAIT_S:g} s") if kept else ""
                 raise RegionError(
                     f"region {label} of {size} bytes would take task {self.task}'s registered "
-                    f"memory to {registered + size} bytes, past its limit of {limit}",
+                    f"memory to {registered + size} bytes, past its limit of {limit}{waited}",
                     hint="raise RDMADEV_MAX_REGISTERED_BYTES in this task (default: half of "
                          "RAM), or plan smaller tensors or fewer slots (RDMADEV_SLOTS)")
-            self.reserved += size
+            _core.release_drained()
+            time.sleep(KEPT_POLL_S)
         try:
             yield
         finally:
