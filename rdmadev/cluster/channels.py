@@ -268,7 +268,8 @@ class ChannelTable:
         label = f"{instance}/{self.task}<-{sender}"
         layouts = [_layout(c) for c in channels]  # a bad plan fails before anything is allocated
         size = _planned_bytes(p["bytes"], layouts, f"{label} (first channel {keys[0]})")
-        with self._reserving(size, f"{label} (first channel {keys[0]})"):
+        # growth is optional (the channel goes on in chunks) and runs on the watcher's thread
+        with self._reserving(size, f"{label} (first channel {keys[0]})", wait=not grown):
             region = self.domain.allocate(size, label=label, grant=[_identity(sender)])
         lease, credit = _core.RegionLease(region), None
         try:
@@ -303,12 +304,12 @@ class ChannelTable:
         return {"sender": sender, "fabric": sent["fabric"], "registered": p["bytes"]}
 
     @contextlib.contextmanager
-    def _reserving(self, size, label):
+    def _reserving(self, size, label, wait=True):
         """Holds `size` bytes against the task's RDMADEV_MAX_REGISTERED_BYTES while a region
         of that size is allocated (pairs are set up in parallel), or raises RegionError.
-        Memory that unbound halves still keep for their peer (parked, retired: a pair set up
-        again after its connection broke replaces a ring kept for late writes) is waited for,
-        up to KEPT_WAIT_S, before the setup is refused."""
+        `wait`: memory that unbound halves still keep for their peer (parked, retired: a pair
+        set up again after its connection broke replaces a ring kept for late writes) is
+        waited for, up to KEPT_WAIT_S, before the setup is refused."""
         limit = self.config.max_registered_bytes
         deadline = time.monotonic() + KEPT_WAIT_S
         while True:
@@ -319,9 +320,9 @@ class ChannelTable:
                     break
             held = _core.channel_counts(self.domain)
             kept = held["parked"] + held["retired"]
-            if not kept or time.monotonic() > deadline:
+            if not (kept and wait) or time.monotonic() > deadline:
                 waited = (f"; {kept} unbound channel half(s) still keep theirs for their peer "
-                          f"after {KEPT_WAIT_S:g} s") if kept else ""
+                          f"after {KEPT_WAIT_S:g} s") if kept and wait else ""
                 raise RegionError(
                     f"region {label} of {size} bytes would take task {self.task}'s registered "
                     f"memory to {registered + size} bytes, past its limit of {limit}{waited}",
