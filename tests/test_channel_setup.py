@@ -308,6 +308,7 @@ def test_a_setup_past_the_memory_limit_waits_for_memory_a_parked_half_keeps(worl
             rt.call(task, {"op": "release", "keys": [t.channel_key], "half": "both"})
     assert wait_until(lambda: counters()["registered_bytes"] == before, 60, 0.2), (before, counters())
 
+
 def test_halves_of_a_dead_peer_are_unbound():
     """ps:0 dies: this task's halves of channels to and from it go (its watcher sees the
     endpoint die), while its channels with worker:0 stay."""

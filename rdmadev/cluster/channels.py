@@ -318,11 +318,13 @@ class ChannelTable:
                 if registered + size <= limit:
                     self.reserved += size
                     break
-            held = _core.channel_counts(self.domain)
-            kept = held["parked"] + held["retired"]
-            if not (kept and wait) or time.monotonic() > deadline:
+            kept = 0
+            if wait:
+                held = _core.channel_counts(self.domain)
+                kept = held["parked"] + held["retired"]
+            if not kept or time.monotonic() > deadline:
                 waited = (f"; {kept} unbound channel half(s) still keep theirs for their peer "
-                          f"after {KEPT_WAIT_S:g} s") if kept and wait else ""
+                          f"after {KEPT_WAIT_S:g} s") if kept else ""
                 raise RegionError(
                     f"region {label} of {size} bytes would take task {self.task}'s registered "
                     f"memory to {registered + size} bytes, past its limit of {limit}{waited}",
@@ -738,11 +740,11 @@ class ChannelTable:
         """The receiving halves of half pairs from `sender` that a TF graph here still holds
         (under self.lock). Those neither held nor bound are forgotten: their graphs went."""
         offered = self.offered.get(sender, {})
+        held = [k for k in offered if _core.half_held(k, "recv")]
         bound = set(_core.bound_channels())
-        for key in [k for k in offered if not _core.half_held(k, "recv")]:
-            if "recv:" + key not in bound:
-                del offered[key]
-        return [c for k, c in offered.items() if _core.half_held(k, "recv")]
+        for key in [k for k in offered if k not in held and "recv:" + k not in bound]:
+            del offered[key]
+        return [offered[k] for k in held]
 
     def _reopen_pair(self, instance, p):
         """open_pairs again for one pair of `instance`: True if it is set up. If that fails,
