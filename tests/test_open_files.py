@@ -1,5 +1,6 @@
 """The open-file limit (rdmadev/cluster/open_files.py), with real processes and no TF: a task
-raises its soft RLIMIT_NOFILE to the hard one and warns when its cluster may need more; a
+raises its soft RLIMIT_NOFILE (and RLIMIT_MEMLOCK, limits.py) to the hard one and warns when
+its cluster may need more; a
 process out of descriptors gets errors that name the limit, from the core (a region's memfd),
 from a control connection and from the heartbeats, and recovers once descriptors are free.
 
@@ -7,6 +8,7 @@ Each case runs in a child process with its own limits, so the test process keeps
 """
 import json
 import os
+import resource
 import subprocess
 import sys
 
@@ -21,20 +23,27 @@ ENV = {"RDMADEV_SECRET": "rdmadev-open-files-secret",
 #: Seconds a child may take: it imports numpy and rdmadev on a loaded 2-core machine.
 CHILD_TIMEOUT_S = 300
 
-#: Runs argv[2:] as a new program with RLIMIT_NOFILE set to (soft, hard) from argv[1].
-WITH_LIMIT = """
+#: (soft, hard) RLIMIT_MEMLOCK bytes of the child: 64 KiB, a common default, under this
+#: process's hard limit (which it may not raise), or 64 MiB when that is unlimited.
+_HARD_MEMLOCK = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+MEMLOCK = (64 << 10, 64 << 20 if _HARD_MEMLOCK == resource.RLIM_INFINITY else _HARD_MEMLOCK)
+
+#: Runs argv[2:] as a new program with RLIMIT_NOFILE set to (soft, hard) from argv[1], and
+#: RLIMIT_MEMLOCK to MEMLOCK.
+WITH_LIMIT = f"""
 import os, resource, sys
 soft, hard = map(int, sys.argv[1].split(":"))
 resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+resource.setrlimit(resource.RLIMIT_MEMLOCK, {MEMLOCK})
 os.execv(sys.executable, [sys.executable] + sys.argv[2:])
 """
 
 
-def open_file_limits(pid):
-    """(soft, hard) RLIMIT_NOFILE of process `pid`, from /proc."""
+def limits_of(pid, row="Max open files"):
+    """(soft, hard) of process `pid`'s limit on `row` of /proc/PID/limits."""
     with open(f"/proc/{pid}/limits") as f:
-        row = next(l for l in f if l.startswith("Max open files"))
-    soft, hard = row.split()[3:5]
+        line = next(l for l in f if l.startswith(row))
+    soft, hard = line[len(row):].split()[:2]
     return int(soft), int(hard)
 
 
@@ -48,7 +57,8 @@ def test_a_task_raises_its_soft_limit_and_warns_when_its_cluster_may_need_more(h
                 "--cluster", json.dumps(spec), "--job", job, "--task", str(index)]
 
     with launch.Cluster(spec={"ps": spec["ps"]}, env=ENV, launcher=launcher) as cluster:
-        assert open_file_limits(cluster.pid("ps", 0)) == (hard, hard)
+        assert limits_of(cluster.pid("ps", 0)) == (hard, hard)
+        assert limits_of(cluster.pid("ps", 0), "Max locked memory") == (MEMLOCK[1], MEMLOCK[1])
         log = cluster.log_path("ps", 0).read_text()
     need = open_files.needed(1 + workers)  # every other task and the coordinator
     assert (need > hard) == warned, (need, hard)

@@ -137,3 +137,18 @@ def test_memlock_too_low_says_how_much_and_how_to_raise():
     assert r.returncode != 0
     assert "RegionError" in r.stderr and "RLIMIT_MEMLOCK is 1 MiB" in r.stderr, r.stderr
     assert "needs 64 MiB" in r.stderr and "ulimit -l unlimited" in r.stderr
+
+
+def test_a_task_registers_past_a_soft_memlock_limit_below_its_hard_one():
+    """A task raises its soft RLIMIT_MEMLOCK to the hard one when it starts (limits.py), so a
+    soft 1 MiB under an unlimited hard limit (CAP_IPC_LOCK dropped) registers 64 MiB."""
+    if os.geteuid() != 0 or not os.path.exists("/usr/bin/setpriv"):
+        pytest.skip("needs root and setpriv to drop CAP_IPC_LOCK")
+    code = ("import rdmadev; from rdmadev.cluster import limits; limits.raise_soft_limits(); "
+            "d = rdmadev.open_domain('m', rdmadev.Config(fabric='verbs', secret=b's')); "
+            "print(d.allocate(64 << 20).size)")
+    r = subprocess.run(["/usr/bin/setpriv", "--bounding-set", "-ipc_lock", "--inh-caps", "-ipc_lock",
+                        "bash", "-c", f'ulimit -H -l unlimited && ulimit -S -l 1024 && '
+                                      f'exec "{sys.executable}" -c "{code}"'],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.split()[-1] == str(64 << 20), r.stderr

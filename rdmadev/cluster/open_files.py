@@ -3,14 +3,12 @@ tensors with (control connections, heartbeat lanes, its fabric endpoint, a memfd
 so a ps serving a few hundred workers needs more than the soft RLIMIT_NOFILE of 1024 that most
 systems start a process with, below a hard limit that is usually far higher.
 
-A task's runtime therefore raises its soft limit to the hard one when it starts, as Go's runtime
-does for every program (a soft limit below the hard one only protects programs that still use
-select(2); rdmadev and TensorFlow poll and epoll), and warns when even the hard limit is below
-what its cluster spec may need. Running out anyway fails with an error that names the limit
-(rdmadev.errors.errno_hint); `rdmadev doctor` shows both limits.
+A task's runtime therefore raises its soft limit to the hard one when it starts (limits.py),
+and warns when even the hard limit is below what its cluster spec may need. Running out anyway
+fails with an error that names the limit (rdmadev.errors.errno_hint); `rdmadev doctor` shows
+both limits.
 
 Example:
-    >>> raise_soft_limit()  # soft 1024, hard 524288 -> soft 524288
     >>> peers_served(524288)
     43685
 """
@@ -20,8 +18,7 @@ import resource
 
 from ..errors import errno_hint
 
-__all__ = ["DESCRIPTORS_PER_PEER", "BASE_DESCRIPTORS", "needed", "peers_served",
-           "raise_soft_limit", "check"]
+__all__ = ["DESCRIPTORS_PER_PEER", "BASE_DESCRIPTORS", "needed", "peers_served", "check"]
 
 #: Descriptors a task holds per peer task it exchanges tensors with. Measured 2026-11-28 on
 #: loopback (shm), peak count from /proc of each `rdmadev serve` task:
@@ -50,20 +47,6 @@ def needed(peers):
 def peers_served(hard):
     """About how many peer tasks an open-file limit of `hard` serves (None: unlimited)."""
     return None if hard == resource.RLIM_INFINITY else max(0, hard - BASE_DESCRIPTORS) // DESCRIPTORS_PER_PEER
-
-
-def raise_soft_limit():
-    """Raises this process's soft RLIMIT_NOFILE to its hard limit."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY or (hard != resource.RLIM_INFINITY and soft >= hard):
-        return
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    except (ValueError, OSError) as e:  # e.g. a hard limit above fs.nr_open
-        log.info("rdmadev: kept the open-file limit at %d: raising it to %d failed: %s", soft,
-                 hard, e)
-        return
-    log.info("rdmadev: open-file limit raised from %d to %d (the hard limit)", soft, hard)
 
 
 def check(task, peers):

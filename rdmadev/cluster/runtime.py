@@ -19,7 +19,7 @@ from graph_pass.devices import split_task, task_name
 from ..config import Config
 from ..device import open_domain
 from ..errors import ConfigError, PeerLostError, ProtocolError, RdmadevError
-from . import instances, open_files, reports
+from . import instances, limits, open_files, reports
 from .channels import REQUESTS as CHANNEL_REQUESTS, ChannelTable
 from .control import ControlClient, ControlServer, control_address
 from .liveness import Heartbeats
@@ -61,7 +61,7 @@ class Runtime:
         if job is not None:
             address = self._address(job, index)
             self.task = task_name(job, index)
-            open_files.raise_soft_limit()  # a ps holds ~10 descriptors per worker
+            limits.raise_soft_limits()  # a ps holds ~10 descriptors and a ring per worker
             open_files.check(self.task, peers=sum(map(len, self.cluster.values())))  # + coordinator
             host, _ = split_address(address, job)
             self.domain = open_domain(f"{job}:{index}", self.config, tcp_addr=f"{host}:0")

@@ -24,11 +24,12 @@ __all__ = ["collect", "main"]
 def _memlock():
     soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     show = lambda v: "unlimited" if v == resource.RLIM_INFINITY else f"{v // 1024} KiB"
-    note = ("the verbs fabric pins every region it registers, so this limit must exceed the sum "
-            "of a task's region sizes (plus 1 MiB per verbs endpoint); raise it with "
-            "`ulimit -l unlimited`, memlock in /etc/security/limits.conf, LimitMEMLOCK=infinity "
-            "for systemd or --ulimit memlock=-1 for docker (root with CAP_IPC_LOCK is exempt)"
-            if soft != resource.RLIM_INFINITY else "")
+    note = ("a task raises its soft limit to the hard one when it starts; the verbs fabric pins "
+            "every region it registers, so the hard limit must exceed the sum of a task's region "
+            "sizes (plus 1 MiB per verbs endpoint); raise it with `ulimit -l unlimited`, memlock "
+            "in /etc/security/limits.conf, LimitMEMLOCK=infinity for systemd or --ulimit "
+            "memlock=-1 for docker (root with CAP_IPC_LOCK is exempt)"
+            if hard != resource.RLIM_INFINITY else "")
     return {"soft": show(soft), "hard": show(hard), "note": note}
 
 
