@@ -14,7 +14,7 @@ from ._native.channel import (CREDIT_BYTES, LATE_WRITE_GRACE_S, PARKED_GRACE_S,
                               RingLayout, RingReceiver, RingSender,
                               bound_channels, channel_counts, channel_recv, channel_send,
                               channel_want, fail_half, growing_channels, half_held,
-                              release_drained,
+                              half_lost, release_drained,
                               transfer_counts, unbind_channel, unbind_domain, unbind_peer,
                               unfail_half, wire_layout)
 from ._native.crypto import client_handshake, handshake_proof, hmac_sha256, server_handshake
@@ -26,7 +26,7 @@ from ._native.region import Region
 __all__ = [
     "Domain", "Region", "Endpoint", "RemoteRegion", "RingLayout", "RingSender", "RingReceiver",
     "CREDIT_BYTES", "ANY_PEER", "wire_layout", "error_kinds", "unbind_channel",
-    "bound_channels", "channel_send", "channel_recv", "channel_want", "growing_channels", "fail_half", "unfail_half", "half_held", "RegionLease", "unbind_domain", "unbind_peer",
+    "bound_channels", "channel_send", "channel_recv", "channel_want", "growing_channels", "fail_half", "unfail_half", "half_held", "half_lost", "RegionLease", "unbind_domain", "unbind_peer",
     "release_drained", "PARKED_GRACE_S", "RELEASED_GRACE_S", "LATE_WRITE_GRACE_S",
     "channel_counts", "transfer_counts", "fabric_priority", "unviable_reason", "recent_events", "hmac_sha256",
     "handshake_proof", "client_handshake", "server_handshake", "bench_memcpy",

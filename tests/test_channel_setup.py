@@ -512,6 +512,36 @@ def test_half_pairs_meet_whichever_pass_comes_first_with_slots_the_sender_sized(
             rt.call(task, {"op": "release", "keys": [known, unknown], "half": "both"})
 
 
+def test_half_pairs_met_before_their_kernels_exist_are_met_again_after_a_cut(world):
+    """A connection breaking in the moment between a TF1 graph's pass (its halves offered and
+    met) and TF creating its kernels (which hold their halves): the pairs are met again, as a
+    running graph's are, so its kernels find them bound rather than lost for good."""
+    rt, _ = world
+    if rt.config.fabric == "shm":
+        pytest.skip("a shm endpoint has no connection that could break (its peer's pidfd)")
+    key = f"half-unheld-{os.getpid()}"
+    met = []
+    rt.table.offer_halves(PS, [{"key": key, "slots": SLOTS, "capacity_bytes": 8192,
+                                "rank_capacity": 4}], lambda fabric, size: met.append(fabric))
+    rt.call(PS, {"op": "t_want", "sizes": {key: 400}})
+    assert wait_until(lambda: met, 60) and not _core.half_held(key, "recv")
+    whole = lambda: f"recv:{key}" in _core.bound_channels() and \
+        rt.call(PS, {"op": "bound_senders", "keys": [key]}) == [key]
+    assert whole()
+    reopened = rt.table.reopened
+    address = next(a for a, task in rt.table.peers.items() if task == PS)
+    assert faults.reset_connections(address, os.getpid(), rt.config.fabric) >= 1
+    try:
+        assert wait_until(lambda: rt.table.reopened > reopened, 60), rt.table.offered.get(PS)
+        assert whole()
+        t = dataclasses.make_dataclass("T", ["send_task", "recv_task", "channel_key",
+                                             "capacity_bytes"])(PS, W1, key, 400)
+        assert exchange(rt, t, 3 * SLOTS, seed=9) == []
+    finally:
+        for task in (PS, W1):
+            rt.call(task, {"op": "release", "keys": [key], "half": "both"})
+
+
 def test_a_receiver_cannot_attach_halves_the_sender_never_planned(world):
     rt, _ = world
     with pytest.raises(ProtocolError, match="did not plan the sending half of channel never-planned"):

@@ -341,6 +341,12 @@ bool ChannelRegistry::Held(const std::string& key, Half half) const {
   return holders_.count({key, half}) > 0;
 }
 
+bool ChannelRegistry::Lost(const std::string& key, Half half) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = failed_.find({key, half});
+  return it != failed_.end() && it->second.kind == ErrorKind::kPeerLost;
+}
+
 void ChannelRegistry::Fail(const std::string& key, Half half, const std::string& why,
                            const std::string& hint) {
   {

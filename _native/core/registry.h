@@ -169,6 +169,10 @@ class ChannelRegistry {
   // Whether a kernel holds `half` of `key` (a half pair its graph still runs: the control
   // plane sets such a half up again after its connection broke).
   bool Held(const std::string& key, Half half) const;
+  // Whether `half` of `key` is unbound because its connection broke (UnbindPeer), bound
+  // again since by no one and let go by no kernel: a half pair the control plane sets up
+  // again even when no kernel holds it yet (its graph's kernels are being created).
+  bool Lost(const std::string& key, Half half) const;
 
   Counts CountsFor(const Domain* domain) const;
   std::vector<std::string> Keys() const;

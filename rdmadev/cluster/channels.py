@@ -678,12 +678,12 @@ class ChannelTable:
     # still holds here and that lost a half on either task (bound_senders asks the sender):
     # both tasks may see one break, and a pair set up again is whole the second time. Half
     # pairs (TF1) are met again likewise, those whose receiving half a graph's kernels still
-    # hold here (_held_halves_locked), one setup at a time with new graphs' offers (meeting:
-    # two setups of one key crossing would bind a sender to the other's ring). The step
-    # the break hit fails, and so does one that looks for the halves before they are bound
-    # again (Unavailable: they are marked lost, registry.h UnbindPeer); the next run on fresh
-    # rings (epoch 0 on both sides; a late write of the failed step carries its step tag and
-    # is discarded).
+    # hold here, or will (_held_halves_locked), one setup at a time with new graphs' offers
+    # (meeting: two setups of one key crossing would bind a sender to the other's ring). The
+    # step the break hit fails, and so does one that looks for the halves before they are
+    # bound again (Unavailable: they are marked lost, registry.h UnbindPeer); the next run on
+    # fresh rings (epoch 0 on both sides; a late write of the failed step carries its step tag
+    # and is discarded).
 
     def _recover(self, task, address):
         """_buried's background half: sets up again the pairs between this task and `task`
@@ -737,14 +737,17 @@ class ChannelTable:
             return {"reopened": n}
 
     def _held_halves_locked(self, sender):
-        """The receiving halves of half pairs from `sender` that a TF graph here still holds
-        (under self.lock). Those neither held nor bound are forgotten: their graphs went."""
+        """The receiving halves of half pairs from `sender` that a TF graph here still holds,
+        or whose kernels it is still creating (under self.lock): held by a kernel, or lost to
+        a broken connection while bound and let go by no kernel since (a graph's pass offers
+        and meets its halves a moment before TF creates its kernels). The others not bound are
+        forgotten: their graphs went."""
         offered = self.offered.get(sender, {})
-        held = [k for k in offered if _core.half_held(k, "recv")]
+        wanted = [k for k in offered if _core.half_held(k, "recv") or _core.half_lost(k, "recv")]
         bound = set(_core.bound_channels())
-        for key in [k for k in offered if k not in held and "recv:" + k not in bound]:
+        for key in [k for k in offered if k not in wanted and "recv:" + k not in bound]:
             del offered[key]
-        return [offered[k] for k in held]
+        return [offered[k] for k in wanted]
 
     def _reopen_pair(self, instance, p):
         """open_pairs again for one pair of `instance`: True if it is set up. If that fails,

@@ -126,6 +126,7 @@ cdef extern from "registry.h" namespace "rdmadev":
         void Fail(const string& key, Half half, const string& why, const string& hint)
         void Unfail(const string& key, Half half)
         bool Held(const string& key, Half half)
+        bool Lost(const string& key, Half half)
         size_t UnbindDomain(const Domain* domain)
         size_t UnbindPeer(const Domain* domain, const string& peer, const string& why,
                           const Endpoint* via)

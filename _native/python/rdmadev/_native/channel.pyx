@@ -412,6 +412,14 @@ def half_held(key, half):
     return ChannelRegistry.Global().Held(as_bytes(key), _half(half))
 
 
+def half_lost(key, half):
+    """Whether `half` ("send" or "recv") of channel `key` is unbound here because its
+    connection broke, and neither bound again nor let go by its kernels since."""
+    if half not in ("send", "recv"):
+        raise ValueError(f"half must be 'send' or 'recv', not {half!r}")
+    return ChannelRegistry.Global().Lost(as_bytes(key), _half(half))
+
+
 def unbind_domain(Domain domain):
     """Unbinds every channel half bound through `domain`; returns how many went."""
     return ChannelRegistry.Global().UnbindDomain(domain.p.get())
