@@ -148,7 +148,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     os.environ.setdefault("RDMADEV_SECRET", secrets.token_hex(16))
 
-    import tensorflow as tf
+    from rdmadev.tf.startup import import_tensorflow
+    tf = import_tensorflow()  # `import tensorflow as tf`, without TF's start-up log lines
     import rdmadev
     from rdmadev.cluster.spec import parse_cluster
     from rdmadev.testing import launch

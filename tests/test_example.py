@@ -21,6 +21,8 @@ def _run(script, *args):
     assert "transfers swapped" in proc.stdout and "cluster stopped" in proc.stdout
     # TF logs "Failed to remove function remotely" when a function outlives the cluster.
     assert "Failed to remove function" not in proc.stderr, proc.stderr[-3000:]
+    # nor TF's start-up error on a machine without CUDA drivers (rdmadev/tf/startup.py)
+    assert "failed call to cuInit" not in proc.stderr, proc.stderr[-3000:]
     return proc.stdout
 
 

@@ -20,6 +20,7 @@ from ..cluster import runtime
 from ..cluster.spec import parse_cluster, tf_config_task
 from ..errors import ConfigError, RdmadevError
 from . import protocol
+from .startup import import_tensorflow
 
 __all__ = ["main"]
 
@@ -33,6 +34,7 @@ def main(argv=None):
     ap.add_argument("--task", type=int, help="this task's index (default: TF_CONFIG's task.index)")
     args = ap.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import_tensorflow()  # without the start-up lines that variable does not reach
     runtime.log_to_stderr()  # e.g. a silent peer, or an open-file limit below the cluster's need
 
     job, index = args.job, args.task

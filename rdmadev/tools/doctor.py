@@ -17,6 +17,7 @@ from ..device import fabric_report
 from ..cluster import open_files
 from ..errors import ConfigError
 from ..tf import ops, protocol
+from ..tf.startup import import_tensorflow
 
 __all__ = ["collect", "main"]
 
@@ -212,6 +213,10 @@ def main(argv=None):
     ap.add_argument("--json", action="store_true", help="print JSON instead of text")
     args = ap.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before the op library check imports TF
+    try:
+        import_tensorflow()  # without TF's start-up lines; a failure is reported below
+    except Exception:
+        pass
     info = collect()
     healthy = (info["config"] == "ok" and any(f["viable"] for f in info["fabrics"])
                and info["op_library"]["loaded"])
