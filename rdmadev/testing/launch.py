@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -50,15 +51,38 @@ STOP_TIMEOUT_S = 10.0
 LOG_TAIL_BYTES = 3000
 
 
+#: Lowest port free_ports picks; see ephemeral_floor.
+PORT_FLOOR = 10000
+#: Ports free_ports tries before it gives up (about half of the range qualifies by default).
+PICK_ATTEMPTS = 1000
+
+
+def ephemeral_floor():
+    """The lowest port of the kernel's ephemeral range (ip_local_port_range; 32768 by default):
+    task ports are picked below it. One picked inside it was once taken by a task's own rdmadev
+    listener (port 0) before TF bound it: that task's server failed to start while its port
+    looked open, and the job waited for it (test_example, 2026-11-29). Unknown: 0, and
+    free_ports binds port 0."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 class ClusterError(RuntimeError):
     """A task failed to start or to become ready; the message names the task and quotes its log."""
 
 
 def free_ports(count):
-    """Pick ``count`` distinct free TCP ports on 127.0.0.1 by binding port 0.
+    """Pick ``count`` distinct free TCP ports on 127.0.0.1 for TF tasks, each with the port its
+    rdmadev control service will use (control_address) free too.
 
-    All sockets stay open until every port is chosen, so the ports are distinct; they are closed
-    before returning (a tiny race remains with other programs, which ``Cluster`` reports clearly).
+    Both come from below the kernel's ephemeral range (PORT_FLOOR, ephemeral_floor()), so that
+    no bind of port 0 can take them between this pick and the task's own bind: a task's rdmadev
+    listeners and every outgoing connection take ephemeral ports. Every socket stays open
+    until all ports are chosen, so they are distinct; a race remains only with programs that
+    bind fixed ports, which ``Cluster`` reports.
 
     Args:
         count: how many ports.
@@ -66,23 +90,35 @@ def free_ports(count):
     Returns:
         A list of ``count`` port numbers.
     """
+    floor = ephemeral_floor()
+    picks = random.Random()
     socks = []
     try:
-        while len(socks) < count:
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((HOST, 0))
-            port = s.getsockname()[1]
-            # rdmadev's control service of the task will listen at a port derived from this
-            # one; keep it free too.
-            c = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        for _ in range(PICK_ATTEMPTS):
+            if len(socks) == 2 * count:
+                break
+            port = picks.randrange(PORT_FLOOR, floor) if floor > PORT_FLOOR else 0
+            held = []
             try:
-                c.bind((HOST, control_address(f"{HOST}:{port}")[1]))
-                socks.append(s)
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                held.append(s)
+                s.bind((HOST, port))
+                port = s.getsockname()[1]
+                control = control_address(f"{HOST}:{port}")[1]
+                if floor > PORT_FLOOR and control >= floor:
+                    raise OSError("control port in the ephemeral range")
+                c = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                held.append(c)
+                c.bind((HOST, control))
             except OSError:
-                s.close()
-            finally:
-                c.close()
-        return [s.getsockname()[1] for s in socks]
+                for h in held:
+                    h.close()
+                continue
+            socks += held
+        if len(socks) < 2 * count:
+            raise ClusterError(f"found only {len(socks) // 2} of {count} free port pairs below "
+                               f"port {floor} in {PICK_ATTEMPTS} attempts")
+        return [s.getsockname()[1] for s in socks[::2]]
     finally:
         for s in socks:
             s.close()

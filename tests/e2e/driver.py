@@ -166,12 +166,9 @@ def _set_task_pass_mode(cluster, auto):
 
 
 def _pss_strategy(cluster, workers):
-    import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
+    from rdmadev.testing import launch
     spec = {"ps": cluster["ps"], "worker": cluster["worker"][:workers],
-            "chief": [f"127.0.0.1:{s.getsockname()[1]}"]}
-    s.close()
+            "chief": [f"127.0.0.1:{launch.free_ports(1)[0]}"]}
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(spec), task_type="chief", task_id=0, rpc_layer="grpc")
     strategy = tf.distribute.ParameterServerStrategy(resolver)
