@@ -24,7 +24,10 @@ private copy of the tables and MLP on each worker: the compute-only ceiling), dr
 coordinator thread per worker for local. examples/sec is the median over windows; the spread
 is (max - min) / median. Before the windows, the rdmadev and grpc steps run `--check_steps`
 steps one at a time from the same weights on one fixed batch (whichever worker runs a step)
-and must give bitwise the same losses and weights.
+and must give bitwise the same losses and weights. The report also counts what rdmadev
+registered after setup (rings of channels that grew, stages of tensors larger than their
+slots) in the warm-up and check and in the windows: none in the windows once sizes are learned
+(`--dynamic_capacity 64K` starts the slots small enough to see them learned).
 Every process and namespace started here is stopped at the end.
 """
 import argparse
@@ -67,6 +70,9 @@ def parse_args(argv=None):
     ap.add_argument("--windows", type=int, default=9, help="windows per variant")
     ap.add_argument("--warmup", type=int, default=4, help="untimed steps per variant")
     ap.add_argument("--check_steps", type=int, default=3)
+    ap.add_argument("--dynamic_capacity",
+                    help="RDMADEV_DYNAMIC_CAPACITY of the tasks (default: theirs, 1M): the slots a "
+                         "run-time-shape channel starts with, grown from the sizes seen")
     ap.add_argument("--json", help="--one: write the result here")
     ap.add_argument("--prefix", default=os.path.join(RESULTS, "embedding_"),
                     help="matrix: results go to <prefix>results.{json,md} and <prefix>chart.png")
@@ -151,6 +157,8 @@ def run_one(args):
     """One configuration: its own cluster; returns the result dict."""
     import pss
     pss.coordinator_env(args.netns)
+    if args.dynamic_capacity:  # the tasks inherit the environment
+        os.environ["RDMADEV_DYNAMIC_CAPACITY"] = args.dynamic_capacity
     import tensorflow as tf
     import rdmadev
     from rdmadev.testing import launch
@@ -211,7 +219,9 @@ def measure(args, tf, rdmadev, launch, cluster, host):
     check_data = coordinator.create_per_worker_dataset(make_dataset_fn(tf, args, fixed=True))
     check = pss.bitwise_check(job, check_data, _StateView(model), _NoOptimizer(),
                               args.check_steps) if args.check_steps else None
+    warmed = registrations(tasks)
     windows, _cpu = job.measure(pss.CpuClock(cluster))
+    during = registrations(tasks)
     result = {
         "netns": args.netns, "fabric": "tcp" if args.netns else "shm",
         "workers": args.workers,
@@ -224,8 +234,21 @@ def measure(args, tf, rdmadev, launch, cluster, host):
         "kept": [f"{k[1]} {k[0]} ({k[2]})" for k in kept],
         "kept_dynamic": sum(1 for k in kept if k[2] in ("dynamic_unbounded", "not_carried_dynamic")),
         "check": check,
+        "registrations": {"warm_up": warmed,
+                          "windows": {k: during[k] - warmed[k] for k in during}},
     }
     return result
+
+
+#: What rdmadev registers after a channel's setup, counted on every task: rings of channels
+#: whose tensors outgrew their slots (growth) and stages of tensors larger than them.
+REGISTRATIONS = ("grown", "stages")
+
+
+def registrations(tasks):
+    """{REGISTRATIONS key: total over every task so far}."""
+    counters = [tasks.rt.call(t, {"op": "counters"}) for t in tasks.all]
+    return {k: sum(c[k] for c in counters) for k in REGISTRATIONS}
 
 
 class _StateView:
@@ -249,6 +272,10 @@ def print_one(r):
               f"{eps[name] / eps['grpc']:.2f}x grpc")
     print(f"  rdmadev: {r['swapped']} transfers swapped ({r['dynamic_swapped']} of run-time shape), "
           f"{len(r['kept'])} stayed on gRPC ({r['kept_dynamic']} of them dynamic)")
+    reg = r["registrations"]
+    print(f"  registered after setup: warm-up and check {reg['warm_up']['grown']} grown rings, "
+          f"{reg['warm_up']['stages']} stages; the windows {reg['windows']['grown']} grown rings, "
+          f"{reg['windows']['stages']} stages (target 0)")
     if r["check"]:
         print(f"  check: bitwise identical to grpc over {r['check']['steps']} steps: "
               f"{r['check']['identical']}")
@@ -263,8 +290,9 @@ def run_matrix(args):
         cmd = [sys.executable, os.path.abspath(__file__), "--one", "--json", "/dev/stdout"]
         cmd += ["--netns"] if mode == "netns" else []
         for k in ("workers", "features", "vocab", "dim", "hot", "dense", "hidden", "batch",
-                  "steps", "windows", "warmup", "check_steps"):
-            cmd += [f"--{k}", str(getattr(args, k))]
+                  "steps", "windows", "warmup", "check_steps", "dynamic_capacity"):
+            if getattr(args, k) is not None:
+                cmd += [f"--{k}", str(getattr(args, k))]
         if args.no_progress:
             cmd.append("--no_progress")
         print(f"== {mode}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
@@ -287,14 +315,16 @@ def run_matrix(args):
 
 def table(rows):
     out = ["| configuration | grpc ex/s | rdmadev ex/s | no-network ex/s | rdmadev / grpc | "
-           "rdmadev / no-network | spread grpc / rdmadev | dynamic pairs swapped / on gRPC | bitwise |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "rdmadev / no-network | spread grpc / rdmadev | dynamic pairs swapped / on gRPC | "
+           "registered in the windows (grown rings, stages) | bitwise |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         e, s = r["examples_per_sec"], r["spread_pct"]
         where = "netns, tcp" if r["netns"] else "loopback, shm"
         out.append(f"| 2 ps + {r['workers']} workers, {where} | {e['grpc']:.0f} | {e['rdmadev']:.0f} | "
                    f"{e['local']:.0f} | {e['rdmadev'] / e['grpc']:.2f}x | {e['rdmadev'] / e['local']:.2f} | "
                    f"{s['grpc']:.0f}% / {s['rdmadev']:.0f}% | {r['dynamic_swapped']} / {r['kept_dynamic']} | "
+                   f"{r['registrations']['windows']['grown']}, {r['registrations']['windows']['stages']} | "
                    f"{r['check']['identical'] if r['check'] else '-'} |")
     return "\n".join(out)
 
