@@ -1,7 +1,10 @@
-"""rdmadev.testing.launch's port picks: below the kernel's ephemeral range, with the task's
-control port, so that no bind of port 0 (a task's own rdmadev listeners, any outgoing
-connection) can take one before the task binds it."""
+"""rdmadev.testing.launch: its port picks (below the kernel's ephemeral range, with the task's
+control port, so that no bind of port 0, a task's own rdmadev listeners or any outgoing
+connection, can take one before the task binds it), and a task that exits while its cluster
+runs named on stderr."""
 import socket
+import sys
+import time
 
 from rdmadev.cluster.control import control_address
 from rdmadev.testing import launch
@@ -23,3 +26,38 @@ def test_free_ports_are_distinct_bindable_and_below_the_ephemeral_range():
                 s.bind((launch.HOST, p))
     finally:
         ephemeral.close()
+
+
+#: A task that listens at its address, then exits with code 3 once told (a file appears).
+_EXITS_WHEN_TOLD = """
+import os, socket, sys, time
+host, port = sys.argv[1].rsplit(":", 1)
+s = socket.create_server((host, int(port)))
+deadline = time.monotonic() + 120
+while not os.path.exists(sys.argv[2]) and time.monotonic() < deadline:
+    time.sleep(0.05)
+print("the reason it gave up", flush=True)
+sys.exit(3)
+"""
+
+
+def test_a_task_that_exits_while_the_cluster_runs_is_named_with_its_log(tmp_path, capfd):
+    """TF waits for a lost task, so a job whose task died would hang with no word of why:
+    the cluster says which task exited, its code and its log; a task ended by kill() is not
+    reported."""
+    told = tmp_path / "exit-now"
+    spec = {"ps": [f"{launch.HOST}:{p}" for p in launch.free_ports(2)]}
+
+    def launcher(job, index, _):
+        return [sys.executable, "-c", _EXITS_WHEN_TOLD, spec[job][index], str(told)]
+
+    with launch.Cluster(spec=spec, launcher=launcher) as cluster:
+        cluster.kill("ps", 1)
+        told.touch()
+        said = ""
+        deadline = time.monotonic() + 60
+        while "exited with code 3" not in said and time.monotonic() < deadline:
+            time.sleep(0.1)
+            said += capfd.readouterr().err
+    assert "TF task ps:0" in said and "exited with code 3 while the cluster runs" in said, said
+    assert "the reason it gave up" in said and "ps:1" not in said, said

@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -49,6 +50,9 @@ POLL_INTERVAL_S = 0.2
 STOP_TIMEOUT_S = 10.0
 #: Bytes of a failed task's log quoted in the error.
 LOG_TAIL_BYTES = 3000
+#: Seconds between two looks at the tasks of a started cluster for one that exited on its own
+#: (Cluster._watch): TF waits for a lost task, often for good, so a job would hang silently.
+WATCH_INTERVAL_S = 1.0
 
 
 #: Lowest port free_ports picks; see ephemeral_floor.
@@ -172,6 +176,9 @@ class Cluster:
         self._own_log_dir = log_dir is None
         self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="tf_cluster_"))
         self._procs = {}  # (job, index) -> (Popen, log file object)
+        self._killed = set()  # (job, index) ended by kill(), until restart()
+        self._stopping = threading.Event()
+        self._watcher = None
 
     def tasks(self):
         """Return ``[(job, index, "127.0.0.1:port"), ...]`` for every task."""
@@ -195,6 +202,7 @@ class Cluster:
             ClusterError: a task exited early or did not listen within ``ready_timeout``; all
                 tasks are stopped first and the message quotes the task's log.
         """
+        self._stopping.clear()
         for job, index, _ in self.tasks():
             self._spawn(job, index)
         try:
@@ -202,7 +210,23 @@ class Cluster:
         except BaseException:
             self.stop()
             raise
+        self._watcher = threading.Thread(target=self._watch, daemon=True, name="tf-cluster-watch")
+        self._watcher.start()
         return self
+
+    def _watch(self):
+        """Says on stderr, once per process, that a task exited on its own while the cluster
+        runs (not by kill() or stop()), with its exit code and the end of its log."""
+        told = set()
+        while not self._stopping.wait(WATCH_INTERVAL_S):
+            for key, (proc, _) in list(self._procs.items()):
+                if proc.poll() is None or key in self._killed or proc.pid in told:
+                    continue
+                told.add(proc.pid)
+                print(f"rdmadev.testing.launch: TF task {key[0]}:{key[1]} (pid {proc.pid}) exited "
+                      f"with code {proc.returncode} while the cluster runs; TF waits for a lost "
+                      f"task, so the job may hang. Its log:\n{self._tail(*key)}", file=sys.stderr,
+                      flush=True)
 
     def _spawn(self, job, index):
         env = dict(os.environ)
@@ -222,6 +246,7 @@ class Cluster:
     def kill(self, job, index):
         """SIGKILLs one task (its process group) and waits for it: a crash, as tests need it."""
         proc, logf = self._procs[(job, index)]
+        self._killed.add((job, index))
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -236,6 +261,7 @@ class Cluster:
             raise ClusterError(f"TF task {job}:{index} is still running (pid {proc.pid}); kill it first")
         logf.close()
         self._spawn(job, index)
+        self._killed.discard((job, index))
         self._wait_ready([(job, index)])
 
     def _wait_ready(self, keys=None):
@@ -268,6 +294,9 @@ class Cluster:
 
     def stop(self):
         """Stop every task (SIGTERM to its process group, SIGKILL after a grace period). Idempotent."""
+        self._stopping.set()
+        if self._watcher is not None:
+            self._watcher.join()
         procs, self._procs = self._procs, {}
         for proc, _ in procs.values():
             if proc.poll() is None:
