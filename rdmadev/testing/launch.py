@@ -53,8 +53,6 @@ LOG_TAIL_BYTES = 3000
 #: Seconds between two looks at the tasks of a started cluster for one that exited on its own
 #: (Cluster._watch): TF waits for a lost task, often for good, so a job would hang silently.
 WATCH_INTERVAL_S = 1.0
-
-
 #: Lowest port free_ports picks; see ephemeral_floor.
 PORT_FLOOR = 10000
 #: Ports free_ports tries before it gives up (about half of the range qualifies by default).
