@@ -292,8 +292,7 @@ def test_a_setup_past_the_memory_limit_waits_for_memory_a_parked_half_keeps(worl
     key = out[0].channel_key
     counters = rt.table.counters
     # what earlier tests left parked or retired (verbs: rings kept 10 s for late writes) goes
-    assert wait_until(lambda: counters()["parked"] + counters()["retired"] == 0, 60, 0.2)
-    before = counters()["registered_bytes"]
+    before = settled(rt, W1)["registered_bytes"]
     channels.open_channels(rt.call, f"keeps{next(_instances)}", out, out_regions)
     _core.channel_send(key, control_task.pattern(400, 3), timeout=60)
     rt.table.release({"keys": [key], "half": "send"})  # parked: ps has not taken it

@@ -743,11 +743,11 @@ class ChannelTable:
         and meets its halves a moment before TF creates its kernels). The others not bound are
         forgotten: their graphs went."""
         offered = self.offered.get(sender, {})
-        wanted = [k for k in offered if _core.half_held(k, "recv") or _core.half_lost(k, "recv")]
+        wanted = {k for k in offered if _core.half_held(k, "recv") or _core.half_lost(k, "recv")}
         bound = set(_core.bound_channels())
         for key in [k for k in offered if k not in wanted and "recv:" + k not in bound]:
             del offered[key]
-        return [offered[k] for k in wanted]
+        return [c for k, c in offered.items() if k in wanted]
 
     def _reopen_pair(self, instance, p):
         """open_pairs again for one pair of `instance`: True if it is set up. If that fails,

@@ -43,6 +43,13 @@ cdef Half _half(name) except *:
         raise _errors.ConfigError(f"channel half {name!r} is not one of {sorted(_HALVES)}") from None
 
 
+cdef Half _one_half(name) except *:
+    """_half for "send" or "recv" only (a kernel holds, is failed or is lost on one half)."""
+    if name not in ("send", "recv"):
+        raise ValueError(f"half must be 'send' or 'recv', not {name!r}")
+    return _half(name)
+
+
 cdef class RegionLease(Handle):
     """A hold on `region` that channel halves keep (RingSender/RingReceiver.bind(lease=...)):
     the region is released from its Domain (peers lose access; the memory goes with its last
@@ -394,9 +401,7 @@ def fail_half(key, half, why, hint=""):
     """Gives up on `half` ("send" or "recv") of channel `key` until it is bound or
     unfail_half(): a TF kernel waiting for it fails at once (InvalidArgument: "No <half>
     bound for channel '<key>': <why>", then `hint`) instead of at its deadline."""
-    if half not in ("send", "recv"):
-        raise ValueError(f"half must be 'send' or 'recv', not {half!r}")
-    ChannelRegistry.Global().Fail(as_bytes(key), _half(half), as_bytes(why), as_bytes(hint))
+    ChannelRegistry.Global().Fail(as_bytes(key), _one_half(half), as_bytes(why), as_bytes(hint))
 
 
 def unfail_half(key, half):
@@ -407,17 +412,13 @@ def unfail_half(key, half):
 def half_held(key, half):
     """Whether a TF kernel holds `half` ("send" or "recv") of channel `key` in this process:
     a half pair whose graph TF still runs (the ops' `owned` attr)."""
-    if half not in ("send", "recv"):
-        raise ValueError(f"half must be 'send' or 'recv', not {half!r}")
-    return ChannelRegistry.Global().Held(as_bytes(key), _half(half))
+    return ChannelRegistry.Global().Held(as_bytes(key), _one_half(half))
 
 
 def half_lost(key, half):
     """Whether `half` ("send" or "recv") of channel `key` is unbound here because its
     connection broke, and neither bound again nor let go by its kernels since."""
-    if half not in ("send", "recv"):
-        raise ValueError(f"half must be 'send' or 'recv', not {half!r}")
-    return ChannelRegistry.Global().Lost(as_bytes(key), _half(half))
+    return ChannelRegistry.Global().Lost(as_bytes(key), _one_half(half))
 
 
 def unbind_domain(Domain domain):
