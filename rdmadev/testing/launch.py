@@ -1,5 +1,7 @@
 """A TensorFlow cluster on 127.0.0.1 for examples, benchmarks and tests: one process per
-task, all started in parallel, always killed. By default every task runs `rdmadev serve`.
+task, all started in parallel, always killed (by stop(), or by the cluster's reaper process
+when the process that started them dies without stopping them). By default every task runs
+`rdmadev serve`.
 
 Example::
 
@@ -32,6 +34,7 @@ from graph_pass.devices import task_name
 
 from ..cluster.control import control_address
 from ..cluster.spec import parse_cluster, split_address
+from . import reaper
 
 __all__ = ["Cluster", "ClusterError", "coordinated", "free_ports", "rdmadev_launcher",
            "release_remote_functions"]
@@ -177,6 +180,8 @@ class Cluster:
         self._killed = set()  # (job, index) ended by kill(), until restart()
         self._stopping = threading.Event()
         self._watcher = None
+        self._reaper = None  # ends the tasks if this process dies without stopping them
+        self._reaper_lock = threading.Lock()  # the watcher thread tells it too
 
     def tasks(self):
         """Return ``[(job, index, "127.0.0.1:port"), ...]`` for every task."""
@@ -201,6 +206,8 @@ class Cluster:
                 tasks are stopped first and the message quotes the task's log.
         """
         self._stopping.clear()
+        self._reaper = subprocess.Popen([sys.executable, "-I", reaper.__file__], stdin=subprocess.PIPE,
+                                        start_new_session=True, text=True)
         for job, index, _ in self.tasks():
             self._spawn(job, index)
         try:
@@ -221,6 +228,7 @@ class Cluster:
                 if proc.poll() is None or key in self._killed or proc.pid in told:
                     continue
                 told.add(proc.pid)
+                self._tell_reaper(f"-{proc.pid}")
                 print(f"rdmadev.testing.launch: TF task {key[0]}:{key[1]} (pid {proc.pid}) exited "
                       f"with code {proc.returncode} while the cluster runs; TF waits for a lost "
                       f"task, so the job may hang. Its log:\n{self._tail(*key)}", file=sys.stderr,
@@ -235,7 +243,17 @@ class Cluster:
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 start_new_session=True)
         self._procs[(job, index)] = (proc, logf)
+        self._tell_reaper(f"+{proc.pid}")
         log.info("started %s:%d pid=%d", job, index, proc.pid)
+
+    def _tell_reaper(self, line):
+        """One change of the reaper's list: ``+pgid`` started, ``-pgid`` ended and waited for."""
+        try:
+            with self._reaper_lock:
+                self._reaper.stdin.write(line + "\n")
+                self._reaper.stdin.flush()
+        except (AttributeError, OSError, ValueError):  # no reaper, or it is gone: tasks as before
+            pass
 
     def pid(self, job, index):
         """The process id of a task."""
@@ -250,6 +268,7 @@ class Cluster:
         except ProcessLookupError:
             pass
         proc.wait(timeout=STOP_TIMEOUT_S)
+        self._tell_reaper(f"-{proc.pid}")
         logf.close()
 
     def restart(self, job, index):
@@ -312,7 +331,13 @@ class Cluster:
                 except ProcessLookupError:
                     pass
                 proc.wait(timeout=STOP_TIMEOUT_S)
+            self._tell_reaper(f"-{proc.pid}")
             logf.close()
+        if self._reaper is not None:  # its list is empty now: it exits at end of file
+            with contextlib.suppress(OSError):
+                self._reaper.stdin.close()
+            self._reaper.wait(timeout=STOP_TIMEOUT_S)
+            self._reaper = None
         if self._own_log_dir:
             shutil.rmtree(self.log_dir, ignore_errors=True)
 
