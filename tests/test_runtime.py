@@ -2,6 +2,8 @@
 import json
 import logging
 import os
+import shutil
+import socket
 import subprocess
 import sys
 
@@ -222,3 +224,45 @@ def test_a_flood_of_wrong_secrets_logs_a_bounded_number_of_lines(caplog):
         assert ControlClient(server.server_address, b"right").call({"op": "x"}) == {"echo": {"op": "x"}}
     finally:
         server.close()
+
+
+#: A task's runtime, then what TF's gRPC server does next: listen on the task's port.
+_TASK_THEN_TF = """
+import socket, sys
+from rdmadev import Config
+from rdmadev.cluster import runtime
+port = int(sys.argv[1])
+rt = runtime.Runtime({"ps": [f"127.0.0.1:{port}"]}, "ps", 0, Config(secret=b"k", fabric="tcp"))
+socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True)
+print("TF's port bound; rdmadev listens at", rt.domain.address, flush=True)
+rt.close()
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("ip"),
+                    reason="needs root, unshare and iproute2 for a private network namespace")
+def test_a_tasks_own_listeners_never_take_its_tf_port():
+    """A task's TF port inside the kernel's ephemeral range could be taken by the runtime's
+    own listeners (port 0) before TF binds it. In a private namespace whose ephemeral range is
+    two ports, the task's TF port the one a bind of port 0 picks first (Linux prefers odd ports
+    for bind), the runtime holds it while it opens them: rdmadev takes the other."""
+    low, port = 20000, 20001
+    setup = (f"ip link set lo up && echo '{low} {port}' > /proc/sys/net/ipv4/ip_local_port_range"
+             f' && exec {sys.executable} -c "$0" {port}')
+    done = subprocess.run(["unshare", "--net", "sh", "-c", setup, _TASK_THEN_TF],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert f"rdmadev listens at tcp=127.0.0.1:{low}" in done.stdout, done.stdout
+
+
+def test_a_task_whose_port_another_process_listens_on_is_refused_by_name():
+    """TF says only "Could not start gRPC server" (and a second gRPC server with SO_REUSEPORT
+    could even share the port): the runtime names the task, the port and the fix."""
+    from rdmadev.cluster import runtime
+    from rdmadev.testing.launch import free_ports
+
+    port = free_ports(1)[0]
+    with socket.create_server(("127.0.0.1", port)):
+        with pytest.raises(rdmadev.ConfigError, match=f"/job:ps/replica:0/task:0's port {port} is "
+                           "in use: another process listens on it.*ss -ltnp"):
+            runtime.Runtime({"ps": [f"127.0.0.1:{port}"]}, "ps", 0, rdmadev.Config(secret=b"k"))

@@ -9,8 +9,11 @@ Example:
     >>> rt = runtime.start({"ps": ["10.0.0.1:2222"], "worker": [...]}, "ps", 0)
     >>> rt.call(task_name("ps", 0), {"op": "ping"})
 """
+import contextlib
 import dataclasses
+import errno
 import logging
+import socket
 import sys
 import threading
 
@@ -63,11 +66,12 @@ class Runtime:
             self.task = task_name(job, index)
             limits.raise_soft_limits()  # a ps holds ~10 descriptors and a ring per worker
             open_files.check(self.task, peers=sum(map(len, self.cluster.values())))  # + coordinator
-            host, _ = split_address(address, job)
-            self.domain = open_domain(f"{job}:{index}", self.config, tcp_addr=f"{host}:0")
-            self.table = ChannelTable(self.domain, self.config, call=self.call, task=self.task)
-            self.server = ControlServer(control_address(address, self.config.control_port_offset),
-                                        self.config.secret, self.handle)
+            host, port = split_address(address, job)
+            with _holding(port, self.task):
+                self.domain = open_domain(f"{job}:{index}", self.config, tcp_addr=f"{host}:0")
+                self.table = ChannelTable(self.domain, self.config, call=self.call, task=self.task)
+                self.server = ControlServer(control_address(address, self.config.control_port_offset),
+                                            self.config.secret, self.handle)
             if self.config.liveness_s > 0:
                 self.heartbeats = Heartbeats(self.config.liveness_s, self.table.peer_endpoints,
                                              self._connect, self.task)
@@ -157,6 +161,36 @@ class Runtime:
             self.server.close()
         if self.domain:
             self.domain.close()
+
+
+@contextlib.contextmanager
+def _holding(port, task):
+    """Keeps the task's TF port bound, on every address as TF's gRPC server binds it, while the
+    runtime opens its own listeners: their binds of port 0 cannot take it then. (One did, with a
+    port inside the kernel's ephemeral range: TF's server then failed to start while its port
+    looked open.) A port another process listens on is reported here, by name; TF would say
+    only "Could not start gRPC server". SO_REUSEADDR lets the hold pass connections in
+    TIME_WAIT from a previous run of the task, as TF's own bind does."""
+    try:
+        hold = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        hold.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # IPv4 too, as TF's
+        wildcard = "::"
+    except OSError:  # a kernel without IPv6
+        hold, wildcard = socket.socket(socket.AF_INET, socket.SOCK_STREAM), "0.0.0.0"
+    try:
+        hold.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            hold.bind((wildcard, port))
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                raise
+            raise ConfigError(f"{task}'s port {port} is in use: another process listens on it",
+                              hint=f"stop that process (an earlier run of this task? `ss -ltnp "
+                                   f"'sport = :{port}'` names it), or give the task a free port "
+                                   f"in the cluster spec") from None
+        yield
+    finally:
+        hold.close()
 
 
 def log_to_stderr():
