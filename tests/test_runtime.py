@@ -61,6 +61,44 @@ def test_control_connection_with_wrong_secret_is_refused():
         server.close()
 
 
+def test_a_control_call_that_times_out_never_hands_its_late_answer_to_the_next_call():
+    """A call that timed out closes its connection: the answer that comes later is read by
+    no one (it once was, by the next call, as its own: every answer after it was one late),
+    the connection says why it is closed, and the runtime connects again for the next call
+    (without sending the request that timed out again: the task may still be serving it)."""
+    from graph_pass.devices import task_name
+    from rdmadev.cluster import runtime
+    from rdmadev.testing.launch import free_ports
+
+    served = []
+
+    def handler(request):
+        served.append(request["op"])
+        time.sleep(request.get("sleep_s", 0))
+        return {"echo": request["op"]}
+
+    spec = {"ps": [f"127.0.0.1:{free_ports(1)[0]}"]}
+    server = ControlServer(control_address(spec["ps"][0]), b"k", handler)
+    rt = runtime.Runtime(spec, config=rdmadev.Config(secret=b"k", deadline_s=0.5))
+    try:
+        client = ControlClient(server.server_address, b"k", timeout=0.5)
+        with pytest.raises(rdmadev.DeadlineExceeded, match="did not answer slow within 0.5 s"):
+            client.call({"op": "slow", "sleep_s": 1.5})
+        time.sleep(1.5)  # its answer is sent now
+        with pytest.raises(rdmadev.PeerLostError, match="closed after an earlier call failed"):
+            client.call({"op": "next"})
+
+        ps = task_name("ps", 0)
+        with pytest.raises(rdmadev.DeadlineExceeded):
+            rt.call(ps, {"op": "slow", "sleep_s": 1.5})
+        time.sleep(1.5)
+        assert rt.call(ps, {"op": "next"}) == {"echo": "next"}
+        assert served == ["slow", "slow", "next"]
+    finally:
+        rt.close()
+        server.close()
+
+
 @pytest.mark.parametrize("request_", [[1, 2], "ping", 7, None, {"no": "op"}, {"op": 3}])
 def test_control_request_that_is_not_an_object_with_an_op_is_refused_cleanly(request_, capfd):
     """An authenticated peer's malformed request gets an error reply, the connection goes on

@@ -24,7 +24,8 @@ import time
 
 from .. import _core
 from ..config import Config
-from ..errors import AuthError, PeerLostError, ProtocolError, RdmadevError, errno_hint
+from ..errors import (AuthError, DeadlineExceeded, PeerLostError, ProtocolError, RdmadevError,
+                      errno_hint)
 from .spec import split_address
 
 __all__ = ["ControlServer", "ControlClient", "Session", "session", "control_address"]
@@ -305,12 +306,19 @@ class ControlServer(socketserver.ThreadingTCPServer):
         self.server_close()
 
 
+def _failure(e):
+    """What exception `e` says, for a message."""
+    return (e.strerror if isinstance(e, OSError) and e.strerror else str(e)) or type(e).__name__
+
+
 class ControlClient:
     """A connection to one task's control service; call() is thread-safe."""
 
     def __init__(self, address, secret, timeout=60.0, name="coordinator"):
         self.address = address
         self.lock = threading.Lock()
+        self.timeout = timeout
+        self.broken = ""  # why a call failed midway: the connection is closed then
         try:
             self.sock = socket.create_connection(address, timeout=timeout)
         except OSError as e:
@@ -334,15 +342,32 @@ class ControlClient:
             raise
 
     def call(self, request):
-        """Sends one request and returns its result, raising the peer's error."""
+        """Sends one request and returns its result, raising the peer's error. A call that
+        fails midway (timed out, reset, a malformed answer) closes the connection: its answer
+        may still come, and the next call must not read it as its own."""
         with self.lock:
+            if self.broken:
+                raise PeerLostError(f"control connection to {self.address[0]}:{self.address[1]} "
+                                    f"was closed after an earlier call failed: {self.broken}",
+                                    hint="connect again (Runtime.call does)")
             try:
                 _send(self.sock, request)
                 reply = _recv(self.sock)
-            except OSError as e:  # reset or broken pipe: the task behind it died or restarted
-                raise PeerLostError(f"control connection to {self.address[0]}:{self.address[1]} "
-                                    f"failed: {e.strerror or e}", e.errno or 0,
-                                    "the peer task died or restarted (see its log)") from None
+            except BaseException as e:
+                self.broken = _failure(e)
+                self.close()
+                where = f"{self.address[0]}:{self.address[1]}"
+                if isinstance(e, TimeoutError):  # the task may still be serving it: not resent
+                    raise DeadlineExceeded(
+                        f"task at {where} did not answer {request.get('op')} within "
+                        f"{self.timeout:g} s", errno.ETIMEDOUT,
+                        "the peer task is stopped or overloaded (see its log); raise "
+                        "RDMADEV_DEADLINE_S on a loaded machine") from None
+                if isinstance(e, OSError):  # reset or broken pipe
+                    raise PeerLostError(f"control connection to {where} failed: {self.broken}",
+                                        e.errno or 0, "the peer task died or restarted (see "
+                                                      "its log)") from None
+                raise
         if not reply.get("ok"):
             raise ProtocolError(f"task at {self.address[0]}:{self.address[1]} refused "
                                 f"{request.get('op')}: {reply.get('error')}")

@@ -21,7 +21,7 @@ from graph_pass.devices import split_task, task_name
 
 from ..config import Config
 from ..device import open_domain
-from ..errors import ConfigError, PeerLostError, ProtocolError, RdmadevError
+from ..errors import ConfigError, DeadlineExceeded, PeerLostError, ProtocolError, RdmadevError
 from . import instances, limits, open_files, reports
 from .channels import REQUESTS as CHANNEL_REQUESTS, ChannelTable
 from .control import ControlClient, ControlServer, control_address
@@ -112,6 +112,9 @@ class Runtime:
             self._forget(task, client)
             if fresh:
                 raise
+        except DeadlineExceeded:  # the task may still serve it: never sent twice
+            self._forget(task, client)
+            raise
         return self._client(task)[0].call(request)
 
     def answers(self, task, timeout):
