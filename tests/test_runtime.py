@@ -99,6 +99,37 @@ def test_a_control_call_that_times_out_never_hands_its_late_answer_to_the_next_c
         server.close()
 
 
+def test_a_call_whose_handler_calls_back_into_the_caller_never_waits_for_itself():
+    """ps asks worker, whose handler asks ps, whose handler asks worker again (what reopen
+    does on both tasks after a break): each call has a connection of its own. On one shared
+    connection per peer, the innermost call queued behind the outermost one, which waited for
+    it: nothing moved until the deadline."""
+    from graph_pass.devices import task_name
+    from rdmadev.cluster import runtime
+    from rdmadev.testing.launch import free_ports
+
+    ps, worker = task_name("ps", 0), task_name("worker", 0)
+    ps_port, worker_port = free_ports(2)
+    spec = {"ps": [f"127.0.0.1:{ps_port}"], "worker": [f"127.0.0.1:{worker_port}"]}
+    config = rdmadev.Config(secret=b"k", deadline_s=10)
+    tasks = {ps: runtime.Runtime(spec, "ps", 0, config),
+             worker: runtime.Runtime(spec, "worker", 0, config)}
+
+    def relay(request):  # served at request["at"]: asks the next task of the route, if any
+        at, route = request["at"], request["route"]
+        if not route:
+            return [at]
+        return [at] + tasks[at].call(route[0], {"op": "t_relay", "at": route[0], "route": route[1:]})
+
+    runtime.register_handler("t_relay", relay)
+    try:
+        route = [worker, ps, worker]
+        assert tasks[ps].call(worker, {"op": "t_relay", "at": worker, "route": route[1:]}) == route
+    finally:
+        for rt in tasks.values():
+            rt.close()
+
+
 @pytest.mark.parametrize("request_", [[1, 2], "ping", 7, None, {"no": "op"}, {"op": 3}])
 def test_control_request_that_is_not_an_object_with_an_op_is_refused_cleanly(request_, capfd):
     """An authenticated peer's malformed request gets an error reply, the connection goes on

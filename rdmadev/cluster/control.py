@@ -21,6 +21,7 @@ import socketserver
 import struct
 import threading
 import time
+import weakref
 
 from .. import _core
 from ..config import Config
@@ -132,10 +133,15 @@ class Session:
     the kernel closes its connections, so what it planned here (channels, instantiations of
     the functions it traced) does not outlive it."""
 
+    _live = weakref.WeakSet()  # every open Session of this process (let_go)
+    _live_lock = threading.Lock()
+
     def __init__(self, where):
         self.where = where
         self.held = {}  # key -> release()
         self.lock = threading.Lock()
+        with Session._live_lock:
+            Session._live.add(self)
 
     def hold(self, key, release):
         """Runs `release()` when the connection ends, unless let_go(key) came first."""
@@ -143,10 +149,18 @@ class Session:
             self.held[key] = release
 
     def let_go(self, key):
-        with self.lock:
-            self.held.pop(key, None)
+        """Drops `key` from every open session: a peer makes its calls on connections of
+        their own (Runtime.call), so its release may come on another connection than the
+        request that held the key."""
+        with Session._live_lock:
+            live = list(Session._live)
+        for s in live:
+            with s.lock:
+                s.held.pop(key, None)
 
     def close(self):
+        with Session._live_lock:
+            Session._live.discard(self)
         with self.lock:
             held, self.held = list(self.held.items()), {}
         for key, release in held:

@@ -21,7 +21,7 @@ from graph_pass.devices import split_task, task_name
 
 from ..config import Config
 from ..device import open_domain
-from ..errors import ConfigError, DeadlineExceeded, PeerLostError, ProtocolError, RdmadevError
+from ..errors import ConfigError, PeerLostError, ProtocolError, RdmadevError
 from . import instances, limits, open_files, reports
 from .channels import REQUESTS as CHANNEL_REQUESTS, ChannelTable
 from .control import ControlClient, ControlServer, control_address
@@ -59,7 +59,8 @@ class Runtime:
         self.server = None
         self.table = None
         self.heartbeats = None
-        self.clients = {}
+        self.clients = {}  # task -> its idle control connections (_take, _give_back)
+        self.closed = False
         self.lock = threading.RLock()
         if job is not None:
             address = self._address(job, index)
@@ -100,22 +101,26 @@ class Runtime:
         return handler(request)
 
     def call(self, task, request):
-        """Runs `request` on `task` (here if it is this task) and returns the result. A cached
-        connection the task closed (it restarted since) is replaced once: the request never
-        reached the new incarnation, so sending it again is safe."""
+        """Runs `request` on `task` (here if it is this task) and returns the result, on a
+        control connection no other call uses meanwhile (see _take). An idle connection the
+        task closed (it restarted since) is replaced once: the request never reached the new
+        incarnation, so sending it again is safe. One that timed out is not: the task may
+        still be serving it."""
         if task == self.task:
             return self.handle(request)
-        client, fresh = self._client(task)
+        client, fresh = self._take(task)
         try:
             return client.call(request)
         except PeerLostError:
-            self._forget(task, client)
             if fresh:
                 raise
-        except DeadlineExceeded:  # the task may still serve it: never sent twice
-            self._forget(task, client)
-            raise
-        return self._client(task)[0].call(request)
+        finally:
+            self._give_back(task, client)
+        client = self._take(task, fresh=True)[0]
+        try:
+            return client.call(request)
+        finally:
+            self._give_back(task, client)
 
     def answers(self, task, timeout):
         """Whether `task` answers a ping on a fresh control connection within `timeout`
@@ -130,14 +135,28 @@ class Runtime:
         except (RdmadevError, OSError):
             return False
 
-    def _client(self, task):
-        """The control client of `task` and whether it was just connected."""
+    def _take(self, task, fresh=False):
+        """A control connection to `task` for one call, and whether it was just connected: an
+        idle one, else a new one. Calls never share a connection: a request's handler may call
+        back into this task, which may call the same task again (reopen does, on both tasks at
+        once after a break), and calls queued on one connection then waited for each other
+        until their deadline."""
         with self.lock:
-            client = self.clients.get(task)
-            if client is not None:
-                return client, False
-            client = self.clients[task] = self._connect(task, self.config.deadline_s)
-            return client, True
+            idle = self.clients.get(task)
+            if idle and not fresh:
+                return idle.pop(), False
+        return self._connect(task, self.config.deadline_s), True
+
+    def _give_back(self, task, client):
+        """Keeps `client` for the next call to `task`, or closes it when a call on it failed
+        midway or the runtime closed. A healthy one is never closed before: the task ties
+        what this process owns there to the connection it asked on (control.Session), so
+        there are as many as calls were ever in flight to that task at once (a few)."""
+        with self.lock:
+            if not client.broken and not self.closed:
+                self.clients.setdefault(task, []).append(client)
+                return
+        client.close()
 
     def _connect(self, task, timeout):
         """A new control connection to `task` (its connect and each answer bounded by
@@ -147,18 +166,15 @@ class Runtime:
                              self.config.secret, timeout=timeout,
                              name=self.task or "coordinator")
 
-    def _forget(self, task, client):
-        with self.lock:
-            if self.clients.get(task) is client:
-                del self.clients[task]
-        client.close()
-
     def close(self):
         if self.heartbeats:
             self.heartbeats.close()
         if self.table:
             self.table.close()
-        for c in self.clients.values():
+        with self.lock:
+            self.closed = True
+            idle = [c for clients in self.clients.values() for c in clients]
+        for c in idle:
             c.close()
         if self.server:
             self.server.close()
