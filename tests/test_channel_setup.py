@@ -541,6 +541,83 @@ def test_half_pairs_met_before_their_kernels_exist_are_met_again_after_a_cut(wor
             rt.call(task, {"op": "release", "keys": [key], "half": "both"})
 
 
+def _half(key, capacity):
+    return {"key": key, "slots": SLOTS, "capacity_bytes": capacity, "rank_capacity": 4}
+
+
+def test_a_half_pair_past_the_memory_limit_fails_naming_that_limit(world):
+    """A half pair that cannot be set up fails its steps with the cause's own fix: here the
+    registered-memory limit and its setting, not "start every task with grpc+rdmadev"."""
+    rt, _ = world
+    key = f"half-too-big-{os.getpid()}"
+    config = rt.table.config
+    rt.table.config = dataclasses.replace(
+        config, max_registered_bytes=rt.table.domain.region_stats[1] + (1 << 20))
+    try:
+        rt.table.offer_halves(PS, [_half(key, 1 << 20)])  # 2 slots of 1 MiB
+        rt.call(PS, {"op": "t_want", "sizes": {key: None}})
+        with pytest.raises(rdmadev.RdmadevError) as failed:
+            _core.channel_recv(key, timeout=60)
+        said = f"{failed.value} {failed.value.hint}"
+        assert "past its limit" in said and "RDMADEV_MAX_REGISTERED_BYTES" in said, said
+        assert "grpc+rdmadev" not in said, said
+    finally:
+        rt.table.config = config
+        rt.call(PS, {"op": "release", "keys": [key], "half": "both"})
+
+
+@pytest.mark.parametrize("cut_after", ["attach_halves", "endpoint"])
+def test_a_half_pair_whose_connection_breaks_while_it_is_first_met_is_met(world, cut_after):
+    """The connection between the tasks breaks in the middle of a half pair's first setup:
+    once the sender bound its half to it (`attach_halves` answered), or once this task found
+    its endpoint to the sender (`endpoint`), before it attached the sender's credits through
+    it. The pair is met all the same, and carries data: both tasks meet again the pairs of
+    the broken connection, including halves bound here that no kernel holds yet (before,
+    a pair whose sender alone lost its half stayed torn: `attach_halves`)."""
+    rt, cluster = world
+    if rt.config.fabric == "shm":
+        pytest.skip("a shm endpoint has no connection that could break (its peer's pidfd)")
+    key = f"half-cut-after-{cut_after}-{os.getpid()}"
+    real_call, real_endpoint, cuts = rt.table.call, rt.table._endpoint, []
+
+    def cut():
+        if cuts:
+            return
+        n = faults.reset_connections(rt.domain.address, cluster.pid("ps", 0), rt.config.fabric)
+        for address in [a for a, t in rt.table.peers.items() if t == PS]:
+            n += faults.reset_connections(address, os.getpid(), rt.config.fabric)
+        cuts.append(n)
+
+    def call(task, request):
+        result = real_call(task, request)
+        if request["op"] == "attach_halves" and cut_after == "attach_halves":
+            cut()
+        return result
+
+    def endpoint(address, task):
+        ep = real_endpoint(address, task)
+        if task == PS and cut_after == "endpoint":
+            cut()
+        return ep
+
+    met = []
+    rt.table.call, rt.table._endpoint = call, endpoint
+    try:
+        rt.table.offer_halves(PS, [_half(key, 8192)], lambda fabric, size: met.append(fabric))
+        rt.call(PS, {"op": "t_want", "sizes": {key: 400}})
+        assert wait_until(lambda: met, 60) and cuts and cuts[0] >= 1, (met, cuts)
+        whole = lambda: f"recv:{key}" in _core.bound_channels() and \
+            rt.call(PS, {"op": "bound_senders", "keys": [key]}) == [key]
+        assert wait_until(whole, 60)
+        t = dataclasses.make_dataclass("T", ["send_task", "recv_task", "channel_key",
+                                             "capacity_bytes"])(PS, W1, key, 400)
+        assert exchange(rt, t, 3 * SLOTS, seed=11) == []
+    finally:
+        rt.table.call, rt.table._endpoint = real_call, real_endpoint
+        for task in (PS, W1):
+            rt.call(task, {"op": "release", "keys": [key], "half": "both"})
+
+
 def test_a_receiver_cannot_attach_halves_the_sender_never_planned(world):
     rt, _ = world
     with pytest.raises(ProtocolError, match="did not plan the sending half of channel never-planned"):

@@ -423,10 +423,11 @@ class ChannelTable:
                 self._give_up(keys, "send", f"its receiving task {task} does not answer rdmadev's "
                                             f"control requests, so it never sets up its side: {_reason(e)}")
 
-    def _give_up(self, keys, half, why):
-        """Fails `half` of `keys` now (their kernels' waits end with `why`), and says so."""
+    def _give_up(self, keys, half, why, hint=HALF_FIX):
+        """Fails `half` of `keys` now (their kernels' waits end with `why`, then `hint`), and
+        says so."""
         for key in keys:
-            _core.fail_half(key, half, why, HALF_FIX)
+            _core.fail_half(key, half, why, hint)
         log.warning("rdmadev: %d half pair(s) of %s stay unbound (first %s), and the steps using "
                     "them fail: %s", len(keys), self.task, keys[0], why)
 
@@ -459,7 +460,8 @@ class ChannelTable:
                 on_met(fabric, size)
         except Exception as e:  # nothing tries again until a new graph offers them
             self._give_up([c["key"] for c in channels], "recv",
-                          f"setting up the pair from task {sender} failed: {_reason(e)}")
+                          f"setting up the pair from task {sender} failed: {_reason(e)}",
+                          getattr(e, "hint", None) or HALF_FIX)
 
     def _meet_now(self, sender, channels, sizes):
         """Lays out the receiving halves `channels` from `sender` in one region, slots sized
@@ -738,16 +740,16 @@ class ChannelTable:
 
     def _held_halves_locked(self, sender):
         """The receiving halves of half pairs from `sender` that a TF graph here still holds,
-        or whose kernels it is still creating (under self.lock): held by a kernel, or lost to
-        a broken connection while bound and let go by no kernel since (a graph's pass offers
-        and meets its halves a moment before TF creates its kernels). The others not bound are
-        forgotten: their graphs went."""
+        or whose kernels it is still creating (under self.lock): held by a kernel, bound, or
+        lost to a broken connection while bound and let go by no kernel since (a graph's pass
+        offers and meets its halves a moment before TF creates its kernels, and the last
+        kernel to go unbinds its half). The others are forgotten: their graphs went."""
         offered = self.offered.get(sender, {})
-        wanted = {k for k in offered if _core.half_held(k, "recv") or _core.half_lost(k, "recv")}
         bound = set(_core.bound_channels())
-        for key in [k for k in offered if k not in wanted and "recv:" + k not in bound]:
+        for key in [k for k in offered if not (_core.half_held(k, "recv") or "recv:" + k in bound
+                                               or _core.half_lost(k, "recv"))]:
             del offered[key]
-        return [c for k, c in offered.items() if k in wanted]
+        return list(offered.values())
 
     def _reopen_pair(self, instance, p):
         """open_pairs again for one pair of `instance`: True if it is set up. If that fails,
