@@ -267,7 +267,8 @@ def run(args):
         import cnn_between_graph
         return cnn_between_graph.run(args)
     sys.path.insert(0, os.path.dirname(HERE))
-    import tensorflow as tf
+    from rdmadev.tf.startup import import_tensorflow
+    tf = import_tensorflow()  # without TF's start-up lines
     import rdmadev
     from graph_pass.devices import task_name
     from rdmadev.testing import launch

@@ -137,7 +137,8 @@ def client(spec, index, args):
     time T0, variant k % 2 in window k, and prints their steps and seconds."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     sys.path.insert(0, HERE)
-    import tensorflow as tf
+    from rdmadev.tf.startup import import_tensorflow
+    tf = import_tensorflow()  # without TF's start-up lines
     from models import MODELS, Params
 
     tf.compat.v1.disable_eager_execution()

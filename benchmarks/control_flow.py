@@ -61,7 +61,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if min(args.calls, args.rounds, args.iterations) < 1 or not 0 < args.mib <= 1024:
         ap.error("--calls, --rounds and --iterations must be >= 1, --mib within (0, 1024]")
-    import tensorflow as tf
+    from rdmadev.tf.startup import import_tensorflow
+    tf = import_tensorflow()  # without TF's start-up lines
 
     import rdmadev
     from rdmadev.testing import launch

@@ -159,7 +159,8 @@ def run_one(args):
     pss.coordinator_env(args.netns)
     if args.dynamic_capacity:  # the tasks inherit the environment
         os.environ["RDMADEV_DYNAMIC_CAPACITY"] = args.dynamic_capacity
-    import tensorflow as tf
+    from rdmadev.tf.startup import import_tensorflow
+    tf = import_tensorflow()  # without TF's start-up lines
     import rdmadev
     from rdmadev.testing import launch
 

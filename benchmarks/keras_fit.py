@@ -51,7 +51,8 @@ def main(argv=None):
     if min(executions + [args.steps, args.rounds]) < 1 or any(args.steps % n for n in executions):
         ap.error("every count must be >= 1, and --steps a multiple of each --steps_per_execution")
     import numpy as np
-    import tensorflow as tf
+    from rdmadev.tf.startup import import_tensorflow
+    tf = import_tensorflow()  # without TF's start-up lines
 
     import rdmadev
     from rdmadev.testing import launch

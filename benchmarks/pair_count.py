@@ -29,7 +29,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if min(args.counts + [args.floats, args.calls, args.rounds]) < 1 or max(args.counts) > 1024:
         ap.error("--counts within 1-1024; --floats, --calls and --rounds >= 1")
-    import tensorflow as tf
+    from rdmadev.tf.startup import import_tensorflow
+    tf = import_tensorflow()  # without TF's start-up lines
 
     import rdmadev
     from rdmadev.testing import launch

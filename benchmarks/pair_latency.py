@@ -35,7 +35,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if min(args.calls, args.rounds) < 1 or not 0.5 <= args.trace_s <= 60:
         ap.error("--calls and --rounds must be >= 1, --trace_s within 0.5-60")
-    import tensorflow as tf
+    from rdmadev.tf.startup import import_tensorflow
+    tf = import_tensorflow()  # without TF's start-up lines
 
     import rdmadev
     from rdmadev.testing import launch

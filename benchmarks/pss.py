@@ -247,7 +247,8 @@ def run_local(local, n):
     """n steps over the workers' private copies, as PSS's worker threads run scheduled steps:
     one thread per worker takes the next step while any is left, runs it on its worker and
     fetches the loss before taking another. Returns the last loss."""
-    import tensorflow as tf
+    from rdmadev.tf.startup import import_tensorflow
+    tf = import_tensorflow()  # without TF's start-up lines
     left, lock, losses, errors = [n], threading.Lock(), [], []
 
     def worker(device, step, iterator):
@@ -472,7 +473,8 @@ def start_cluster(netns, num_ps, num_workers):
 def run_one(args):
     """One configuration: its own cluster; returns the result dict."""
     coordinator_env(args.netns)
-    import tensorflow as tf
+    from rdmadev.tf.startup import import_tensorflow
+    tf = import_tensorflow()  # without TF's start-up lines
     import keras
     import rdmadev
     from rdmadev.testing import launch

@@ -162,7 +162,8 @@ def main(argv=None):
     deadline = time.monotonic() + args.timeout
     os.environ.setdefault("RDMADEV_SECRET", secrets.token_hex(16))
 
-    import tensorflow as tf
+    from rdmadev.tf.startup import import_tensorflow
+    tf = import_tensorflow()  # without TF's start-up lines
     import rdmadev
     from rdmadev.testing import launch
 

@@ -37,7 +37,8 @@ def _mib(text):
 
 def _trial(key, x, count):
     """Seconds to move `count` tensors `x` through channel `key` (sent from a thread)."""
-    import tensorflow as tf
+    from rdmadev.tf.startup import import_tensorflow
+    tf = import_tensorflow()  # without TF's start-up lines
     from rdmadev.tf import ops
     errors = []
 
@@ -73,7 +74,8 @@ def main():
     args = ap.parse_args()
 
     import numpy as np
-    import tensorflow as tf
+    from rdmadev.tf.startup import import_tensorflow
+    tf = import_tensorflow()  # without TF's start-up lines
     import rdmadev
     from rdmadev import _core
     from rdmadev.testing.pair import bind_local, ring_layout

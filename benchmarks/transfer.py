@@ -86,7 +86,8 @@ def main(argv=None):
     ap.add_argument("--max-mib", type=int, default=256)
     ap.add_argument("--json", default=os.path.join(HERE, "results", "transfer.json"))
     args = ap.parse_args(argv)
-    import tensorflow as tf
+    from rdmadev.tf.startup import import_tensorflow
+    tf = import_tensorflow()  # without TF's start-up lines
     import rdmadev
     from rdmadev import _core
     from rdmadev.testing import launch
