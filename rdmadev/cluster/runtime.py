@@ -191,12 +191,12 @@ def _holding(port, task):
     only "Could not start gRPC server". SO_REUSEADDR lets the hold pass connections in
     TIME_WAIT from a previous run of the task, as TF's own bind does."""
     try:
-        hold = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-        hold.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # IPv4 too, as TF's
-        wildcard = "::"
+        hold, wildcard = socket.socket(socket.AF_INET6, socket.SOCK_STREAM), "::"
     except OSError:  # a kernel without IPv6
         hold, wildcard = socket.socket(socket.AF_INET, socket.SOCK_STREAM), "0.0.0.0"
     try:
+        if hold.family == socket.AF_INET6:
+            hold.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # IPv4 too, as TF's
         hold.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             hold.bind((wildcard, port))
