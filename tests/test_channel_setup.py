@@ -481,6 +481,16 @@ def test_channels_a_killed_planner_opened_are_released_on_every_task(world, when
     assert wait_until(lambda: now() == before, _core.LATE_WRITE_GRACE_S + 60, 0.1), (before, now())
 
 
+#: What exchange() reads of a transfer, for half pairs (planned by no Plan here).
+_HalfTransfer = dataclasses.make_dataclass("HalfTransfer", ["send_task", "recv_task",
+                                                            "channel_key", "capacity_bytes"])
+
+
+def _from_ps(key, capacity):
+    """The transfer of half pair `key` from ps:0 to this task (worker:1), for exchange()."""
+    return _HalfTransfer(PS, W1, key, capacity)
+
+
 def test_half_pairs_meet_whichever_pass_comes_first_with_slots_the_sender_sized(world):
     """TF1 half pairs (channels.py, "half pairs"): this task offers the receiving halves
     before ps:0 planned its sending ones, and the ring is set up once it did; a key the
@@ -503,9 +513,7 @@ def test_half_pairs_meet_whichever_pass_comes_first_with_slots_the_sender_sized(
         # known: 1 slot of 400 B (+ header and shape block); unknown: 2 of the planned 8192 B
         assert met[0][1] == 4096 * -(-((64 + 64 + 448) + SLOTS * (64 + 64 + 8192)) // 4096)
         for key, size in ((known, 400), (unknown, 8192)):
-            t = dataclasses.make_dataclass("T", ["send_task", "recv_task", "channel_key",
-                                                 "capacity_bytes"])(PS, W1, key, size)
-            assert exchange(rt, t, 3 * SLOTS, seed=7) == []
+            assert exchange(rt, _from_ps(key, size), 3 * SLOTS, seed=7) == []
     finally:
         for task in (PS, W1):
             rt.call(task, {"op": "release", "keys": [known, unknown], "half": "both"})
@@ -533,9 +541,7 @@ def test_half_pairs_met_before_their_kernels_exist_are_met_again_after_a_cut(wor
     try:
         assert wait_until(lambda: rt.table.reopened > reopened, 60), rt.table.offered.get(PS)
         assert whole()
-        t = dataclasses.make_dataclass("T", ["send_task", "recv_task", "channel_key",
-                                             "capacity_bytes"])(PS, W1, key, 400)
-        assert exchange(rt, t, 3 * SLOTS, seed=9) == []
+        assert exchange(rt, _from_ps(key, 400), 3 * SLOTS, seed=9) == []
     finally:
         for task in (PS, W1):
             rt.call(task, {"op": "release", "keys": [key], "half": "both"})
@@ -609,9 +615,7 @@ def test_a_half_pair_whose_connection_breaks_while_it_is_first_met_is_met(world,
         whole = lambda: f"recv:{key}" in _core.bound_channels() and \
             rt.call(PS, {"op": "bound_senders", "keys": [key]}) == [key]
         assert wait_until(whole, 60)
-        t = dataclasses.make_dataclass("T", ["send_task", "recv_task", "channel_key",
-                                             "capacity_bytes"])(PS, W1, key, 400)
-        assert exchange(rt, t, 3 * SLOTS, seed=11) == []
+        assert exchange(rt, _from_ps(key, 400), 3 * SLOTS, seed=11) == []
     finally:
         rt.table.call, rt.table._endpoint = real_call, real_endpoint
         for task in (PS, W1):

@@ -21,7 +21,6 @@ import socketserver
 import struct
 import threading
 import time
-import weakref
 
 from .. import _core
 from ..config import Config
@@ -133,7 +132,7 @@ class Session:
     the kernel closes its connections, so what it planned here (channels, instantiations of
     the functions it traced) does not outlive it."""
 
-    _live = weakref.WeakSet()  # every open Session of this process (let_go)
+    _live = set()  # every open Session of this process (let_go); close() removes it
     _live_lock = threading.Lock()
 
     def __init__(self, where):

@@ -108,19 +108,15 @@ class Runtime:
         still be serving it."""
         if task == self.task:
             return self.handle(request)
-        client, fresh = self._take(task)
-        try:
-            return client.call(request)
-        except PeerLostError:
-            if fresh:
-                raise
-        finally:
-            self._give_back(task, client)
-        client = self._take(task, fresh=True)[0]
-        try:
-            return client.call(request)
-        finally:
-            self._give_back(task, client)
+        for retry in (False, True):
+            client, fresh = self._take(task, fresh=retry)
+            try:
+                return client.call(request)
+            except PeerLostError:
+                if fresh:
+                    raise
+            finally:
+                self._give_back(task, client)
 
     def answers(self, task, timeout):
         """Whether `task` answers a ping on a fresh control connection within `timeout`

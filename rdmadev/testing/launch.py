@@ -206,8 +206,8 @@ class Cluster:
                 tasks are stopped first and the message quotes the task's log.
         """
         self._stopping.clear()
-        self._reaper = subprocess.Popen([sys.executable, "-I", reaper.__file__], stdin=subprocess.PIPE,
-                                        start_new_session=True, text=True)
+        self._reaper = subprocess.Popen([sys.executable, "-I", reaper.__file__, str(STOP_TIMEOUT_S)],
+                                        stdin=subprocess.PIPE, start_new_session=True, text=True)
         for job, index, _ in self.tasks():
             self._spawn(job, index)
         try:
@@ -248,11 +248,13 @@ class Cluster:
 
     def _tell_reaper(self, line):
         """One change of the reaper's list: ``+pgid`` started, ``-pgid`` ended and waited for."""
+        if self._reaper is None:
+            return
         try:
             with self._reaper_lock:
                 self._reaper.stdin.write(line + "\n")
                 self._reaper.stdin.flush()
-        except (AttributeError, OSError, ValueError):  # no reaper, or it is gone: tasks as before
+        except (OSError, ValueError):  # the reaper is gone: the tasks are as without it
             pass
 
     def pid(self, job, index):

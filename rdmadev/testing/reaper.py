@@ -2,14 +2,14 @@
 them (SIGKILL, the OOM killer): the tasks run in sessions of their own, so nothing else would,
 and an `rdmadev serve` task serves until killed, holding its ports, memory and CPU.
 
-Run by launch.Cluster as ``python -I reaper.py`` (this file alone: no rdmadev, no TF), its
-stdin a pipe from the Cluster with one line per change:
+Run by launch.Cluster as ``python -I reaper.py GRACE_S`` (this file alone: no rdmadev, no TF),
+its stdin a pipe from the Cluster with one line per change:
 
     +<pgid>   a task's process group started
     -<pgid>   that group ended and was waited for (kill(), stop(), or it exited on its own)
 
 End of file while groups are still listed means the Cluster's process is gone: each is sent
-SIGTERM, then SIGKILL after the grace launch.Cluster.stop gives. After a normal stop() the
+SIGTERM, then SIGKILL after GRACE_S seconds (the grace launch.Cluster.stop gives). After a normal stop() the
 list is empty and the reaper just exits.
 
 Why not PR_SET_PDEATHSIG in each task: it fires when the *thread* that forked the task exits,
@@ -20,8 +20,6 @@ import signal
 import sys
 import time
 
-#: Seconds a group gets after SIGTERM before SIGKILL (launch.STOP_TIMEOUT_S).
-GRACE_S = 10.0
 #: Seconds between checks that a terminated group is gone.
 POLL_S = 0.1
 
@@ -30,9 +28,7 @@ def _alive(pgid):
     try:
         os.killpg(pgid, 0)
         return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # the group id now belongs to someone else's processes
+    except (ProcessLookupError, PermissionError):  # gone, or the id is someone else's now
         return False
 
 
@@ -44,7 +40,7 @@ def _signal(pgids, sig):
             pass
 
 
-def end_groups(pgids, grace_s=GRACE_S):
+def end_groups(pgids, grace_s):
     """SIGTERM every group, then SIGKILL those still there after ``grace_s``."""
     _signal(pgids, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
@@ -69,7 +65,7 @@ def main():
                   flush=True)
         except OSError:
             pass
-        end_groups(sorted(groups))
+        end_groups(sorted(groups), float(sys.argv[1]))
 
 
 if __name__ == "__main__":
