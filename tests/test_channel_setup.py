@@ -717,3 +717,81 @@ def test_slots_grow_to_at_most_growth_max_slot(world):
     finally:
         for task in (W0, W1):
             rt.call(task, {"op": "release", "keys": [t.channel_key], "half": "both"})
+
+
+def _fits_its_slots(rt, t, seed):
+    """Transfers of `t`'s capacity carry exact data, each in one slot: none staged by ps:0,
+    none in chunks (the receiver would want the channel grown)."""
+    grown, staged = rt.table.counters()["grown"], rt.call(PS, {"op": "counters"})["staged"]
+    assert exchange(rt, t, count=3 * SLOTS, seed=seed) == []
+    assert _core.growing_channels(rt.table.domain) == []
+    assert rt.table.counters()["grown"] == grown
+    assert rt.call(PS, {"op": "counters"})["staged"] == staged
+
+
+def _cut_and_set_up_again(rt, registered):
+    """Resets this task's connections from ps:0 and waits until the pairs between them are
+    set up again and this task registers `registered` bytes (nothing kept for late writes)."""
+    reopened = rt.table.reopened
+    address = next(a for a, task in rt.table.peers.items() if task == PS)
+    assert faults.reset_connections(address, os.getpid(), rt.config.fabric) >= 1
+    now = rt.table.counters
+    assert wait_until(lambda: rt.table.reopened > reopened and now()["parked"] == 0
+                      and now()["retired"] == 0 and now()["registered_bytes"] == registered,
+                      _core.LATE_WRITE_GRACE_S + 60, 0.1), (registered, now())
+
+
+def test_a_pair_set_up_again_after_a_cut_keeps_the_slots_its_channel_grew_to(world):
+    """One channel of a pair from ps:0 grew (100000 B tensors in 4096 B slots); the
+    connection is cut and the pair set up again in one region holding the grown slots and the
+    others' planned ones, so those tensors fit at once, with no chunks or growth again."""
+    rt, _ = world
+    if rt.config.fabric == "shm":
+        pytest.skip("a shm endpoint has no connection that could break (its peer's pidfd)")
+    baseline = settled(rt, W1)["registered_bytes"]
+    _, swap, regions = plan([(PS, W1)])
+    grows = max(swap, key=lambda t: t.capacity_bytes)
+    big = dataclasses.replace(grows, capacity_bytes=100000)
+    channels.open_channels(rt.call, "cut-grown", swap, regions)
+    try:
+        grown = rt.table.counters()["grown"]
+        _core.channel_want(grows.channel_key, big.capacity_bytes)
+        assert _wait_grown(rt, grown) == 1
+        _fits_its_slots(rt, big, seed=12)  # the sender moves to the grown ring
+        grown_slot, _ = channels.slot_bytes(131072, 0)  # 100000 B and a quarter, in 64 KiB steps
+        others = sum(t.slots * t.slot_bytes for t in swap if t is not grows)
+        _cut_and_set_up_again(rt, baseline + channels.round_up(
+            others + grows.slots * grown_slot, channels.REGION_ALIGNMENT))
+        _fits_its_slots(rt, big, seed=13)
+        for i, t in enumerate(swap):
+            if t is not grows:
+                assert exchange(rt, t, count=3 * SLOTS, seed=14 + i) == [], t.channel_key
+    finally:
+        for task in (PS, W1):
+            rt.call(task, {"op": "release", "keys": [t.channel_key for t in swap], "half": "both"})
+    assert not any(t.channel_key in rt.table.learned for t in swap)
+
+
+def test_a_half_pair_met_again_after_a_cut_keeps_the_slots_its_channel_grew_to(world):
+    """As above for a TF1 half pair of run-time shape (planned 8192 B)."""
+    rt, _ = world
+    if rt.config.fabric == "shm":
+        pytest.skip("a shm endpoint has no connection that could break (its peer's pidfd)")
+    key = f"half-grown-{os.getpid()}"
+    baseline = settled(rt, W1)["registered_bytes"]
+    met = []
+    rt.table.offer_halves(PS, [_half(key, 8192)], lambda fabric, size: met.append(fabric))
+    rt.call(PS, {"op": "t_want", "sizes": {key: None}})
+    try:
+        assert wait_until(lambda: met, 60)
+        grown = rt.table.counters()["grown"]
+        _core.channel_want(key, 100000)
+        assert _wait_grown(rt, grown) == 1
+        _fits_its_slots(rt, _from_ps(key, 100000), seed=15)
+        grown_slot, _ = channels.slot_bytes(131072, 4)
+        _cut_and_set_up_again(rt, baseline + channels.round_up(SLOTS * grown_slot,
+                                                               channels.REGION_ALIGNMENT))
+        _fits_its_slots(rt, _from_ps(key, 100000), seed=16)
+    finally:
+        for task in (PS, W1):
+            rt.call(task, {"op": "release", "keys": [key], "half": "both"})

@@ -128,6 +128,18 @@ def _planned_bytes(size, layouts, label):
     return size
 
 
+def _end_to_end(channels, learned):
+    """Setup entries `channels` of one region, in order, each with the slots its channel
+    grew to (`learned`: key -> layout fields) and laid out end to end; and the region's
+    bytes."""
+    laid, offset = [], 0
+    for c in channels:
+        c = {**c, **learned.get(c["key"], {}), "offset": offset}
+        laid.append(c)
+        offset += c["slots"] * c["slot_bytes"]
+    return laid, round_up(offset, REGION_ALIGNMENT)
+
+
 def _let_go(*held):
     """Closes what a failed setup holds (regions, leases, attachments; None skipped) at once:
     the traceback keeps the failing frame, and with it these, alive for as long as the
@@ -196,6 +208,7 @@ class ChannelTable:
         self.wanting = threading.Condition(self.lock)  # notified when `wanted` grows
         self.grown = {}  # key -> (RingSender, lease, receiver): set up, not bound (growth)
         self.not_grown = set()  # keys whose growth failed: they keep their slots
+        self.learned = {}  # key -> layout its receiving half grew to: kept for setups again
         self.watcher = None
         if call is not None:
             self.watcher = threading.Thread(target=self._watch_peers, daemon=True,
@@ -465,9 +478,10 @@ class ChannelTable:
 
     def _meet_now(self, sender, channels, sizes):
         """Lays out the receiving halves `channels` from `sender` in one region, slots sized
-        by what the sender planned (`sizes`: half_sizes), and binds both halves of each;
-        returns (fabric, region bytes)."""
-        laid, offset = [], 0
+        by what the sender planned (`sizes`: half_sizes), or as their channel grew here before
+        (a pair met again after a cut, a graph's halves met again by a new session's graph),
+        and binds both halves of each; returns (fabric, region bytes)."""
+        sized = []
         for c in sorted(channels, key=lambda c: c["key"]):
             known = sizes.get(c["key"])
             fits = type(known) is int and 0 <= known <= self.config.max_tensor_bytes
@@ -475,11 +489,10 @@ class ChannelTable:
             slot, payload = slot_bytes(capacity, c["rank_capacity"])
             # a known size is a static channel's, as planned here for this config
             slots = PlanConfig(slots=self.config.slots).slots_for(None) if fits else c["slots"]
-            laid.append({"key": c["key"], "slots": slots, "slot_bytes": slot,
-                         "payload_offset": payload, "capacity_bytes": capacity,
-                         "offset": offset})
-            offset += slots * slot
-        size = -(-offset // REGION_ALIGNMENT) * REGION_ALIGNMENT
+            sized.append({"key": c["key"], "slots": slots, "slot_bytes": slot,
+                          "payload_offset": payload, "capacity_bytes": capacity})
+        with self.lock:
+            laid, size = _end_to_end(sized, self.learned)
         done = self._open_pair(HALF_PAIRS, {"sender": sender, "bytes": size, "channels": laid},
                                attach="attach_halves")
         return done["fabric"], size
@@ -534,6 +547,9 @@ class ChannelTable:
     #
     # The write kernel moves at its next tensor (a marker on the old ring), the wait kernel
     # when it takes the marker; both old halves go then. Counted as "grown" (counters()).
+    # The receiver keeps the layout a channel grew to (`learned`) while its half is held here:
+    # a pair set up again after a cut (reopen), or a half pair met again, gets those slots
+    # at once instead of the plan's, with no chunked transfer and no growth again.
 
     def _grow_channels(self):
         """Moves every receiving half here whose tensors outgrew its slots to a larger ring
@@ -566,6 +582,8 @@ class ChannelTable:
         size = round_up(g["slots"] * slot, REGION_ALIGNMENT)
         self._open_pair(GROWN, {"sender": g["peer"], "bytes": size, "channels": [channel]},
                         attach="attach_grown")
+        with self.lock:
+            self.learned[g["key"]] = {f: channel[f] for f in LAYOUT_FIELDS if f != "offset"}
         log.info("rdmadev: channel %s from %s moved to %d-byte slots (tensors of %d bytes did "
                  "not fit its %d)", g["key"], g["peer"], capacity, wanted, g["capacity_bytes"])
 
@@ -623,6 +641,8 @@ class ChannelTable:
                 self.not_grown.discard(key)
                 if half != "recv":
                     self.grown.pop(key, None)
+                if half != "send":
+                    self.learned.pop(key, None)
             if half != "send" and "instance" not in r:  # the planner's: _release_received
                 released = set(r["keys"])  # pairs whose receiving halves went (reopen skips them)
                 for instance, pairs in list(self.received.items()):
@@ -749,13 +769,20 @@ class ChannelTable:
         for key in [k for k in offered if not (_core.half_held(k, "recv") or "recv:" + k in bound
                                                or _core.half_lost(k, "recv"))]:
             del offered[key]
+            self.learned.pop(key, None)
         return list(offered.values())
 
     def _reopen_pair(self, instance, p):
-        """open_pairs again for one pair of `instance`: True if it is set up. If that fails,
+        """open_pairs again for one pair of `instance`, with the slots its channels grew to
+        (learned): True if it is set up. If that fails,
         the steps using its channels fail at once on both tasks, saying why (and the fix of
         the cause, when it names one)."""
         sender, keys = p["sender"], [c["key"] for c in p["channels"]]
+        with self.lock:
+            grew = {k: self.learned[k] for k in keys if k in self.learned}
+        if grew:  # the plan's offsets, moved for the slots its channels grew to
+            channels, size = _end_to_end(p["channels"], grew)
+            p = {**p, "channels": channels, "bytes": size}
         try:
             self._open_pair(instance, p)
         except Exception as e:
@@ -900,6 +927,7 @@ class ChannelTable:
         with self.lock:
             self.grown.clear()
             self.received.clear()
+            self.learned.clear()
         _core.unbind_domain(self.domain)
         if self.watcher is not None and self.watcher is not threading.current_thread():
             self.watcher.join(2 * WATCH_INTERVAL_S)
