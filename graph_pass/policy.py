@@ -47,7 +47,7 @@ REASONS = {
     "in_cond": ("keep", "inside a branch of a tf.cond / tf.case (lowered to Switch/Merge): on the branch not "
                         "taken the tensor is dead, and the runtime's ops do not carry a dead tensor "
                         "(config.carries['dead_tensors'] is False)"),
-    "unsupported_dtype": ("keep", "string/variant/resource, reference or unknown dtype: not flat bytes"),
+    "non_plain_dtype": ("keep", "string/variant/resource, reference or unknown dtype: not flat bytes"),
     "dynamic_unbounded": ("keep", "dynamic shape without a bound (set capacity_hints or "
                                   "default_dynamic_capacity)"),
     "half_pair": ("keep", "only this half is in the planned graphs and the receiver cannot size it from "
@@ -96,7 +96,7 @@ def decide(t, config):
     if t.in_cond and not config.carries["dead_tensors"]:
         return Decision("in_cond", f"{t.label}: in a conditional branch")
     if t.dtype in UNSUPPORTED or _SIZES.get(t.dtype) is None:
-        return Decision("unsupported_dtype", f"{t.label}: dtype {t.dtype}")
+        return Decision("non_plain_dtype", f"{t.label}: dtype {t.dtype}")
     if t.halves != "both":
         if not config.carries["half_pairs"]:
             return Decision("not_carried_half_pair", f"{t.label}: only the {t.halves} half is in these graphs")

@@ -281,7 +281,7 @@ def test_strings_stay_on_grpc_and_dynamic_shapes_move(cluster):
     assert rdma["values"] == grpc["values"]
     report = rdma["report"]
     assert "2 transfers swapped" in report
-    assert "AsString (unsupported_dtype)" in report
+    assert "AsString (non_plain_dtype)" in report
     assert re.search(r"boolean_mask/GatherV2\S* DT_FLOAT run-time shape", report), report
 
 

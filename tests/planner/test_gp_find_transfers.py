@@ -147,12 +147,12 @@ def test_dynamic_shapes():
 
 @pytest.mark.parametrize("dtype,name", [(B.STRING, "DT_STRING"), (B.VARIANT, "DT_VARIANT"),
                                         (B.RESOURCE, "DT_RESOURCE"), (101, "DT_FLOAT_REF"), (99, "DT_UNKNOWN_99")])
-def test_unsupported_dtypes_stay_on_grpc(dtype, name):
+def test_non_plain_dtypes_stay_on_grpc(dtype, name):
     ps, w = B.Partition(PS), B.Partition(W0)
     ps.node("h", "_Arg", T=("type", dtype), _output_shapes=("shapes", [()]), index=0)
     B.pair(ps, w, "edge_1_h", "h", dtype=dtype)
     (t,) = gp.plan_regions(find(ps, w)[1], instance_id="i").transfers
-    assert (t.dtype, t.decision, t.reason) == (name, "keep", "unsupported_dtype")
+    assert (t.dtype, t.decision, t.reason) == (name, "keep", "non_plain_dtype")
 
 
 def test_host_send_recv_are_pairs_too():
