@@ -741,6 +741,22 @@ def _cut_and_set_up_again(rt, registered):
                       _core.LATE_WRITE_GRACE_S + 60, 0.1), (registered, now())
 
 
+def test_a_grown_layout_is_used_where_it_holds_what_is_planned_and_nowhere_else():
+    """A grown layout replaces the plan's for its key (the pair laid out again end to end)
+    only if it holds every tensor the plan's does in as many slots: another graph may send
+    a tensor of higher rank, or of a static shape (one slot), under the same key."""
+    planned = [{"key": k, "slots": SLOTS, "slot_bytes": 4224, "payload_offset": 128,
+                "capacity_bytes": 4096, "offset": i * 2 * 4224} for i, k in enumerate("ab")]
+    grown = {"slots": SLOTS, "slot_bytes": 131200, "payload_offset": 128, "capacity_bytes": 131072}
+    laid, size = channels._end_to_end(planned, {"a": grown})
+    assert laid == [{"key": "a", **grown, "offset": 0},
+                    {**planned[1], "offset": SLOTS * 131200}]
+    assert size == channels.round_up(SLOTS * (131200 + 4224), channels.REGION_ALIGNMENT)
+    for other in ({"payload_offset": 64}, {"slots": 1}, {"capacity_bytes": 1024}):
+        assert channels._end_to_end(planned, {"a": {**grown, **other}}) == \
+            (planned, channels.round_up(2 * SLOTS * 4224, channels.REGION_ALIGNMENT))
+
+
 def test_a_pair_set_up_again_after_a_cut_keeps_the_slots_its_channel_grew_to(world):
     """One channel of a pair from ps:0 grew (100000 B tensors in 4096 B slots); the
     connection is cut and the pair set up again in one region holding the grown slots and the
@@ -789,9 +805,17 @@ def test_a_half_pair_met_again_after_a_cut_keeps_the_slots_its_channel_grew_to(w
         assert _wait_grown(rt, grown) == 1
         _fits_its_slots(rt, _from_ps(key, 100000), seed=15)
         grown_slot, _ = channels.slot_bytes(131072, 4)
-        _cut_and_set_up_again(rt, baseline + channels.round_up(SLOTS * grown_slot,
-                                                               channels.REGION_ALIGNMENT))
+        ring = channels.round_up(SLOTS * grown_slot, channels.REGION_ALIGNMENT)
+        _cut_and_set_up_again(rt, baseline + ring)
         _fits_its_slots(rt, _from_ps(key, 100000), seed=16)
+        # A new graph's halves under the key, once the old graph's kernels unbound theirs (a
+        # new session of the same graph), are met with the grown slots too.
+        _core.unbind_channel(key, "recv")
+        rt.call(PS, {"op": "release", "keys": [key], "half": "send"})
+        sizes = []
+        rt.table.offer_halves(PS, [_half(key, 8192)], lambda fabric, size: sizes.append(size))
+        assert wait_until(lambda: sizes, 60) and sizes == [ring]
+        _fits_its_slots(rt, _from_ps(key, 100000), seed=17)
     finally:
         for task in (PS, W1):
             rt.call(task, {"op": "release", "keys": [key], "half": "both"})

@@ -128,13 +128,23 @@ def _planned_bytes(size, layouts, label):
     return size
 
 
+def _holds(grown, planned):
+    """True if layout `grown` holds every tensor layout `planned` does, in as many slots: a
+    channel's grown layout is used in place of what a new graph plans under its key only
+    then (that graph may send another tensor under the same rendezvous key)."""
+    return (grown["slots"] == planned["slots"]
+            and grown["capacity_bytes"] >= planned["capacity_bytes"]
+            and grown["payload_offset"] >= planned["payload_offset"])  # rank capacity
+
+
 def _end_to_end(channels, learned):
     """Setup entries `channels` of one region, in order, each with the slots its channel
-    grew to (`learned`: key -> layout fields) and laid out end to end; and the region's
-    bytes."""
+    grew to (`learned`: key -> layout fields) where they hold what it plans (_holds), laid
+    out end to end; and the region's bytes."""
     laid, offset = [], 0
     for c in channels:
-        c = {**c, **learned.get(c["key"], {}), "offset": offset}
+        grown = learned.get(c["key"])
+        c = {**c, **(grown if grown and _holds(grown, c) else {}), "offset": offset}
         laid.append(c)
         offset += c["slots"] * c["slot_bytes"]
     return laid, round_up(offset, REGION_ALIGNMENT)
