@@ -2,7 +2,7 @@
 one coordinator process that owns its own loopback cluster (it kills and restarts tasks),
 prints one JSON line.
 
-    python pss_faults.py release | restart_worker | kill_ps | cut_connection
+    python pss_faults.py release | restart_worker | kill_ps | cut_connection | cut_grown
 """
 import gc
 import json
@@ -16,6 +16,7 @@ import tensorflow as tf  # noqa: E402
 import rdmadev  # noqa: E402
 from e2e_util import ENV  # noqa: E402
 from rdmadev.cluster import runtime  # noqa: E402
+from rdmadev.cluster.channels import WATCH_INTERVAL_S  # noqa: E402
 from rdmadev.testing import faults, launch  # noqa: E402
 
 #: Steps per phase: enough for every worker to run the step several times.
@@ -173,12 +174,81 @@ def cut_connection(cluster):
             "before": before, "after": _held()}
 
 
+#: Rows of cut_grown's table, and ids each step looks up (tf.unique'd: half are repeats).
+ROWS, IDS = 1000, 200
+
+
+def _sparse_model(strategy):
+    with strategy.scope():
+        table = tf.Variable(tf.zeros([ROWS, 16]), name="table")
+
+    @rdmadev.optimize
+    @tf.function
+    def step():  # adds exactly 1 to rows 0..IDS/2-1: each counts the steps TF applied
+        # on the worker (shuffled: nothing for grappler to fold), ids -> ps
+        ids, _ = tf.unique(tf.random.shuffle(tf.range(IDS) % (IDS // 2)))
+        rows = tf.gather(table, ids)  # on the ps: rows -> worker
+        table.scatter_add(tf.IndexedSlices(rows * 0.0 + 1.0, ids))  # ones -> ps
+        return tf.reduce_sum(rows)
+
+    return table, step
+
+
+def _moved(task_counters):
+    """What a task did for tensors larger than their slots: rings grown, tensors staged and
+    the stages registered for them."""
+    return {k: task_counters[k] for k in ("grown", "staged", "stages")}
+
+
+def cut_grown(cluster):
+    """cut_connection's reset, after the channels of a step with run-time shapes (tf.unique'd
+    ids, gathered rows, IndexedSlices updates) outgrew their 256-byte slots and grew: the pairs
+    set up again keep the slots their channels grew to, so neither task registers a larger
+    ring or a stage again."""
+    ps_task, w0 = "/job:ps/replica:0/task:0", "/job:worker/replica:0/task:0"
+    strategy, coordinator = _strategy(cluster)
+    table, step = _sparse_model(strategy)
+    applied, last, deadline = 0, None, time.monotonic() + 120
+    while time.monotonic() < deadline:  # until worker:0 ran the step and nothing grows (bounded)
+        _run(coordinator, step, STEPS)
+        applied += STEPS
+        time.sleep(2 * WATCH_INTERVAL_S)  # how often the watchers grow channels
+        now = rdmadev.counters()
+        moved = {t: _moved(now[t]) for t in (ps_task, w0)}
+        if ps_task in now[w0]["peers"] and moved == last:
+            break
+        last = moved
+    reopened = _reopened()
+    ps = runtime.current().call(ps_task, {"op": "ping"})["address"]
+    for _ in range(STEPS):  # in flight while the connection breaks
+        coordinator.schedule(step)
+    cut = faults.reset_connections(ps, cluster.pid("worker", 0), "tcp")
+    coordinator.join()
+    applied += STEPS
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # until both have set the pairs up again (bounded)
+        _run(coordinator, step, STEPS)
+        applied += STEPS
+        if all(_reopened()[t] > reopened[t] for t in (ps_task, w0)):
+            break
+    _run(coordinator, step, STEPS)  # on the rings set up again
+    applied += STEPS
+    time.sleep(2 * WATCH_INTERVAL_S)  # a growth the steps asked for is under way by now
+    now = rdmadev.counters()
+    return {"applied": applied, "in_flight": STEPS, "rows": table[:IDS // 2, 0].numpy().tolist(),
+            "cut": cut, "reopened": {t: c["reopened"] - reopened[t] for t, c in now.items()},
+            "grown_before": last, "grown_after": {t: _moved(now[t]) for t in (ps_task, w0)},
+            "swapped": sum("transfers swapped" in str(r) for r in step.reports),
+            "reports": [str(r) for r in step.reports][:2]}
+
+
 def _reopened():
     return {task: c["reopened"] for task, c in rdmadev.counters().items()}
 
 
 #: The environment of each scenario's cluster beyond ENV: a tcp connection, to break.
-SCENARIO_ENV = {"cut_connection": {"RDMADEV_FABRIC": "tcp"}}
+SCENARIO_ENV = {"cut_connection": {"RDMADEV_FABRIC": "tcp"},
+                "cut_grown": {"RDMADEV_FABRIC": "tcp", "RDMADEV_DYNAMIC_CAPACITY": "256"}}
 
 
 def main():
@@ -189,7 +259,8 @@ def main():
     code = 1
     try:
         result = {"release": release, "restart_worker": restart_worker,
-                  "kill_ps": kill_ps, "cut_connection": cut_connection}[scenario](cluster)
+                  "kill_ps": kill_ps, "cut_connection": cut_connection,
+                  "cut_grown": cut_grown}[scenario](cluster)
         print("RESULT " + json.dumps(result), flush=True)
         code = 0
     except BaseException:

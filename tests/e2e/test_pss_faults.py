@@ -64,3 +64,18 @@ def test_a_connection_cut_while_both_tasks_run_is_set_up_again_and_training_goes
     assert r["reopened"][ps] >= 1 and r["reopened"][w0] >= 1 and r["reopened"][w1] == 0, r
     # the old rings went, the new ones are the same size, worker:1 kept its own
     assert r["after"] == r["before"], r
+
+
+def test_a_pair_set_up_again_after_a_cut_keeps_the_slots_its_channels_grew_to():
+    """As above, with a step of run-time shapes whose channels outgrew their 256-byte slots:
+    after the reset the pairs between worker:0 and the ps are set up with the grown slots,
+    so neither task grows a ring or stages a tensor again, and no step is lost."""
+    r = _run("cut_grown")
+    ps, w0 = "/job:ps/replica:0/task:0", "/job:worker/replica:0/task:0"
+    assert r["cut"] >= 1 and r["swapped"] >= 2, r
+    assert r["reopened"][ps] >= 1 and r["reopened"][w0] >= 1, r
+    assert r["grown_before"] and r["grown_before"][ps]["grown"] >= 1, r  # the ids, the ones
+    assert r["grown_before"][w0]["grown"] >= 1, r  # the gathered rows
+    assert r["grown_after"] == r["grown_before"], r
+    # every row counts the steps applied: none lost, a cut one's retry applied at most twice
+    assert len(set(r["rows"])) == 1 and r["applied"] <= r["rows"][0] <= r["applied"] + r["in_flight"], r
