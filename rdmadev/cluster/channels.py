@@ -784,9 +784,8 @@ class ChannelTable:
 
     def _reopen_pair(self, instance, p):
         """open_pairs again for one pair of `instance`, with the slots its channels grew to
-        (learned): True if it is set up. If that fails,
-        the steps using its channels fail at once on both tasks, saying why (and the fix of
-        the cause, when it names one)."""
+        (learned): True if it is set up. If that fails, the steps using its channels fail at
+        once on both tasks, saying why (and the fix of the cause, when it names one)."""
         sender, keys = p["sender"], [c["key"] for c in p["channels"]]
         with self.lock:
             grew = {k: self.learned[k] for k in keys if k in self.learned}
