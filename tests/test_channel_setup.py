@@ -22,7 +22,7 @@ from graph_pass.devices import task_name
 from graph_pass.plan import Config as PlanConfig, Transfer
 from graph_pass.plan_regions import plan_regions
 from rdmadev import Config, _core
-from rdmadev.cluster import channels, runtime
+from rdmadev.cluster import channels, liveness, runtime
 from rdmadev.errors import ProtocolError
 from rdmadev.testing import faults, launch
 from rdmadev.testing.timing import wait_until
@@ -819,3 +819,54 @@ def test_a_half_pair_met_again_after_a_cut_keeps_the_slots_its_channel_grew_to(w
     finally:
         for task in (PS, W1):
             rt.call(task, {"op": "release", "keys": [key], "half": "both"})
+
+
+def test_pairs_cut_again_and_again_hold_what_they_held_after_the_first(world):
+    """Four cuts in a row of the connection between this task and ps:0, pairs both ways and
+    one grown channel: after each, every channel carries exact data, and both tasks hold the
+    same channels, regions, bytes, mappings, descriptors and threads as after the first."""
+    rt, _ = world
+    if rt.config.fabric == "shm":
+        pytest.skip("a shm endpoint has no connection that could break (its peer's pidfd)")
+    _, swap, regions = plan([(PS, W1), (W1, PS)])
+    grows = max((t for t in swap if t.send_task == PS), key=lambda t: t.capacity_bytes)
+    big = dataclasses.replace(grows, capacity_bytes=100000)
+    channels.open_channels(rt.call, "cut-again", swap, regions)
+    held = ("channels", "regions", "registered_bytes", "memfd_maps")
+
+    def holding(task):
+        """What `task` holds once its heartbeats reach every peer again (a cut may stop
+        them: liveness.py), else None: `held`, and its descriptors and threads besides its
+        control connections (kept ones grow to the most calls once in flight at once)."""
+        c = settled(rt, task)
+        control = c["control_connections"]
+        if control["heartbeats"] != liveness.LANES * len(c["peers"]):
+            return None
+        return {**{k: c[k] for k in held},
+                "other_fds": c["fds"] - sum(control.values()),
+                "other_threads": c["py_threads"] - control["served"] - control["heartbeats"]}
+    now = lambda: {task: holding(task) for task in (W1, PS)}
+    try:
+        grown = rt.table.counters()["grown"]
+        _core.channel_want(grows.channel_key, big.capacity_bytes)
+        assert _wait_grown(rt, grown) == 1
+        _fits_its_slots(rt, big, seed=20)
+        first = None
+        for cut in range(4):
+            reopened = {task: rt.call(task, {"op": "counters"})["reopened"] for task in (W1, PS)}
+            address = next(a for a, task in rt.table.peers.items() if task == PS)
+            assert faults.reset_connections(address, os.getpid(), rt.config.fabric) >= 1
+            assert wait_until(lambda: all(rt.call(task, {"op": "counters"})["reopened"] >
+                                          reopened[task] for task in (W1, PS)), 60), cut
+            _fits_its_slots(rt, big, seed=21 + cut)
+            for i, t in enumerate(swap):
+                if t is not grows:
+                    assert exchange(rt, t, count=SLOTS + 1, seed=30 + i) == [], (cut, t.channel_key)
+            if first is None:
+                assert wait_until(lambda: None not in now().values(), 60), now()
+                first = now()
+            # the recovery's threads end, and heartbeats a cut stopped start, within seconds
+            assert wait_until(lambda: now() == first, 60), (cut, first, now())
+    finally:
+        for task in (PS, W1):
+            rt.call(task, {"op": "release", "keys": [t.channel_key for t in swap], "half": "both"})

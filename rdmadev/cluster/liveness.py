@@ -169,6 +169,13 @@ class Heartbeats:
                 for ep in endpoints[p.task]:
                     ep.set_silent("")
 
+    def connections(self):
+        """The ping connections open now: one per lane that reached its peer (LANES per
+        watched peer, each lane's thread holding one, once they all have)."""
+        with self.lock:
+            peers = list(self.peers.values())
+        return sum(lane.client is not None for p in peers for lane in p.lanes)
+
     def close(self):
         """Stops every ping and the watch (endpoints keep their marks: they close next)."""
         self.closing.set()

@@ -89,6 +89,9 @@ class Runtime:
         op = request.get("op")
         if op == "ping":
             return {"task": self.task, "address": self.domain.address}
+        if op == "counters" and self.table is not None:
+            return {**self.table.counters(request),
+                    "control_connections": self._control_connections()}
         if op in CHANNEL_REQUESTS and self.table is not None:
             return self.table.handle(request)
         handler = _handlers.get(op)
@@ -153,6 +156,17 @@ class Runtime:
                 self.clients.setdefault(task, []).append(client)
                 return
         client.close()
+
+    def _control_connections(self):
+        """``{"kept", "served", "heartbeats"}``: this task's control connections, each one
+        descriptor: those kept idle for its next calls (_give_back), those of peers it serves
+        (a thread each), and its heartbeats' pings (a thread each; liveness.py). Kept and
+        served grow to the most calls ever in flight at once between two tasks; served ones
+        end with their peer, and kept ones to a task that went close at the next call to it."""
+        with self.lock:
+            kept = sum(len(clients) for clients in self.clients.values())
+        beats = self.heartbeats.connections() if self.heartbeats else 0
+        return {"kept": kept, "served": self.server.connections, "heartbeats": beats}
 
     def _connect(self, task, timeout):
         """A new control connection to `task` (its connect and each answer bounded by
