@@ -6,6 +6,7 @@ import os
 import re
 import struct
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -340,6 +341,32 @@ def test_a_write_racing_its_receivers_release_lands_nowhere(channel, fabric):
     finally:
         for key in keys:
             _core.unbind_channel(key)
+
+
+def test_a_write_to_a_task_that_went_names_that_task(secret):
+    """tcp: the receiving task's Domain closes (the task died, or the connection broke):
+    the write fails naming the task, not only the address the fabric knows, and says what
+    happens next."""
+    cfg = rdmadev.Config(fabric="tcp", secret=secret)
+    a, b = rdmadev.open_domain("tx", cfg), rdmadev.open_domain("rx", cfg)
+    layout = ring_layout(SLOTS, 4096)
+    ring, credit = b.allocate(layout.bytes, label="ring"), a.allocate(_core.CREDIT_BYTES, label="credit")
+    to_rx = a.connect(b.address)
+    key = "write-to-a-task-that-went"
+    _core.RingSender(to_rx, to_rx.attach(ring.descriptor), layout, credit).bind(
+        key, None, peer="/job:ps/replica:0/task:0")
+    try:
+        b.close()
+        with pytest.raises(tf.errors.UnavailableError) as failed:
+            for _ in range(20):  # the first may still fit the socket's buffer
+                ops.send(tf.ones([1000]), key, timeout_s=30)
+                time.sleep(0.1)
+        said = str(failed.value)
+        assert f"rdmadev channel {key} to task /job:ps/replica:0/task:0: " in said, said
+        assert "the channels between the two tasks are set up again" in said, said
+    finally:
+        _core.unbind_channel(key)
+        a.close()
 
 
 def _block(dims):

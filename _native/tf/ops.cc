@@ -393,7 +393,7 @@ class SendOp : public AsyncOpKernel {
           sent_ += chunk;
           ++chunks_;
         } catch (const rdmadev::Error& e) {
-          ctx_->SetStatus(ToStatus(e));
+          ctx_->SetStatus(SendStatus(e));
           Done();
           return;
         }
@@ -471,9 +471,19 @@ class SendOp : public AsyncOpKernel {
         cancel->Submitted(ticket);
       } catch (const rdmadev::Error& e) {
         cancel->Disarm();
-        ctx_->SetStatus(ToStatus(e));
+        ctx_->SetStatus(SendStatus(e));
         Done();
       }
+    }
+
+    // The status of a failed write: one whose receiving task went or whose connection to it
+    // broke names that task (the fabric knows only its address) and what happens next.
+    absl::Status SendStatus(const rdmadev::Error& e) const {
+      if (e.kind() != rdmadev::ErrorKind::kPeerLost || s_.peer.empty()) return ToStatus(e);
+      return ToStatus(e.kind(), "rdmadev channel " + channel_ + " to task " + s_.peer + ": " +
+                                    e.what() + ". Fix: the task died, or the connection to it "
+                                    "broke: if it still runs, the channels between the two "
+                                    "tasks are set up again and the next steps run on them");
     }
 
     OpKernelContext* ctx_;
