@@ -729,12 +729,17 @@ def _fits_its_slots(rt, t, seed):
     assert rt.call(PS, {"op": "counters"})["staged"] == staged
 
 
+def _reset_from_ps(rt):
+    """Resets the connections between this task and ps:0 (the fabric's, both running)."""
+    address = next(a for a, task in rt.table.peers.items() if task == PS)
+    assert faults.reset_connections(address, os.getpid(), rt.config.fabric) >= 1
+
+
 def _cut_and_set_up_again(rt, registered):
     """Resets this task's connections from ps:0 and waits until the pairs between them are
     set up again and this task registers `registered` bytes (nothing kept for late writes)."""
     reopened = rt.table.reopened
-    address = next(a for a, task in rt.table.peers.items() if task == PS)
-    assert faults.reset_connections(address, os.getpid(), rt.config.fabric) >= 1
+    _reset_from_ps(rt)
     now = rt.table.counters
     assert wait_until(lambda: rt.table.reopened > reopened and now()["parked"] == 0
                       and now()["retired"] == 0 and now()["registered_bytes"] == registered,
@@ -746,7 +751,7 @@ def test_a_grown_layout_is_used_where_it_holds_what_is_planned_and_nowhere_else(
     only if it holds every tensor the plan's does in as many slots: another graph may send
     a tensor of higher rank, or of a static shape (one slot), under the same key."""
     planned = [{"key": k, "slots": SLOTS, "slot_bytes": 4224, "payload_offset": 128,
-                "capacity_bytes": 4096, "offset": i * 2 * 4224} for i, k in enumerate("ab")]
+                "capacity_bytes": 4096, "offset": i * SLOTS * 4224} for i, k in enumerate("ab")]
     grown = {"slots": SLOTS, "slot_bytes": 131200, "payload_offset": 128, "capacity_bytes": 131072}
     laid, size = channels._end_to_end(planned, {"a": grown})
     assert laid == [{"key": "a", **grown, "offset": 0},
@@ -854,8 +859,7 @@ def test_pairs_cut_again_and_again_hold_what_they_held_after_the_first(world):
         first = None
         for cut in range(4):
             reopened = {task: rt.call(task, {"op": "counters"})["reopened"] for task in (W1, PS)}
-            address = next(a for a, task in rt.table.peers.items() if task == PS)
-            assert faults.reset_connections(address, os.getpid(), rt.config.fabric) >= 1
+            _reset_from_ps(rt)
             assert wait_until(lambda: all(rt.call(task, {"op": "counters"})["reopened"] >
                                           reopened[task] for task in (W1, PS)), 60), cut
             _fits_its_slots(rt, big, seed=21 + cut)

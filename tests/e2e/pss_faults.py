@@ -21,6 +21,8 @@ from rdmadev.testing import faults, launch  # noqa: E402
 
 #: Steps per phase: enough for every worker to run the step several times.
 STEPS = 40
+#: The tasks whose connection the cut_* scenarios reset.
+PS, W0 = "/job:ps/replica:0/task:0", "/job:worker/replica:0/task:0"
 
 
 def _strategy(cluster):
@@ -136,33 +138,41 @@ def kill_ps(cluster):
     return {"error": error[:500], "seconds": time.monotonic() - t0}
 
 
-def cut_connection(cluster):
-    """Reset the tcp connection from worker:0 to the ps mid-training, both running on: the
-    channels between them are set up again (counted as "reopened") and training goes on
-    through rdmadev, no step lost, nothing left over once the old rings went."""
-    ps_task, w0 = "/job:ps/replica:0/task:0", "/job:worker/replica:0/task:0"
-    strategy, coordinator = _strategy(cluster)
-    w, step = _model(strategy)
-    applied, deadline = 0, time.monotonic() + 120
-    while not applied or (ps_task not in rdmadev.counters()[w0]["peers"] and
-                          time.monotonic() < deadline):  # until worker:0 ran a step (bounded)
-        _run(coordinator, step, STEPS)
-        applied += STEPS
-    before, reopened = _held(), _reopened()
-    ps = runtime.current().call(ps_task, {"op": "ping"})["address"]
+def _cut_and_train_on(cluster, coordinator, step):
+    """Resets the tcp connection between worker:0 and the ps with STEPS steps in flight, and
+    trains on until both tasks set the pairs between them up again (bounded), then STEPS more
+    on the rings set up again. Returns (connections reset, steps run)."""
+    reopened = _reopened()
+    ps = runtime.current().call(PS, {"op": "ping"})["address"]
     for _ in range(STEPS):  # in flight while the connection breaks
         coordinator.schedule(step)
     cut = faults.reset_connections(ps, cluster.pid("worker", 0), "tcp")
     coordinator.join()
-    deadline = time.monotonic() + 120
-    applied += STEPS
-    while time.monotonic() < deadline:  # until both have set the pairs up again (bounded)
+    applied, deadline = STEPS, time.monotonic() + 120
+    while time.monotonic() < deadline:
         _run(coordinator, step, STEPS)
         applied += STEPS
-        if all(_reopened()[t] > reopened[t] for t in (ps_task, w0)):
+        if all(_reopened()[t] > reopened[t] for t in (PS, W0)):
             break
-    _run(coordinator, step, STEPS)  # after it, on the rings set up again
-    applied += STEPS
+    _run(coordinator, step, STEPS)
+    return cut, applied + STEPS
+
+
+def cut_connection(cluster):
+    """Reset the tcp connection from worker:0 to the ps mid-training, both running on: the
+    channels between them are set up again (counted as "reopened") and training goes on
+    through rdmadev, no step lost, nothing left over once the old rings went."""
+    strategy, coordinator = _strategy(cluster)
+    w, step = _model(strategy)
+    applied, deadline = 0, time.monotonic() + 120
+    while not applied or (PS not in rdmadev.counters()[W0]["peers"] and
+                          time.monotonic() < deadline):  # until worker:0 ran a step (bounded)
+        _run(coordinator, step, STEPS)
+        applied += STEPS
+    before, reopened = _held(), _reopened()
+    cut, steps = _cut_and_train_on(cluster, coordinator, step)
+    applied += steps
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline and _held() != before:
         time.sleep(0.5)
     now = rdmadev.counters()
@@ -205,7 +215,6 @@ def cut_grown(cluster):
     ids, gathered rows, IndexedSlices updates) outgrew their 256-byte slots and grew: the pairs
     set up again keep the slots their channels grew to, so neither task registers a larger
     ring or a stage again."""
-    ps_task, w0 = "/job:ps/replica:0/task:0", "/job:worker/replica:0/task:0"
     strategy, coordinator = _strategy(cluster)
     table, step = _sparse_model(strategy)
     applied, last, deadline = 0, None, time.monotonic() + 120
@@ -214,30 +223,18 @@ def cut_grown(cluster):
         applied += STEPS
         time.sleep(2 * WATCH_INTERVAL_S)  # how often the watchers grow channels
         now = rdmadev.counters()
-        moved = {t: _moved(now[t]) for t in (ps_task, w0)}
-        if ps_task in now[w0]["peers"] and moved == last:
+        moved = {t: _moved(now[t]) for t in (PS, W0)}
+        if PS in now[W0]["peers"] and moved == last:
             break
         last = moved
     reopened = _reopened()
-    ps = runtime.current().call(ps_task, {"op": "ping"})["address"]
-    for _ in range(STEPS):  # in flight while the connection breaks
-        coordinator.schedule(step)
-    cut = faults.reset_connections(ps, cluster.pid("worker", 0), "tcp")
-    coordinator.join()
-    applied += STEPS
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # until both have set the pairs up again (bounded)
-        _run(coordinator, step, STEPS)
-        applied += STEPS
-        if all(_reopened()[t] > reopened[t] for t in (ps_task, w0)):
-            break
-    _run(coordinator, step, STEPS)  # on the rings set up again
-    applied += STEPS
+    cut, steps = _cut_and_train_on(cluster, coordinator, step)
+    applied += steps
     time.sleep(2 * WATCH_INTERVAL_S)  # a growth the steps asked for is under way by now
     now = rdmadev.counters()
     return {"applied": applied, "in_flight": STEPS, "rows": table[:IDS // 2, 0].numpy().tolist(),
             "cut": cut, "reopened": {t: c["reopened"] - reopened[t] for t, c in now.items()},
-            "grown_before": last, "grown_after": {t: _moved(now[t]) for t in (ps_task, w0)},
+            "grown_before": last, "grown_after": {t: _moved(now[t]) for t in (PS, W0)},
             "swapped": sum("transfers swapped" in str(r) for r in step.reports),
             "reports": [str(r) for r in step.reports][:2]}
 
