@@ -23,7 +23,7 @@ Static channels have no shape block (payload_offset = 64); control signals have 
 __all__ = [
     "ALIGNMENT", "SLOT_HEADER_BYTES", "SEQ_OFFSET", "SEQ_BYTES", "LENGTH_OFFSET", "LENGTH_BYTES",
     "SHAPE_RANK_OFFSET", "SHAPE_DIMS_OFFSET", "SHAPE_DIM_BYTES", "REGION_ALIGNMENT", "BYTE_ORDER",
-    "round_up", "shape_block_bytes", "slot_bytes", "layout_dict",
+    "round_up", "shape_block_bytes", "slot_bytes", "end_to_end", "layout_dict",
 ]
 
 #: Alignment of every slot, header and payload, in bytes. 64 is a cache line on x86-64 and most
@@ -102,6 +102,28 @@ def slot_bytes(capacity_bytes, rank_capacity=None):
     """
     payload_offset = SLOT_HEADER_BYTES + shape_block_bytes(rank_capacity)
     return payload_offset + round_up(capacity_bytes, ALIGNMENT), payload_offset
+
+
+def end_to_end(extents):
+    """Offsets of a region's channels laid end to end, in order, and the bytes they use (the
+    region is that rounded up to ``REGION_ALIGNMENT``): the one rule the planner and a task
+    laying a pair out again (rdmadev.cluster.channels) share.
+
+    Args:
+        extents: each channel's bytes (``slots * slot_bytes``), in channel-key order.
+
+    Returns:
+        ``(offsets, used_bytes)``.
+
+    Example:
+        >>> end_to_end([128, 64])
+        ([0, 128], 192)
+    """
+    offsets, used = [], 0
+    for n in extents:
+        offsets.append(used)
+        used += n
+    return offsets, used
 
 
 def layout_dict():

@@ -73,10 +73,11 @@ def plan_regions(transfers, config=None, instance_id=None, graph=None):
         block = tasks.setdefault(recv_task, TaskBlock(task=recv_task, total_bytes=0))
         region = Region(region_id=f"{recv_task}<-{send_task}", recv_task=recv_task, send_task=send_task,
                         offset=block.total_bytes, bytes=0, used_bytes=0)
-        for t in sorted(groups[(recv_task, send_task)], key=lambda t: t.channel_key):
-            t.region, t.offset = region.region_id, region.used_bytes
-            t.task_offset = region.offset + t.offset
-            region.used_bytes += t.slots * t.slot_bytes
+        members = sorted(groups[(recv_task, send_task)], key=lambda t: t.channel_key)
+        offsets, region.used_bytes = layout.end_to_end(t.slots * t.slot_bytes for t in members)
+        for t, offset in zip(members, offsets):
+            t.region, t.offset = region.region_id, offset
+            t.task_offset = region.offset + offset
             region.channels.append(t.channel_key)
         region.bytes = layout.round_up(region.used_bytes, layout.REGION_ALIGNMENT)
         block.total_bytes += region.bytes

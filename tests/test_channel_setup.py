@@ -353,6 +353,12 @@ def test_halves_of_a_dead_peer_are_unbound():
             rt.close()
 
 
+def _reset_from_ps(rt):
+    """Resets the connections between this task and ps:0 (the fabric's, both running)."""
+    address = next(a for a, task in rt.table.peers.items() if task == PS)
+    assert faults.reset_connections(address, os.getpid(), rt.config.fabric) >= 1
+
+
 def test_channels_of_a_connection_cut_while_both_tasks_run_are_set_up_again(world):
     """The connection from this task to ps:0 (tcp's, or verbs' side channel) is reset with
     both running: both tasks set up again the pairs between them (either way), the pairs
@@ -370,8 +376,7 @@ def test_channels_of_a_connection_cut_while_both_tasks_run_are_set_up_again(worl
               for t in (W1, PS, W0)}
     # Earlier tests of the module may hold pairs from ps:0 here too: each is set up again once.
     from_ps = sum(p["sender"] == PS for pairs in rt.table.received.values() for p in pairs)
-    address = next(a for a, task in rt.table.peers.items() if task == PS)
-    assert faults.reset_connections(address, os.getpid(), rt.config.fabric) >= 1
+    _reset_from_ps(rt)
 
     def reopened():
         now = {t: rt.call(t, {"op": "counters"}) for t in (W1, PS, W0)}
@@ -416,8 +421,7 @@ def test_channels_that_cannot_be_set_up_again_after_a_cut_fail_at_once_saying_wh
     config = rt.table.config
     rt.table.config = dataclasses.replace(config, max_registered_bytes=1)
     try:
-        address = next(a for a, task in rt.table.peers.items() if task == PS)
-        assert faults.reset_connections(address, os.getpid(), rt.config.fabric) >= 1
+        _reset_from_ps(rt)
         # Until the reopen failed, the halves fail as lost (PeerLostError); then with why.
         received = _given_up(lambda: _core.channel_recv(key, timeout=60))
         sent = _given_up(lambda: rt.call(PS, {"op": "t_send", "key": key, "count": 1,
@@ -536,8 +540,7 @@ def test_half_pairs_met_before_their_kernels_exist_are_met_again_after_a_cut(wor
         rt.call(PS, {"op": "bound_senders", "keys": [key]}) == [key]
     assert whole()
     reopened = rt.table.reopened
-    address = next(a for a, task in rt.table.peers.items() if task == PS)
-    assert faults.reset_connections(address, os.getpid(), rt.config.fabric) >= 1
+    _reset_from_ps(rt)
     try:
         assert wait_until(lambda: rt.table.reopened > reopened, 60), rt.table.offered.get(PS)
         assert whole()
@@ -729,12 +732,6 @@ def _fits_its_slots(rt, t, seed):
     assert rt.call(PS, {"op": "counters"})["staged"] == staged
 
 
-def _reset_from_ps(rt):
-    """Resets the connections between this task and ps:0 (the fabric's, both running)."""
-    address = next(a for a, task in rt.table.peers.items() if task == PS)
-    assert faults.reset_connections(address, os.getpid(), rt.config.fabric) >= 1
-
-
 def _cut_and_set_up_again(rt, registered):
     """Resets this task's connections from ps:0 and waits until the pairs between them are
     set up again and this task registers `registered` bytes (nothing kept for late writes)."""
@@ -753,12 +750,12 @@ def test_a_grown_layout_is_used_where_it_holds_what_is_planned_and_nowhere_else(
     planned = [{"key": k, "slots": SLOTS, "slot_bytes": 4224, "payload_offset": 128,
                 "capacity_bytes": 4096, "offset": i * SLOTS * 4224} for i, k in enumerate("ab")]
     grown = {"slots": SLOTS, "slot_bytes": 131200, "payload_offset": 128, "capacity_bytes": 131072}
-    laid, size = channels._end_to_end(planned, {"a": grown})
+    laid, size = channels._laid_out(planned, {"a": grown})
     assert laid == [{"key": "a", **grown, "offset": 0},
                     {**planned[1], "offset": SLOTS * 131200}]
     assert size == channels.round_up(SLOTS * (131200 + 4224), channels.REGION_ALIGNMENT)
     for other in ({"payload_offset": 64}, {"slots": 1}, {"capacity_bytes": 1024}):
-        assert channels._end_to_end(planned, {"a": {**grown, **other}}) == \
+        assert channels._laid_out(planned, {"a": {**grown, **other}}) == \
             (planned, channels.round_up(2 * SLOTS * 4224, channels.REGION_ALIGNMENT))
 
 

@@ -26,7 +26,7 @@ import threading
 import time
 
 from graph_pass.devices import split_task
-from graph_pass.layout import REGION_ALIGNMENT, round_up, slot_bytes
+from graph_pass.layout import REGION_ALIGNMENT, end_to_end, round_up, slot_bytes
 from graph_pass.plan import Config as PlanConfig
 
 from .. import _core
@@ -129,25 +129,23 @@ def _planned_bytes(size, layouts, label):
 
 
 def _holds(grown, planned):
-    """True if layout `grown` holds every tensor layout `planned` does, in as many slots: a
-    channel's grown layout is used in place of what a new graph plans under its key only
-    then (that graph may send another tensor under the same rendezvous key)."""
-    return (grown["slots"] == planned["slots"]
+    """True if layout `grown` (None: none) holds every tensor layout `planned` does, in as
+    many slots: a channel's grown layout is used in place of what a new graph plans under its
+    key only then (that graph may send another tensor under the same rendezvous key)."""
+    return (grown is not None and grown["slots"] == planned["slots"]
             and grown["capacity_bytes"] >= planned["capacity_bytes"]
             and grown["payload_offset"] >= planned["payload_offset"])  # rank capacity
 
 
-def _end_to_end(channels, learned):
+def _laid_out(channels, learned):
     """Setup entries `channels` of one region, in order, each with the slots its channel
     grew to (`learned`: key -> layout fields) where they hold what it plans (_holds), laid
-    out end to end; and the region's bytes."""
-    laid, offset = [], 0
-    for c in channels:
-        grown = learned.get(c["key"])
-        c = {**c, **(grown if grown and _holds(grown, c) else {}), "offset": offset}
-        laid.append(c)
-        offset += c["slots"] * c["slot_bytes"]
-    return laid, round_up(offset, REGION_ALIGNMENT)
+    out as the planner lays a region out (layout.end_to_end); and the region's bytes."""
+    sized = [{**c, **(learned[c["key"]] if _holds(learned.get(c["key"]), c) else {})}
+             for c in channels]
+    offsets, used = end_to_end(c["slots"] * c["slot_bytes"] for c in sized)
+    return ([{**c, "offset": o} for c, o in zip(sized, offsets)],
+            round_up(used, REGION_ALIGNMENT))
 
 
 def _let_go(*held):
@@ -502,7 +500,7 @@ class ChannelTable:
             sized.append({"key": c["key"], "slots": slots, "slot_bytes": slot,
                           "payload_offset": payload, "capacity_bytes": capacity})
         with self.lock:
-            laid, size = _end_to_end(sized, self.learned)
+            laid, size = _laid_out(sized, self.learned)
         done = self._open_pair(HALF_PAIRS, {"sender": sender, "bytes": size, "channels": laid},
                                attach="attach_halves")
         return done["fabric"], size
@@ -790,7 +788,7 @@ class ChannelTable:
         with self.lock:
             grew = {k: self.learned[k] for k in keys if k in self.learned}
         if grew:  # the plan's offsets, moved for the slots its channels grew to
-            channels, size = _end_to_end(p["channels"], grew)
+            channels, size = _laid_out(p["channels"], grew)
             p = {**p, "channels": channels, "bytes": size}
         try:
             self._open_pair(instance, p)

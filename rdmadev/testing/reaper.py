@@ -9,8 +9,8 @@ its stdin a pipe from the Cluster with one line per change:
     -<pgid>   that group ended and was waited for (kill(), stop(), or it exited on its own)
 
 End of file while groups are still listed means the Cluster's process is gone: each is sent
-SIGTERM, then SIGKILL after GRACE_S seconds (the grace launch.Cluster.stop gives). After a normal stop() the
-list is empty and the reaper just exits.
+SIGTERM, then SIGKILL after GRACE_S seconds (the grace launch.Cluster.stop gives). After a
+normal stop() the list is empty and the reaper just exits.
 
 Why not PR_SET_PDEATHSIG in each task: it fires when the *thread* that forked the task exits,
 and clusters are started from threads that end (pytest fixtures, timers).
