@@ -69,17 +69,20 @@ def world(request):
 _instances = iter(range(1 << 30))
 
 
-def plan(pairs, sizes=(400, 4096, 40)):
-    """A plan over `pairs` [(send task, recv task)], len(sizes) float channels each."""
-    facts = []
+def plan(pairs, sizes=(400, 4096, 40), tensors=None):
+    """A plan over `pairs` [(send task, recv task)], len(sizes) float channels each. Its
+    tensors are named after the plan (`tensors`: after that name), so what a channel learns
+    (its lineage's grown slots) goes to no other plan's channels."""
+    facts, instance = [], f"t{next(_instances)}"
     for s, r in pairs:
         for i, n in enumerate(sizes):
             cid = f"{s}->{r}#{i}"
-            facts.append(Transfer(channel_id=cid, tensor_name=cid, send_device=f"{s}/device:CPU:0",
+            facts.append(Transfer(channel_id=cid, tensor_name=f"{tensors or instance}:{cid}",
+                                  send_device=f"{s}/device:CPU:0",
                                   recv_device=f"{r}/device:CPU:0", send_device_incarnation=1,
                                   send_node=f"s{i}", recv_node=f"r{i}", dtype="DT_FLOAT",
                                   shape=[n // 4], shape_source="static", bytes=n))
-    p = plan_regions(facts, PlanConfig(slots=SLOTS), f"t{next(_instances)}")
+    p = plan_regions(facts, PlanConfig(slots=SLOTS), instance)
     return p, [t for t in p.transfers if t.decision == "swap"], {r.region_id: r.bytes for r in p.regions}
 
 
@@ -723,13 +726,14 @@ def test_slots_grow_to_at_most_growth_max_slot(world):
 
 
 def _fits_its_slots(rt, t, seed):
-    """Transfers of `t`'s capacity carry exact data, each in one slot: none staged by ps:0,
+    """Transfers of `t`'s capacity carry exact data, each in one slot: none staged by its sender,
     none in chunks (the receiver would want the channel grown)."""
-    grown, staged = rt.table.counters()["grown"], rt.call(PS, {"op": "counters"})["staged"]
+    grown = rt.table.counters()["grown"]
+    staged = rt.call(t.send_task, {"op": "counters"})["staged"]
     assert exchange(rt, t, count=3 * SLOTS, seed=seed) == []
     assert _core.growing_channels(rt.table.domain) == []
     assert rt.table.counters()["grown"] == grown
-    assert rt.call(PS, {"op": "counters"})["staged"] == staged
+    assert rt.call(t.send_task, {"op": "counters"})["staged"] == staged
 
 
 def _cut_and_set_up_again(rt, registered):
@@ -787,7 +791,7 @@ def test_a_pair_set_up_again_after_a_cut_keeps_the_slots_its_channel_grew_to(wor
     finally:
         for task in (PS, W1):
             rt.call(task, {"op": "release", "keys": [t.channel_key for t in swap], "half": "both"})
-    assert not any(t.channel_key in rt.table.learned for t in swap)
+    assert not any(t.channel_key in rt.table.lineage_of for t in swap)
 
 
 def test_a_half_pair_met_again_after_a_cut_keeps_the_slots_its_channel_grew_to(world):
@@ -821,6 +825,115 @@ def test_a_half_pair_met_again_after_a_cut_keeps_the_slots_its_channel_grew_to(w
     finally:
         for task in (PS, W1):
             rt.call(task, {"op": "release", "keys": [key], "half": "both"})
+
+
+def _released_settled(rt, keys, tasks):
+    """Releases both halves of `keys` at `tasks`; returns this task's counters once nothing
+    of them is kept for late writes."""
+    for task in tasks:
+        rt.call(task, {"op": "release", "keys": keys, "half": "both"})
+    return settled(rt, W1)
+
+
+def test_a_later_instantiation_takes_the_slots_its_channels_lineage_grew_to(world):
+    """What a channel learned outlives its instantiation: one channel of a pair from
+    worker:0 grew (100000 B tensors in 4096 B slots) and its instantiation was released; the
+    next instantiation of the same function (new keys, the same tensors and tasks: a
+    retrace, or the step traced by a coordinator started again) lays the pair out with the
+    grown slots, so those tensors fit at once. Another function's pair with the same tensor
+    names (another scope) gets the planned slots."""
+    rt, _ = world
+    baseline = settled(rt, W1)["registered_bytes"]
+
+    def opened(scope, instance):
+        _, swap, regions = plan([(W0, W1)], sizes=(4096, 400), tensors="lineage-test")
+        _, registered = channels.open_channels(rt.call, instance, swap, regions, scope=scope)
+        grows = max(swap, key=lambda t: t.capacity_bytes)
+        return swap, grows, registered[W1]
+
+    first, grows, planned = opened("step", "lineage-1")
+    try:
+        grown = rt.table.counters()["grown"]
+        _core.channel_want(grows.channel_key, 100000)
+        assert _wait_grown(rt, grown) == 1
+        _fits_its_slots(rt, dataclasses.replace(grows, capacity_bytes=100000), seed=40)
+    finally:
+        learned = rt.table.counters()["learned"]
+        assert _released_settled(rt, [t.channel_key for t in first], (W0, W1)) \
+            ["registered_bytes"] == baseline
+    assert rt.table.counters()["learned"] == learned  # kept past the release
+
+    second, grows, registered = opened("step", "lineage-2")
+    try:
+        assert {t.channel_key for t in second}.isdisjoint(t.channel_key for t in first)
+        grown_slot, _ = channels.slot_bytes(131072, 0)  # 100000 B and a quarter
+        other = next(t for t in second if t is not grows)
+        assert registered == channels.round_up(grows.slots * grown_slot + other.slots * other.slot_bytes,
+                                               channels.REGION_ALIGNMENT)
+        assert rt.table.counters()["registered_bytes"] == baseline + registered
+        _fits_its_slots(rt, dataclasses.replace(grows, capacity_bytes=100000), seed=41)
+        assert exchange(rt, other, count=3 * SLOTS, seed=42) == []
+    finally:
+        _released_settled(rt, [t.channel_key for t in second], (W0, W1))
+
+    third, grows, registered = opened("another step", "lineage-3")
+    try:
+        assert registered == planned
+        assert exchange(rt, grows, count=3 * SLOTS, seed=43) == []
+    finally:
+        _released_settled(rt, [t.channel_key for t in third], (W0, W1))
+
+
+def test_a_half_pair_under_a_new_key_takes_the_slots_its_lineage_grew_to(world):
+    """TF1: a half pair's channel grew; the halves of the same tensor under a new key (its
+    sender started again: a new incarnation, so a new channel id) are met with the grown
+    slots, and their tensors fit at once."""
+    rt, _ = world
+    old, new = (f"half-lineage-{os.getpid()}-{n}" for n in (1, 2))
+    lineage = f"half-lineage-{os.getpid()}"
+    met = []
+    rt.table.offer_halves(PS, [{**_half(old, 8192), "lineage": lineage}],
+                          lambda fabric, size: met.append(size))
+    rt.call(PS, {"op": "t_want", "sizes": {old: None}})
+    try:
+        assert wait_until(lambda: met, 60)
+        grown = rt.table.counters()["grown"]
+        _core.channel_want(old, 100000)
+        assert _wait_grown(rt, grown) == 1
+        _fits_its_slots(rt, _from_ps(old, 100000), seed=44)
+    finally:
+        _released_settled(rt, [old], (PS, W1))
+    rt.table.offer_halves(PS, [{**_half(new, 8192), "lineage": lineage}],
+                          lambda fabric, size: met.append(size))
+    rt.call(PS, {"op": "t_want", "sizes": {new: None}})
+    try:
+        assert wait_until(lambda: len(met) == 2, 60)
+        grown_slot, _ = channels.slot_bytes(131072, 4)
+        assert met[1] == channels.round_up(SLOTS * grown_slot, channels.REGION_ALIGNMENT), met
+        _fits_its_slots(rt, _from_ps(new, 100000), seed=45)
+    finally:
+        _released_settled(rt, [new], (PS, W1))
+
+
+def test_a_lineage_keeps_the_largest_slots_it_grew_to_and_the_most_recent_lineages(monkeypatch):
+    """ChannelTable._learn: a lineage's layout is replaced only by one that holds it (two
+    instantiations may grow at once), and past LEARNED_MAX lineages the least recently
+    used goes first."""
+    table = channels.ChannelTable(domain=None, config=None)
+    small = {"slots": SLOTS, "slot_bytes": 65664, "payload_offset": 128, "capacity_bytes": 65536}
+    large = {**small, "slot_bytes": 131200, "capacity_bytes": 131072}
+    table.lineage_of.update({"a@1": "a", "a@2": "a"})
+    table._learn("a@1", large)
+    table._learn("a@2", small)
+    assert table.learned == {"a": large}
+    table._learn("a@2", {**large, "capacity_bytes": 262144, "slot_bytes": 262272})
+    assert table.learned["a"]["capacity_bytes"] == 262144
+    monkeypatch.setattr(channels, "LEARNED_MAX", 2)
+    table._learn("b", small)
+    table._with_learned({"sender": PS, "bytes": 0, "channels": [
+        {"key": "a@3", "lineage": "a", **small, "offset": 0}]})  # uses a
+    table._learn("c", small)
+    assert list(table.learned) == ["a", "c"]
 
 
 def test_pairs_cut_again_and_again_hold_what_they_held_after_the_first(world):

@@ -18,6 +18,7 @@ dynamic channel whose tensors outgrow its slots moves to a larger ring ("growth"
 Example:
     >>> fabrics, registered = open_channels(rt.call, instance, swapped, region_bytes)
 """
+import collections
 import contextlib
 import functools
 import logging
@@ -63,6 +64,11 @@ GROWTH_ALIGN = 64 << 10
 #: 1.23x gRPC) nor cnn.py --between_graph alexnet (1.89x against 1.95x) moved beyond the noise
 #: (BENCHMARKS.md, "Between-graph").
 GROWTH_MAX_SLOT = 4 << 20
+
+#: Channels (lineages) whose grown slots a task keeps for later instantiations, the least
+#: recently used forgotten first: a program's channels that grow number in the tens to
+#: hundreds (the embedding benchmark: 32 at 64 KiB slots), and an entry is a few hundred bytes.
+LEARNED_MAX = 4096
 
 #: Seconds between two looks for dead peers (their halves are then unbound): how long a dead
 #: task's channels, regions and mappings outlive it here (a step on them fails at once
@@ -137,11 +143,17 @@ def _holds(grown, planned):
             and grown["payload_offset"] >= planned["payload_offset"])  # rank capacity
 
 
+def _lineage(channel):
+    """The lineage of setup entry `channel` (opening.lineage); an entry without one (made by
+    hand) is a lineage of its own."""
+    return channel.get("lineage") or channel["key"]
+
+
 def _laid_out(channels, learned):
-    """Setup entries `channels` of one region, in order, each with the slots its channel
-    grew to (`learned`: key -> layout fields) where they hold what it plans (_holds), laid
-    out as the planner lays a region out (layout.end_to_end); and the region's bytes."""
-    sized = [{**c, **(learned[c["key"]] if _holds(learned.get(c["key"]), c) else {})}
+    """Setup entries `channels` of one region, in order, each with the slots its lineage
+    grew to (`learned`: lineage -> layout fields) where they hold what it plans (_holds),
+    laid out as the planner lays a region out (layout.end_to_end); and the region's bytes."""
+    sized = [{**c, **(learned[_lineage(c)] if _holds(learned.get(_lineage(c)), c) else {})}
              for c in channels]
     offsets, used = end_to_end(c["slots"] * c["slot_bytes"] for c in sized)
     return ([{**c, "offset": o} for c, o in zip(sized, offsets)],
@@ -216,7 +228,8 @@ class ChannelTable:
         self.wanting = threading.Condition(self.lock)  # notified when `wanted` grows
         self.grown = {}  # key -> (RingSender, lease, receiver): set up, not bound (growth)
         self.not_grown = set()  # keys whose growth failed: they keep their slots
-        self.learned = {}  # key -> layout its receiving half grew to: kept for setups again
+        self.learned = collections.OrderedDict()  # lineage -> layout it grew to (LEARNED_MAX)
+        self.lineage_of = {}  # key -> lineage of the receiving halves bound here
         self.watcher = None
         if call is not None:
             self.watcher = threading.Thread(target=self._watch_peers, daemon=True,
@@ -255,13 +268,37 @@ class ChannelTable:
             raise ConfigError(f"task {self.task} cannot set up channels: its ChannelTable has no "
                               "control client", hint="construct ChannelTable(call=Runtime.call)")
         instance = r["instance"]
-        opened = in_parallel(lambda p: self._open_pair(instance, p), r["pairs"])
+        pairs = [self._with_learned(p) for p in r["pairs"]]
+        opened = in_parallel(lambda p: self._open_pair(instance, p), pairs)
         with self.lock:
-            self.received.setdefault(instance, []).extend(r["pairs"])
+            self.received.setdefault(instance, []).extend(pairs)
         planner = session()
         if planner is not None:  # released here should the planner die before it asks
             planner.hold(("pairs", instance), functools.partial(self._release_received, instance))
         return {"pairs": opened}
+
+    def _with_learned(self, p):
+        """Pair `p` of an open_pairs request, laid out again end to end with the slots its
+        channels' lineages grew to here (_laid_out), if any did; else `p` as planned."""
+        with self.lock:
+            grew = {}
+            for c in p["channels"]:
+                if _lineage(c) in self.learned:
+                    grew[_lineage(c)] = self.learned[_lineage(c)]
+                    self.learned.move_to_end(_lineage(c))
+        if not any(_holds(grew.get(_lineage(c)), c) for c in p["channels"]):
+            return p
+        channels, size = _laid_out(p["channels"], grew)
+        return {**p, "channels": channels, "bytes": size}
+
+    def _learn(self, key, layout):
+        """Keeps `layout`, to which the receiving half `key` grew, for its lineage (under
+        self.lock): the larger of it and what the lineage had, its LEARNED_MAX most recent."""
+        lineage = self.lineage_of.get(key, key)
+        known = self.learned.pop(lineage, None)
+        self.learned[lineage] = known if _holds(known, layout) else layout
+        while len(self.learned) > LEARNED_MAX:
+            self.learned.popitem(last=False)
 
     def _release_received(self, instance, notify_in_background=False):
         """Unbinds the receiving halves of the pairs `instance` opened here and tells each
@@ -293,6 +330,9 @@ class ChannelTable:
         with self._reserving(size, f"{label} (first channel {keys[0]})", wait=not grown):
             region = self.domain.allocate(size, label=label, grant=[_identity(sender)])
         lease, credit = _core.RegionLease(region), None
+        if not grown:  # before the halves are bound: their growth (_learn) looks it up
+            with self.lock:
+                self.lineage_of.update((c["key"], _lineage(c)) for c in channels)
         try:
             try:
                 sent = self.call(sender, {
@@ -318,6 +358,9 @@ class ChannelTable:
                     self._notify(sender, keys, "send")
                 raise
         except BaseException:
+            with self.lock:
+                for key in keys if not grown else ():
+                    self.lineage_of.pop(key, None)
             _let_go(credit, lease, region)
             raise
         if grown:  # the receiving successor is bound: the sender may move
@@ -486,9 +529,9 @@ class ChannelTable:
 
     def _meet_now(self, sender, channels, sizes):
         """Lays out the receiving halves `channels` from `sender` in one region, slots sized
-        by what the sender planned (`sizes`: half_sizes), or as their channel grew here before
-        (a pair met again after a cut, a graph's halves met again by a new session's graph),
-        and binds both halves of each; returns (fabric, region bytes)."""
+        by what the sender planned (`sizes`: half_sizes), or as their lineage grew here before
+        (a pair met again after a cut, a new session's graph, a sender started again), and
+        binds both halves of each; returns (fabric, region bytes)."""
         sized = []
         for c in sorted(channels, key=lambda c: c["key"]):
             known = sizes.get(c["key"])
@@ -497,13 +540,12 @@ class ChannelTable:
             slot, payload = slot_bytes(capacity, c["rank_capacity"])
             # a known size is a static channel's, as planned here for this config
             slots = PlanConfig(slots=self.config.slots).slots_for(None) if fits else c["slots"]
-            sized.append({"key": c["key"], "slots": slots, "slot_bytes": slot,
-                          "payload_offset": payload, "capacity_bytes": capacity})
-        with self.lock:
-            laid, size = _laid_out(sized, self.learned)
-        done = self._open_pair(HALF_PAIRS, {"sender": sender, "bytes": size, "channels": laid},
-                               attach="attach_halves")
-        return done["fabric"], size
+            sized.append({"key": c["key"], "lineage": _lineage(c), "slots": slots,
+                          "slot_bytes": slot, "payload_offset": payload,
+                          "capacity_bytes": capacity})
+        laid, size = _laid_out(sized, {})
+        p = self._with_learned({"sender": sender, "channels": laid, "bytes": size})
+        return self._open_pair(HALF_PAIRS, p, attach="attach_halves")["fabric"], p["bytes"]
 
     def _sender_sizes(self, sender, keys):
         """``{key: bytes or None}`` from task `sender` once its pass planned every key of
@@ -555,9 +597,12 @@ class ChannelTable:
     #
     # The write kernel moves at its next tensor (a marker on the old ring), the wait kernel
     # when it takes the marker; both old halves go then. Counted as "grown" (counters()).
-    # The receiver keeps the layout a channel grew to (`learned`) while its half is held here:
-    # a pair set up again after a cut (reopen), or a half pair met again, gets those slots
-    # at once instead of the plan's, with no chunked transfer and no growth again.
+    # The receiver keeps the layout a channel grew to under its lineage (`learned`, the
+    # LEARNED_MAX most recent; opening.lineage: the function, tensor and tasks, not the
+    # instantiation): a pair set up again after a cut (reopen), a half pair met again, and the
+    # channel of a later instantiation (a retrace, a new coordinator's trace of the same step,
+    # a sending task started again) get those slots at once instead of the plan's, with no
+    # staged or chunked transfer and no growth again, where they hold what it plans (_holds).
 
     def _grow_channels(self):
         """Moves every receiving half here whose tensors outgrew its slots to a larger ring
@@ -591,7 +636,7 @@ class ChannelTable:
         self._open_pair(GROWN, {"sender": g["peer"], "bytes": size, "channels": [channel]},
                         attach="attach_grown")
         with self.lock:
-            self.learned[g["key"]] = {f: channel[f] for f in LAYOUT_FIELDS if f != "offset"}
+            self._learn(g["key"], {f: channel[f] for f in LAYOUT_FIELDS if f != "offset"})
         log.info("rdmadev: channel %s from %s moved to %d-byte slots (tensors of %d bytes did "
                  "not fit its %d)", g["key"], g["peer"], capacity, wanted, g["capacity_bytes"])
 
@@ -650,7 +695,7 @@ class ChannelTable:
                 if half != "recv":
                     self.grown.pop(key, None)
                 if half != "send":
-                    self.learned.pop(key, None)
+                    self.lineage_of.pop(key, None)
             if half != "send" and "instance" not in r:  # the planner's: _release_received
                 released = set(r["keys"])  # pairs whose receiving halves went (reopen skips them)
                 for instance, pairs in list(self.received.items()):
@@ -777,7 +822,7 @@ class ChannelTable:
         for key in [k for k in offered if not (_core.half_held(k, "recv") or "recv:" + k in bound
                                                or _core.half_lost(k, "recv"))]:
             del offered[key]
-            self.learned.pop(key, None)
+            self.lineage_of.pop(key, None)
         return list(offered.values())
 
     def _reopen_pair(self, instance, p):
@@ -785,11 +830,7 @@ class ChannelTable:
         (learned): True if it is set up. If that fails, the steps using its channels fail at
         once on both tasks, saying why (and the fix of the cause, when it names one)."""
         sender, keys = p["sender"], [c["key"] for c in p["channels"]]
-        with self.lock:
-            grew = {k: self.learned[k] for k in keys if k in self.learned}
-        if grew:  # the plan's offsets, moved for the slots its channels grew to
-            channels, size = _laid_out(p["channels"], grew)
-            p = {**p, "channels": channels, "bytes": size}
+        p = self._with_learned(p)  # a channel may have grown since the pair was opened
         try:
             self._open_pair(instance, p)
         except Exception as e:
@@ -898,20 +939,20 @@ class ChannelTable:
             ``{"channels", "senders", "receivers", "parked", "retired", "regions",
             "registered_bytes", "transfers", "sent", "received", "discarded", "abandoned",
             "superseded", "grown", "staged", "stages", "waits", "fds", "memfd_maps", "notices",
-            "reopened", "peers", "silent_peers", "py_threads"}``: channel halves bound here,
-            sending halves unbound but parked (their receiver had not credited all they sent;
-            their memory goes once it has), receiving halves unbound but retired (verbs: their
-            ring stays registered for the sender's late writes, LATE_WRITE_GRACE_S), regions and
-            their bytes in this task's Domain, transfers completed by this process (of the
-            received, those a failed step left behind and that were discarded unread; receives
-            that ended without a transfer, and those a later step's receive took the place of),
-            larger rings registered for channels whose tensors outgrew their slots (growth),
-            tensors sent staged and the stages registered for them, waits pending on the
-            progress thread, open file descriptors, mappings of rdmadev memfds (its own regions
-            and peers' mapped here), release requests sent to peers and failed, pairs set up
-            again after their connection broke (reopen), the peer tasks this task
-            has endpoints to and those marked silent (liveness.py), Python threads (rdmadev's
-            own: control connections, heartbeats, watchers; TF's threads are native).
+            "reopened", "learned", "peers", "silent_peers", "py_threads"}``: channel halves bound
+            here, sending halves unbound but parked (their receiver had not credited all they sent;
+            their memory goes once it has), receiving halves unbound but retired (verbs: their ring
+            stays registered for the sender's late writes, LATE_WRITE_GRACE_S), regions and their
+            bytes in this task's Domain, transfers completed by this process (of the received, those
+            a failed step left behind and that were discarded unread; receives that ended without a
+            transfer, and those a later step's receive took the place of), larger rings registered
+            for channels whose tensors outgrew their slots (growth), tensors sent staged and the
+            stages registered for them, waits pending on the progress thread, open file descriptors,
+            mappings of rdmadev memfds (its own regions and peers' mapped here), release requests
+            sent to peers and failed, pairs set up again after their connection broke (reopen),
+            channel lineages whose grown slots this task keeps for later setups (growth), the peer
+            tasks this task has endpoints to and those marked silent (liveness.py), Python threads
+            (rdmadev's own: control connections, heartbeats, watchers; TF's threads are native).
         """
         bound = _core.channel_counts(self.domain)
         moved = _core.transfer_counts()
@@ -921,7 +962,7 @@ class ChannelTable:
                 "transfers": moved["sent"] + moved["received"], **moved,
                 "waits": self.domain.pending_waits, "fds": len(os.listdir("/proc/self/fd")),
                 "memfd_maps": _memfd_maps(), "notices": dict(self.notices),
-                "reopened": self.reopened,
+                "reopened": self.reopened, "learned": len(self.learned),
                 "peers": sorted(self.peer_endpoints()),
                 "silent_peers": sorted(t for t, eps in self.peer_endpoints().items()
                                        if any(ep.silent for ep in eps)),
@@ -935,6 +976,7 @@ class ChannelTable:
             self.grown.clear()
             self.received.clear()
             self.learned.clear()
+            self.lineage_of.clear()
         _core.unbind_domain(self.domain)
         if self.watcher is not None and self.watcher is not threading.current_thread():
             self.watcher.join(2 * WATCH_INTERVAL_S)

@@ -8,13 +8,14 @@ call to each of its senders (senders in parallel).
 Example:
     >>> fabrics, registered = open_channels(rt.call, instance, swapped, region_bytes)
 """
+import hashlib
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import ProtocolError
 from . import instances
 
-__all__ = ["open_channels", "in_parallel", "LAYOUT_FIELDS"]
+__all__ = ["open_channels", "in_parallel", "lineage", "LAYOUT_FIELDS"]
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
@@ -23,9 +24,25 @@ log.addHandler(logging.NullHandler())
 LAYOUT_FIELDS = ("slots", "slot_bytes", "payload_offset", "capacity_bytes", "offset")
 
 
-def _channel_entry(t):
+def lineage(scope, t):
+    """The name of transfer `t`'s channel across instantiations: what its receiving task
+    learns of it (the slots it grew to) is kept under this name for the channels of later
+    instantiations (channels.py, "growth"). `scope` names the function across its
+    instantiations (bridge.lineage_scope: a retrace, or the same step traced by a new
+    coordinator); the tensor and the tasks it goes between are the rendezvous attrs without
+    the sending task's incarnation (a restarted task plans its channels under new keys).
+
+    Returns:
+        16 lowercase hex digits: BLAKE2b (8 bytes) of the five names, one per line.
+    """
+    text = "\n".join((scope, t.tensor_name, t.send_task, t.recv_task, t.dtype))
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=8).hexdigest()
+
+
+def _channel_entry(t, scope):
     """Transfer `t` as setup requests carry it."""
-    return {"key": t.channel_key, **{f: getattr(t, f) for f in LAYOUT_FIELDS}}
+    return {"key": t.channel_key, "lineage": lineage(scope, t),
+            **{f: getattr(t, f) for f in LAYOUT_FIELDS}}
 
 
 def in_parallel(fn, items):
@@ -39,7 +56,7 @@ def in_parallel(fn, items):
     return [f.result() for f in futures]
 
 
-def open_channels(call, instance, transfers, region_bytes, function="", marked=()):
+def open_channels(call, instance, transfers, region_bytes, function="", marked=(), scope=""):
     """Sets up the channels of an instantiation's swapped transfers: one ``open_pairs``
     request per receiving task (in parallel), one ``attach_senders`` round trip from each
     receiver to each of its senders (in parallel).
@@ -51,6 +68,7 @@ def open_channels(call, instance, transfers, region_bytes, function="", marked=(
         region_bytes: ``{region id: bytes}`` of the plan's regions.
         function: the name of the function instantiated, and `marked` the optimized functions
             it is or calls (releases follow them: instances.py).
+        scope: the function's name across its instantiations (lineage).
     Returns:
         ``({channel key: fabric}, {recv task: bytes registered there})``.
     Raises:
@@ -64,7 +82,7 @@ def open_channels(call, instance, transfers, region_bytes, function="", marked=(
         senders = pairs[recv_task]
         request = {"op": "open_pairs", "instance": instance, "pairs": [
             {"sender": s, "bytes": region_bytes[ts[0].region],
-             "channels": [_channel_entry(t) for t in ts]} for s, ts in senders.items()]}
+             "channels": [_channel_entry(t, scope) for t in ts]} for s, ts in senders.items()]}
         try:
             return call(recv_task, request)["pairs"]
         except Exception as e:

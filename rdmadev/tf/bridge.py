@@ -20,6 +20,7 @@ import functools
 import itertools
 import logging
 import os
+import re
 
 import graph_pass
 from graph_pass.plan import Config as PlanConfig
@@ -27,9 +28,11 @@ from graph_pass.plan import Config as PlanConfig
 from .. import _core
 from ..cluster import reports, runtime
 from ..cluster.channels import open_channels
+from ..cluster.opening import lineage
 from ..errors import ProtocolError
+from .api import opt_in_marker
 
-__all__ = ["rewrites", "plan_config", "check_wire_layout", "OPS_CARRY"]
+__all__ = ["rewrites", "plan_config", "check_wire_layout", "lineage_scope", "OPS_CARRY"]
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
@@ -81,6 +84,14 @@ def check_wire_layout(plan):
                 "different versions: reinstall rdmadev (pip install -e .)")
 
 
+def lineage_scope(function):
+    """The name of `function` across its instantiations (opening.lineage): without TF's
+    instantiation counter and an optimized function's opt-in token, so a retrace, a new
+    tf.function of the same step, and the same step traced by a coordinator started again
+    share it (``__inference_step__rdmadev_6c891183_22`` -> ``__inference_step``)."""
+    return re.sub(r"_\d+$", "", function.split(opt_in_marker(), 1)[0])
+
+
 def rewrites(partitions, function="", marked=()):
     """Plans `partitions` ({device: GraphDef bytes}) of an instantiation of `function`, which
     is or calls the rdmadev.optimize'd functions `marked`, and sets up the swapped channels."""
@@ -100,7 +111,7 @@ def rewrites(partitions, function="", marked=()):
     swap = [t for t in plan.transfers if t.decision == "swap"]
     fabrics, registered = open_channels(rt.call, instance, [t for t in swap if t.halves == "both"],
                                         {r.region_id: r.bytes for r in plan.regions}, function,
-                                        marked)
+                                        marked, lineage_scope(function))
     out, swapped, kept = [], [], []
     timeout, limit = plan.config.deadline_s, rt.config.max_tensor_bytes
     for t in plan.transfers:
@@ -147,8 +158,8 @@ def _meet_halves(rt, halves, report):
     for t in halves:
         if t.halves == "recv":
             by_sender.setdefault(t.send_task, []).append(
-                {"key": t.channel_key, "slots": t.slots, "capacity_bytes": t.capacity_bytes,
-                 "rank_capacity": t.rank_capacity})
+                {"key": t.channel_key, "lineage": lineage("", t), "slots": t.slots,
+                 "capacity_bytes": t.capacity_bytes, "rank_capacity": t.rank_capacity})
     for sender, channels in by_sender.items():
         rt.table.offer_halves(sender, channels, functools.partial(_met, report, sender))
 

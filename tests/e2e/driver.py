@@ -657,36 +657,39 @@ def views(mode):
 
 def growing(mode):
     """One dynamic tensor worker -> ps whose size grows past its slots twice (the driver runs
-    with RDMADEV_DYNAMIC_CAPACITY=4K): after each first oversized step the driver waits for
-    ps to move the channel to larger slots. Returns each step's sum, and with rdmadev the
-    transfers ps took for each step (chunks) and the channels ps grew after it."""
+    with RDMADEV_DYNAMIC_CAPACITY=4K): after each step the worker staged a tensor for, the
+    driver waits for ps to move the channel to larger slots. Returns each step's sum, and
+    with rdmadev the transfers ps took for each step (chunks), the channels ps grew after it
+    and the tensors worker:0 staged. The step is named RDMADEV_E2E_STEP_NAME, else after this
+    process: ps keeps what a channel learned for later runs of a step of that name on the
+    cluster (channels.py, "growth")."""
     def step(n, scale):
         with tf.device(W0):
             x = tf.range(n, dtype=tf.float32) * scale
         with tf.device(PS):
             return tf.reduce_sum(x * x)
 
+    step.__name__ = os.environ.get("RDMADEV_E2E_STEP_NAME", f"growing_{os.getpid()}")
     spec = [tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.float32)]
     fn = tf.function(step, input_signature=spec)
     fn = rdmadev.optimize(fn) if mode == "rdmadev" else fn
     values, chunks, grown, staged = [], [], [], []
     ps = lambda: rdmadev.counters()[PS]  # noqa: E731
     worker = lambda: rdmadev.counters()[W0]  # noqa: E731
-    for i, (n, wait) in enumerate([(3000, True), (3000, False), (2000, False), (100000, True),
-                                   (100000, False), (0, False), (90000, False)]):
+    for i, n in enumerate([3000, 3000, 2000, 100000, 100000, 0, 90000]):
         if mode == "rdmadev":
             before, before_worker = ps(), worker()
         values.append(float(fn(tf.constant(n), tf.constant(1.0 + i / 8))))
         if mode != "rdmadev":
             continue
+        staged.append(worker()["staged"] - before_worker["staged"])
         after = ps()
         deadline = time.monotonic() + GROWTH_WAIT_S
-        while wait and after["grown"] == before["grown"] and time.monotonic() < deadline:
+        while staged[-1] and after["grown"] == before["grown"] and time.monotonic() < deadline:
             time.sleep(0.1)
             after = ps()
         chunks.append(after["received"] - before["received"])
         grown.append(after["grown"] - before["grown"])
-        staged.append(worker()["staged"] - before_worker["staged"])
     return {"values": values, "chunks": chunks, "grown": grown, "staged": staged,
             "report": fn.report if mode == "rdmadev" else ""}
 

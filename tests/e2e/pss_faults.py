@@ -2,7 +2,8 @@
 one coordinator process that owns its own loopback cluster (it kills and restarts tasks),
 prints one JSON line.
 
-    python pss_faults.py release | restart_worker | kill_ps | cut_connection | cut_grown
+    python pss_faults.py release | restart_worker | kill_ps | cut_connection | cut_grown |
+        restart_grown
 """
 import gc
 import json
@@ -21,8 +22,8 @@ from rdmadev.testing import faults, launch  # noqa: E402
 
 #: Steps per phase: enough for every worker to run the step several times.
 STEPS = 40
-#: The tasks whose connection the cut_* scenarios reset.
-PS, W0 = "/job:ps/replica:0/task:0", "/job:worker/replica:0/task:0"
+#: The tasks the scenarios reset the connection between (cut_*) and restart (restart_grown: W1).
+PS, W0, W1 = (f"/job:{job}/replica:0/task:{i}" for job, i in (("ps", 0), ("worker", 0), ("worker", 1)))
 
 
 def _strategy(cluster):
@@ -210,6 +211,22 @@ def _moved(task_counters):
     return {k: task_counters[k] for k in ("grown", "staged", "stages")}
 
 
+def _until_nothing_grows(coordinator, step, worker, tasks):
+    """Trains until `worker` ran the step and no task of `tasks` grew a ring or staged a
+    tensor in a round of STEPS (bounded). Returns (steps run, what `tasks` did: _moved)."""
+    applied, last, deadline = 0, None, time.monotonic() + 120
+    while time.monotonic() < deadline:
+        _run(coordinator, step, STEPS)
+        applied += STEPS
+        time.sleep(2 * WATCH_INTERVAL_S)  # how often the watchers grow channels
+        now = rdmadev.counters()
+        moved = {t: _moved(now[t]) for t in tasks}
+        if PS in now[worker]["peers"] and moved == last:
+            break
+        last = moved
+    return applied, last
+
+
 def cut_grown(cluster):
     """cut_connection's reset, after the channels of a step with run-time shapes (tf.unique'd
     ids, gathered rows, IndexedSlices updates) outgrew their 256-byte slots and grew: the pairs
@@ -217,16 +234,7 @@ def cut_grown(cluster):
     ring or a stage again."""
     strategy, coordinator = _strategy(cluster)
     table, step = _sparse_model(strategy)
-    applied, last, deadline = 0, None, time.monotonic() + 120
-    while time.monotonic() < deadline:  # until worker:0 ran the step and nothing grows (bounded)
-        _run(coordinator, step, STEPS)
-        applied += STEPS
-        time.sleep(2 * WATCH_INTERVAL_S)  # how often the watchers grow channels
-        now = rdmadev.counters()
-        moved = {t: _moved(now[t]) for t in (PS, W0)}
-        if PS in now[W0]["peers"] and moved == last:
-            break
-        last = moved
+    applied, last = _until_nothing_grows(coordinator, step, W0, (PS, W0))
     reopened = _reopened()
     cut, steps = _cut_and_train_on(cluster, coordinator, step)
     applied += steps
@@ -239,13 +247,44 @@ def cut_grown(cluster):
             "reports": [str(r) for r in step.reports][:2]}
 
 
+def restart_grown(cluster):
+    """restart_worker's kill -9 and restart of worker:1, after the channels of the step with
+    run-time shapes outgrew their 256-byte slots and grew: the ps sets up the restarted
+    worker's channels to it (its new incarnation: new keys) with the slots they grew to, so
+    the ps grows no ring again and the restarted worker stages nothing. (What the worker
+    itself had learned of the rows it receives died with it.)"""
+    strategy, coordinator = _strategy(cluster)
+    table, step = _sparse_model(strategy)
+    applied, before = _until_nothing_grows(coordinator, step, W1, (PS, W1))
+    old_pid = cluster.pid("worker", 1)
+    for _ in range(STEPS):  # in flight while the worker dies
+        coordinator.schedule(step)
+    cluster.kill("worker", 1)
+    coordinator.join()
+    applied += STEPS
+    cluster.restart("worker", 1)
+    new_pid = cluster.pid("worker", 1)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # until the restarted worker ran the step (bounded)
+        _run(coordinator, step, STEPS)
+        applied += STEPS
+        if any(f"instance {new_pid:x}." in str(r) for r in step.reports):
+            break
+    steps, after = _until_nothing_grows(coordinator, step, W1, (PS, W1))
+    return {"applied": applied + steps, "in_flight": STEPS,
+            "rows": table[:IDS // 2, 0].numpy().tolist(), "old_pid": old_pid,
+            "new_pid": new_pid, "before": before, "after": after,
+            "restarted": any(f"instance {new_pid:x}." in str(r) for r in step.reports)}
+
+
 def _reopened():
     return {task: c["reopened"] for task, c in rdmadev.counters().items()}
 
 
 #: The environment of each scenario's cluster beyond ENV: a tcp connection, to break.
 SCENARIO_ENV = {"cut_connection": {"RDMADEV_FABRIC": "tcp"},
-                "cut_grown": {"RDMADEV_FABRIC": "tcp", "RDMADEV_DYNAMIC_CAPACITY": "256"}}
+                "cut_grown": {"RDMADEV_FABRIC": "tcp", "RDMADEV_DYNAMIC_CAPACITY": "256"},
+                "restart_grown": {"RDMADEV_DYNAMIC_CAPACITY": "256"}}
 
 
 def main():
@@ -257,7 +296,7 @@ def main():
     try:
         result = {"release": release, "restart_worker": restart_worker,
                   "kill_ps": kill_ps, "cut_connection": cut_connection,
-                  "cut_grown": cut_grown}[scenario](cluster)
+                  "cut_grown": cut_grown, "restart_grown": restart_grown}[scenario](cluster)
         print("RESULT " + json.dumps(result), flush=True)
         code = 0
     except BaseException:

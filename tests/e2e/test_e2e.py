@@ -1,5 +1,6 @@
 """rdmadev.optimize end to end on a real loopback cluster of `rdmadev serve` tasks: the
 same numbers as TF's own gRPC path, bit for bit, with the tensors moved by rdmadev."""
+import os
 import re
 
 import pytest
@@ -344,6 +345,20 @@ def test_a_channel_grows_past_its_capacity_mid_training(cluster):
     assert rdma["chunks"] == [1, 1, 1, 1, 1, 1, 1], rdma["chunks"]
     assert rdma["staged"] == [1, 0, 0, 1, 0, 0, 0], rdma["staged"]
     assert rdma["grown"] == [1, 0, 0, 1, 0, 0, 0], rdma["grown"]
+
+
+def test_a_channel_grown_in_one_run_fits_its_slots_at_once_in_the_next(cluster):
+    """What a channel learned outlives the coordinator: a second run of the same step (a
+    new process, so new instantiations and keys: a job started again) gets, from ps, the
+    slots the first run's channel grew to, so its tensors go in one slot from the first
+    step, none staged and nothing grown again. Bitwise equal to the first run."""
+    env = {"RDMADEV_DYNAMIC_CAPACITY": "4K", "RDMADEV_E2E_STEP_NAME": f"grows_once_{os.getpid()}"}
+    first = run_driver(cluster, "rdmadev", "growing", env=env)
+    again = run_driver(cluster, "rdmadev", "growing", env=env)
+    assert first["grown"] == [1, 0, 0, 1, 0, 0, 0], first
+    assert again["values"] == first["values"]
+    assert again["staged"] == [0] * 7 and again["grown"] == [0] * 7, again
+    assert again["chunks"] == [1] * 7, again
 
 
 def test_tf1_session_gives_the_same_values(cluster):

@@ -79,3 +79,17 @@ def test_a_pair_set_up_again_after_a_cut_keeps_the_slots_its_channels_grew_to():
     assert r["grown_after"] == r["grown_before"], r
     # every row counts the steps applied: none lost, a cut one's retry applied at most twice
     assert len(set(r["rows"])) == 1 and r["applied"] <= r["rows"][0] <= r["applied"] + r["in_flight"], r
+
+
+def test_a_restarted_worker_gets_the_slots_its_channels_to_the_ps_grew_to():
+    """restart_worker's kill -9 and restart, with the step of run-time shapes whose channels
+    outgrew their 256-byte slots: the restarted worker's channels to the ps (new keys: a new
+    incarnation) are set up with the slots their lineage grew to, so the ps grows no ring
+    again and the restarted worker stages none of its tensors; no step is lost."""
+    r = _run("restart_grown")
+    ps, w1 = "/job:ps/replica:0/task:0", "/job:worker/replica:0/task:1"
+    assert r["new_pid"] != r["old_pid"] and r["restarted"], r
+    assert r["before"][ps]["grown"] >= 2 and r["before"][w1]["staged"] >= 1, r  # ids, ones
+    assert r["after"][ps]["grown"] == r["before"][ps]["grown"], r
+    assert r["after"][w1]["staged"] == 0 and r["after"][w1]["stages"] == 0, r
+    assert len(set(r["rows"])) == 1 and r["applied"] <= r["rows"][0] <= r["applied"] + r["in_flight"], r
