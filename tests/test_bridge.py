@@ -34,3 +34,15 @@ def test_a_plan_whose_slot_layout_differs_from_the_native_one_is_refused(field, 
     plan.layout[field] = value
     with pytest.raises(rdmadev.ProtocolError, match=f"{named}=.*native library writes {named}="):
         bridge.check_wire_layout(plan)
+
+
+def test_a_function_keeps_its_lineage_scope_across_retraces_tokens_and_coordinators():
+    """What a channel learned is kept per function (opening.lineage): TF's instantiation
+    counter and an optimized function's opt-in token (new per tf.function object and per
+    coordinator) are not part of its name; the name it was given is."""
+    marker = bridge.opt_in_marker()
+    assert bridge.lineage_scope(f"__inference_step{marker}6c891183_22") == "__inference_step"
+    assert bridge.lineage_scope(f"__inference_step{marker}1e12de9d_67") == "__inference_step"
+    assert bridge.lineage_scope("__inference_one_step_on_data_1234") == "__inference_one_step_on_data"
+    assert bridge.lineage_scope("__inference_step_2") != bridge.lineage_scope("__inference_other_2")
+    assert bridge.lineage_scope("") == ""  # a TF1 GraphMgr's pass: no function

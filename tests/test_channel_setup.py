@@ -884,6 +884,35 @@ def test_a_later_instantiation_takes_the_slots_its_channels_lineage_grew_to(worl
         _released_settled(rt, [t.channel_key for t in third], (W0, W1))
 
 
+def test_learned_slots_past_the_memory_limit_give_way_to_the_planned_ones(world):
+    """A later instantiation whose learned slots would take the receiving task past
+    RDMADEV_MAX_REGISTERED_BYTES, where its planned ones fit, is set up with the planned
+    ones: learned slots spare a staged transfer, they never fail a setup."""
+    rt, _ = world
+    baseline = settled(rt, W1)["registered_bytes"]
+    _, swap, regions = plan([(W0, W1)], sizes=(4096, 400), tensors="lineage-limit")
+    grows = max(swap, key=lambda t: t.capacity_bytes)
+    channels.open_channels(rt.call, "limit-1", swap, regions, scope="step")
+    try:
+        grown = rt.table.counters()["grown"]
+        _core.channel_want(grows.channel_key, 100000)
+        assert _wait_grown(rt, grown) == 1
+    finally:
+        _released_settled(rt, [t.channel_key for t in swap], (W0, W1))
+    _, again, regions = plan([(W0, W1)], sizes=(4096, 400), tensors="lineage-limit")
+    config = rt.table.config
+    rt.table.config = dataclasses.replace(config,
+                                          max_registered_bytes=baseline + sum(regions.values()))
+    try:
+        _, registered = channels.open_channels(rt.call, "limit-2", again, regions, scope="step")
+        assert registered[W1] == sum(regions.values())
+        for i, t in enumerate(again):
+            assert exchange(rt, t, count=3 * SLOTS, seed=46 + i) == [], t.channel_key
+    finally:
+        rt.table.config = config
+        _released_settled(rt, [t.channel_key for t in again], (W0, W1))
+
+
 def test_a_half_pair_under_a_new_key_takes_the_slots_its_lineage_grew_to(world):
     """TF1: a half pair's channel grew; the halves of the same tensor under a new key (its
     sender started again: a new incarnation, so a new channel id) are met with the grown

@@ -268,14 +268,13 @@ class ChannelTable:
             raise ConfigError(f"task {self.task} cannot set up channels: its ChannelTable has no "
                               "control client", hint="construct ChannelTable(call=Runtime.call)")
         instance = r["instance"]
-        pairs = [self._with_learned(p) for p in r["pairs"]]
-        opened = in_parallel(lambda p: self._open_pair(instance, p), pairs)
+        opened = in_parallel(lambda p: self._open_as_learned(instance, p), r["pairs"])
         with self.lock:
-            self.received.setdefault(instance, []).extend(pairs)
+            self.received.setdefault(instance, []).extend(p for p, _ in opened)
         planner = session()
         if planner is not None:  # released here should the planner die before it asks
             planner.hold(("pairs", instance), functools.partial(self._release_received, instance))
-        return {"pairs": opened}
+        return {"pairs": [done for _, done in opened]}
 
     def _with_learned(self, p):
         """Pair `p` of an open_pairs request, laid out again end to end with the slots its
@@ -290,6 +289,20 @@ class ChannelTable:
             return p
         channels, size = _laid_out(p["channels"], grew)
         return {**p, "channels": channels, "bytes": size}
+
+    def _open_as_learned(self, instance, planned, attach="attach_senders"):
+        """_open_pair of pair `planned` laid out with the slots its channels learned
+        (_with_learned), or as planned if that larger region cannot be registered (past
+        RDMADEV_MAX_REGISTERED_BYTES): learned slots spare a staged transfer, they never cost
+        a setup. Returns (the pair as set up, _open_pair's result)."""
+        p = self._with_learned(planned)
+        if p is not planned:
+            try:
+                return p, self._open_pair(instance, p, attach)
+            except RegionError as e:
+                log.info("rdmadev: the pair from %s is set up with its planned slots, not the "
+                         "%d bytes its channels grew to: %s", p["sender"], p["bytes"], e)
+        return planned, self._open_pair(instance, planned, attach)
 
     def _learn(self, key, layout):
         """Keeps `layout`, to which the receiving half `key` grew, for its lineage (under
@@ -544,8 +557,9 @@ class ChannelTable:
                           "slot_bytes": slot, "payload_offset": payload,
                           "capacity_bytes": capacity})
         laid, size = _laid_out(sized, {})
-        p = self._with_learned({"sender": sender, "channels": laid, "bytes": size})
-        return self._open_pair(HALF_PAIRS, p, attach="attach_halves")["fabric"], p["bytes"]
+        p, done = self._open_as_learned(HALF_PAIRS, {"sender": sender, "channels": laid,
+                                                     "bytes": size}, attach="attach_halves")
+        return done["fabric"], p["bytes"]
 
     def _sender_sizes(self, sender, keys):
         """``{key: bytes or None}`` from task `sender` once its pass planned every key of
@@ -830,9 +844,8 @@ class ChannelTable:
         (learned): True if it is set up. If that fails, the steps using its channels fail at
         once on both tasks, saying why (and the fix of the cause, when it names one)."""
         sender, keys = p["sender"], [c["key"] for c in p["channels"]]
-        p = self._with_learned(p)  # a channel may have grown since the pair was opened
-        try:
-            self._open_pair(instance, p)
+        try:  # a channel may have grown since the pair was opened
+            self._open_as_learned(instance, p)
         except Exception as e:
             self._not_reopened(sender, keys, e)
             return False

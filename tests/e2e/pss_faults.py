@@ -199,7 +199,10 @@ def _sparse_model(strategy):
         # on the worker (shuffled: nothing for grappler to fold), ids -> ps
         ids, _ = tf.unique(tf.random.shuffle(tf.range(IDS) % (IDS // 2)))
         rows = tf.gather(table, ids)  # on the ps: rows -> worker
-        table.scatter_add(tf.IndexedSlices(rows * 0.0 + 1.0, ids))  # ones -> ps
+        # ids and ones -> ps. The ND scatter, as TF's ResourceScatterAdd of a float runs
+        # under a shared lock: two workers' steps at once may lose an increment (it did,
+        # once in ~15 runs of restart_grown), on gRPC as well.
+        table.scatter_nd_add(ids[:, None], rows * 0.0 + 1.0)
         return tf.reduce_sum(rows)
 
     return table, step
@@ -229,7 +232,7 @@ def _until_nothing_grows(coordinator, step, worker, tasks):
 
 def cut_grown(cluster):
     """cut_connection's reset, after the channels of a step with run-time shapes (tf.unique'd
-    ids, gathered rows, IndexedSlices updates) outgrew their 256-byte slots and grew: the pairs
+    ids, gathered rows, scattered updates) outgrew their 256-byte slots and grew: the pairs
     set up again keep the slots their channels grew to, so neither task registers a larger
     ring or a stage again."""
     strategy, coordinator = _strategy(cluster)
