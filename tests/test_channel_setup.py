@@ -736,6 +736,14 @@ def _fits_its_slots(rt, t, seed):
     assert rt.call(t.send_task, {"op": "counters"})["staged"] == staged
 
 
+def _grown_to_hold(rt, t, seed):
+    """Grows `t`'s channel (receiving here) for tensors of t.capacity_bytes, which then fit."""
+    grown = rt.table.counters()["grown"]
+    _core.channel_want(t.channel_key, t.capacity_bytes)
+    assert _wait_grown(rt, grown) == 1
+    _fits_its_slots(rt, t, seed)
+
+
 def _cut_and_set_up_again(rt, registered):
     """Resets this task's connections from ps:0 and waits until the pairs between them are
     set up again and this task registers `registered` bytes (nothing kept for late writes)."""
@@ -776,10 +784,7 @@ def test_a_pair_set_up_again_after_a_cut_keeps_the_slots_its_channel_grew_to(wor
     big = dataclasses.replace(grows, capacity_bytes=100000)
     channels.open_channels(rt.call, "cut-grown", swap, regions)
     try:
-        grown = rt.table.counters()["grown"]
-        _core.channel_want(grows.channel_key, big.capacity_bytes)
-        assert _wait_grown(rt, grown) == 1
-        _fits_its_slots(rt, big, seed=12)  # the sender moves to the grown ring
+        _grown_to_hold(rt, big, seed=12)  # the sender moves to the grown ring
         grown_slot, _ = channels.slot_bytes(131072, 0)  # 100000 B and a quarter, in 64 KiB steps
         others = sum(t.slots * t.slot_bytes for t in swap if t is not grows)
         _cut_and_set_up_again(rt, baseline + channels.round_up(
@@ -806,10 +811,7 @@ def test_a_half_pair_met_again_after_a_cut_keeps_the_slots_its_channel_grew_to(w
     rt.call(PS, {"op": "t_want", "sizes": {key: None}})
     try:
         assert wait_until(lambda: met, 60)
-        grown = rt.table.counters()["grown"]
-        _core.channel_want(key, 100000)
-        assert _wait_grown(rt, grown) == 1
-        _fits_its_slots(rt, _from_ps(key, 100000), seed=15)
+        _grown_to_hold(rt, _from_ps(key, 100000), seed=15)
         grown_slot, _ = channels.slot_bytes(131072, 4)
         ring = channels.round_up(SLOTS * grown_slot, channels.REGION_ALIGNMENT)
         _cut_and_set_up_again(rt, baseline + ring)
@@ -853,10 +855,7 @@ def test_a_later_instantiation_takes_the_slots_its_channels_lineage_grew_to(worl
 
     first, grows, planned = opened("step", "lineage-1")
     try:
-        grown = rt.table.counters()["grown"]
-        _core.channel_want(grows.channel_key, 100000)
-        assert _wait_grown(rt, grown) == 1
-        _fits_its_slots(rt, dataclasses.replace(grows, capacity_bytes=100000), seed=40)
+        _grown_to_hold(rt, dataclasses.replace(grows, capacity_bytes=100000), seed=40)
     finally:
         learned = rt.table.counters()["learned"]
         assert _released_settled(rt, [t.channel_key for t in first], (W0, W1)) \
@@ -926,10 +925,7 @@ def test_a_half_pair_under_a_new_key_takes_the_slots_its_lineage_grew_to(world):
     rt.call(PS, {"op": "t_want", "sizes": {old: None}})
     try:
         assert wait_until(lambda: met, 60)
-        grown = rt.table.counters()["grown"]
-        _core.channel_want(old, 100000)
-        assert _wait_grown(rt, grown) == 1
-        _fits_its_slots(rt, _from_ps(old, 100000), seed=44)
+        _grown_to_hold(rt, _from_ps(old, 100000), seed=44)
     finally:
         _released_settled(rt, [old], (PS, W1))
     rt.table.offer_halves(PS, [{**_half(new, 8192), "lineage": lineage}],
@@ -991,10 +987,7 @@ def test_pairs_cut_again_and_again_hold_what_they_held_after_the_first(world):
                 "other_threads": c["py_threads"] - control["served"] - control["heartbeats"]}
     now = lambda: {task: holding(task) for task in (W1, PS)}
     try:
-        grown = rt.table.counters()["grown"]
-        _core.channel_want(grows.channel_key, big.capacity_bytes)
-        assert _wait_grown(rt, grown) == 1
-        _fits_its_slots(rt, big, seed=20)
+        _grown_to_hold(rt, big, seed=20)
         first = None
         for cut in range(4):
             reopened = {task: rt.call(task, {"op": "counters"})["reopened"] for task in (W1, PS)}
