@@ -280,14 +280,11 @@ class ChannelTable:
         """Pair `p` of an open_pairs request, laid out again end to end with the slots its
         channels' lineages grew to here (_laid_out), if any did; else `p` as planned."""
         with self.lock:
-            grew = {}
-            for c in p["channels"]:
-                if _lineage(c) in self.learned:
-                    grew[_lineage(c)] = self.learned[_lineage(c)]
-                    self.learned.move_to_end(_lineage(c))
-        if not any(_holds(grew.get(_lineage(c)), c) for c in p["channels"]):
-            return p
-        channels, size = _laid_out(p["channels"], grew)
+            for lineage in {_lineage(c) for c in p["channels"]} & self.learned.keys():
+                self.learned.move_to_end(lineage)  # used: kept the longest
+            if not any(_holds(self.learned.get(_lineage(c)), c) for c in p["channels"]):
+                return p
+            channels, size = _laid_out(p["channels"], self.learned)
         return {**p, "channels": channels, "bytes": size}
 
     def _open_as_learned(self, instance, planned, attach="attach_senders"):
@@ -371,9 +368,10 @@ class ChannelTable:
                     self._notify(sender, keys, "send")
                 raise
         except BaseException:
-            with self.lock:
-                for key in keys if not grown else ():
-                    self.lineage_of.pop(key, None)
+            if not grown:
+                with self.lock:
+                    for key in keys:
+                        self.lineage_of.pop(key, None)
             _let_go(credit, lease, region)
             raise
         if grown:  # the receiving successor is bound: the sender may move

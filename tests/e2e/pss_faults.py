@@ -47,6 +47,11 @@ def _model(strategy):
     return w, step
 
 
+def _instantiated_by(step, pid):
+    """Reports of `step`'s instantiations by the task process `pid`."""
+    return [str(r) for r in step.reports if f"instance {pid:x}." in str(r)]
+
+
 def _run(coordinator, step, steps):
     for _ in range(steps):
         coordinator.schedule(step)
@@ -112,7 +117,7 @@ def restart_worker(cluster):
         _run(coordinator, step, STEPS)
         applied += STEPS
         reports = [str(r) for r in step.reports]
-        if any(f"instance {new_pid:x}." in r for r in reports):
+        if _instantiated_by(step, new_pid):
             break
     # the dead incarnation's channels on the ps and the other worker go (dead-peer sweep)
     while time.monotonic() < deadline and _held() != before:
@@ -201,7 +206,7 @@ def _sparse_model(strategy):
         rows = tf.gather(table, ids)  # on the ps: rows -> worker
         # ids and ones -> ps. The ND scatter, as TF's ResourceScatterAdd of a float runs
         # under a shared lock: two workers' steps at once may lose an increment (it did,
-        # once in ~15 runs of restart_grown), on gRPC as well.
+        # in about one run of restart_grown in twenty), on gRPC as well.
         table.scatter_nd_add(ids[:, None], rows * 0.0 + 1.0)
         return tf.reduce_sum(rows)
 
@@ -271,13 +276,13 @@ def restart_grown(cluster):
     while time.monotonic() < deadline:  # until the restarted worker ran the step (bounded)
         _run(coordinator, step, STEPS)
         applied += STEPS
-        if any(f"instance {new_pid:x}." in str(r) for r in step.reports):
+        if _instantiated_by(step, new_pid):
             break
     steps, after = _until_nothing_grows(coordinator, step, W1, (PS, W1))
     return {"applied": applied + steps, "in_flight": STEPS,
             "rows": table[:IDS // 2, 0].numpy().tolist(), "old_pid": old_pid,
             "new_pid": new_pid, "before": before, "after": after,
-            "restarted": any(f"instance {new_pid:x}." in str(r) for r in step.reports)}
+            "restarted": bool(_instantiated_by(step, new_pid))}
 
 
 def _reopened():
