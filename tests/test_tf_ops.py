@@ -2,9 +2,12 @@
 fabric): values identical, zero-copy aliasing returns the slot on release, clear errors."""
 import dataclasses
 import gc
+import json
 import os
 import re
 import struct
+import subprocess
+import sys
 import threading
 import time
 
@@ -641,3 +644,31 @@ def test_a_loop_moves_each_iteration_over_a_labelled_pair(channel):
             want = v * float(sum(range(1, iterations + 1)))
             np.testing.assert_array_equal(s.run(out, {n: iterations, x: v}), want)
         assert rx.held == 0
+
+
+def _warm_receives(fabric, onednn):
+    """tests/warm_receives.py run with TF's oneDNN allocator on or off; its RESULT."""
+    env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": onednn}
+    p = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "warm_receives.py"),
+                        fabric], env=env, capture_output=True, text=True, timeout=600)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert p.returncode == 0 and lines, p.stdout[-2000:] + p.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def test_large_copied_receives_reuse_a_kept_buffer_where_tf_allocates_with_malloc(fabric):
+    """TF's plain CPU allocator (oneDNN off) is malloc, which maps and faults in every tensor
+    of 32 MiB and more afresh: there a receive that copies such a tensor takes a buffer its
+    kernel kept from an earlier step once TF freed it ("warm"), static, staged or in chunks.
+    A tensor still held is never handed out again: one kept across two later receives stays
+    as it arrived, and those receives take new buffers. With oneDNN's allocator (TF's default
+    here), which keeps large blocks itself, the kernel keeps none."""
+    result = _warm_receives(fabric, onednn="0")
+    for path, r in result.items():
+        assert r["intact"] and r["same"], (path, r)
+        assert r["warm_while_held"] == 0, (path, r)
+    assert result["static"]["warm"] == 3  # the three receives after the others were freed
+    # Tensors of 33-40 MiB: the kept buffer serves the later ones that fit it.
+    assert result["staged"]["warm"] >= 2 and result["chunks"]["warm"] >= 2, result
+    default = _warm_receives(fabric, onednn="1")
+    assert all(r["intact"] and r["same"] and r["warm"] == 0 for r in default.values()), default

@@ -8,7 +8,7 @@ namespace rdmadev {
 namespace {
 
 std::atomic<uint64_t> g_sent{0}, g_received{0}, g_discarded{0}, g_abandoned{0}, g_superseded{0},
-    g_grown{0}, g_staged{0}, g_stages{0};
+    g_grown{0}, g_staged{0}, g_stages{0}, g_warm{0};
 
 // A slot's length word (channel.h): `len` (a payload length or a marker length) and step `tag`.
 uint64_t LengthWord(uint64_t len, uint32_t tag) {
@@ -61,12 +61,14 @@ TransferCounts CountedTransfers() {
   c.grown = g_grown.load(std::memory_order_relaxed);
   c.staged = g_staged.load(std::memory_order_relaxed);
   c.stages = g_stages.load(std::memory_order_relaxed);
+  c.warm = g_warm.load(std::memory_order_relaxed);
   return c;
 }
 
 void CountGrown() { g_grown.fetch_add(1, std::memory_order_relaxed); }
 void CountStaged() { g_staged.fetch_add(1, std::memory_order_relaxed); }
 void CountStage() { g_stages.fetch_add(1, std::memory_order_relaxed); }
+void CountWarm() { g_warm.fetch_add(1, std::memory_order_relaxed); }
 
 uint32_t StepTag(uint64_t x) {
   // splitmix64's finalizer: step ids are counters or random, either way spread over 24 bits.

@@ -113,12 +113,15 @@ struct TransferCounts {
   uint64_t grown = 0;      // larger rings this process registered for its receivers (growth)
   uint64_t staged = 0;     // transfers this process sent staged (a tensor larger than a slot)
   uint64_t stages = 0;     // stage regions this process registered for its senders
+  uint64_t warm = 0;       // received tensors copied into a buffer kept from an earlier step
 };
 // Counts one larger ring registered for a receiver (the registry binds its successor).
 void CountGrown();
 // Counts one transfer sent staged, and one stage region registered.
 void CountStaged();
 void CountStage();
+// Counts one received tensor copied into a kept buffer (the TF ops' warm.h).
+void CountWarm();
 TransferCounts CountedTransfers();
 
 // Both halves are safe to call from several threads (TF kernels, the progress thread,

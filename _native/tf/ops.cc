@@ -38,6 +38,7 @@
 #include "registry.h"
 #include "tf_status.h"
 #include "trace.h"
+#include "warm.h"
 
 namespace rdmadev_tf {
 
@@ -555,6 +556,9 @@ class RecvOp : public AsyncOpKernel {
     OP_REQUIRES_OK(c, c->GetAttr(Setting(c, "owned"), &owned_));
     if (owned_) rdmadev::ChannelRegistry::Global().Hold(channel_, rdmadev::ChannelRegistry::kRecv);
     fully_defined_ = shape_.AsTensorShape(&static_shape_);
+    if (c->device()->GetAllocator(tensorflow::AllocatorAttributes())->Name() == kMallocAllocator) {
+      warm_ = std::make_shared<WarmPool>();
+    }
     OP_REQUIRES(c, tensorflow::DataTypeCanUseMemcpy(dtype_),
                 tensorflow::errors::InvalidArgument("rdmadev channel ", channel_,
                                                     " cannot carry ",
@@ -926,10 +930,8 @@ class RecvOp : public AsyncOpKernel {
             ": the sender does not follow the protocol");
       }
       if (s.ok()) {
-        Tensor* out = nullptr;
-        s = ctx_->allocate_output(0, shape, &out);
+        s = Output(shape, bytes, &dst_);
         if (s.ok()) {
-          dst_ = const_cast<char*>(out->tensor_data().data());
           CopyOut(dst_, slot.data, slot.length);
           Count(slot.length);
           filled_ = slot.length;
@@ -947,14 +949,13 @@ class RecvOp : public AsyncOpKernel {
       TensorShape shape;
       uint64_t bytes = 0;
       auto s = ShapeOf(slot, &shape, &bytes);
-      Tensor* out = nullptr;
+      char* dst = nullptr;
       try {
         const auto record = rdmadev::StageRecord::Decode(slot.data, slot.length);
-        if (s.ok()) s = ctx_->allocate_output(0, shape, &out);
+        if (s.ok()) s = Output(shape, bytes, &dst);
         if (s.ok()) {
           const int64_t since = trace_.Mark();
-          r_.staged->Read(*r_.ring->endpoint(), record, const_cast<char*>(out->tensor_data().data()),
-                          bytes, deadline_);
+          r_.staged->Read(*r_.ring->endpoint(), record, dst, bytes, deadline_);
           trace_.Phase("rdmadev.copy", since);
           Count(bytes);
           r_.ring->Want(bytes);
@@ -1023,11 +1024,33 @@ class RecvOp : public AsyncOpKernel {
         Count(want);
         return absl::OkStatus();
       }
-      Tensor* out = nullptr;
-      auto s = ctx_->allocate_output(0, shape, &out);
-      if (s.ok() && want) CopyOut(const_cast<char*>(out->tensor_data().data()), slot.data, want);
+      char* dst = nullptr;
+      auto s = Output(shape, want, &dst);
+      if (s.ok() && want) CopyOut(dst, slot.data, want);
       if (s.ok()) Count(want);
       r_.ring->Release(slot.seq, rdmadev::Deadline::After(60));
+      return s;
+    }
+
+    // The output of a receive that copies, `bytes` at *dst: in one of the kernel's warm
+    // buffers from kWarmMinBytes on where it keeps them (warm.h), else in TF's memory.
+    tensorflow::Status Output(const TensorShape& shape, uint64_t bytes, char** dst) {
+      if (op_->warm_ && bytes >= kWarmMinBytes) {
+        bool reused = false;
+        Tensor out = op_->warm_->Take(op_->dtype_, shape, bytes, &reused);
+        if (!out.IsInitialized()) {
+          return tensorflow::errors::ResourceExhausted(
+              "rdmadev channel ", op_->channel_, ": out of memory for a received tensor of ",
+              bytes, " bytes");
+        }
+        if (reused) rdmadev::CountWarm();
+        *dst = const_cast<char*>(out.tensor_data().data());
+        ctx_->set_output(0, out);
+        return absl::OkStatus();
+      }
+      Tensor* out = nullptr;
+      auto s = ctx_->allocate_output(0, shape, &out);
+      if (s.ok()) *dst = const_cast<char*>(out->tensor_data().data());
       return s;
     }
 
@@ -1088,6 +1111,7 @@ class RecvOp : public AsyncOpKernel {
   int64_t max_bytes_ = 0;  // the most a dynamic tensor may carry (0: no limit)
   bool owned_ = false;  // a half pair's kernel: holds its half while it lives
   const bool transfer_node_;  // TF's _Recv, labelled: may output a dead tensor
+  std::shared_ptr<WarmPool> warm_;  // large copied outputs, where TF's allocator is malloc
 };
 
 REGISTER_KERNEL_BUILDER(Name("RdmadevSend").Device(tensorflow::DEVICE_CPU), SendOp);

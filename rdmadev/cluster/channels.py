@@ -949,7 +949,7 @@ class ChannelTable:
         Returns:
             ``{"channels", "senders", "receivers", "parked", "retired", "regions",
             "registered_bytes", "transfers", "sent", "received", "discarded", "abandoned",
-            "superseded", "grown", "staged", "stages", "waits", "fds", "memfd_maps", "notices",
+            "superseded", "grown", "staged", "stages", "warm", "waits", "fds", "memfd_maps", "notices",
             "reopened", "learned", "peers", "silent_peers", "py_threads"}``: channel halves bound
             here, sending halves unbound but parked (their receiver had not credited all they sent;
             their memory goes once it has), receiving halves unbound but retired (verbs: their ring
@@ -958,7 +958,8 @@ class ChannelTable:
             a failed step left behind and that were discarded unread; receives that ended without a
             transfer, and those a later step's receive took the place of), larger rings registered
             for channels whose tensors outgrew their slots (growth), tensors sent staged and the
-            stages registered for them, waits pending on the progress thread, open file descriptors,
+            stages registered for them, received tensors of 32 MiB or more copied into a buffer
+            kept from an earlier step (where TF's CPU allocator is malloc), waits pending on the progress thread, open file descriptors,
             mappings of rdmadev memfds (its own regions and peers' mapped here), release requests
             sent to peers and failed, pairs set up again after their connection broke (reopen),
             channel lineages whose grown slots this task keeps for later setups (growth), the peer

@@ -47,6 +47,7 @@ cdef extern from "channel.h" namespace "rdmadev":
         uint64_t grown
         uint64_t staged
         uint64_t stages
+        uint64_t warm
 
     TransferCounts CountedTransfers()
 

@@ -454,16 +454,19 @@ def channel_counts(Domain domain=None):
 
 def transfer_counts():
     """{"sent", "received", "discarded", "abandoned", "superseded", "grown", "staged",
-    "stages"}: transfers completed by every channel of this process; of the received, those
+    "stages", "warm"}: transfers completed by every channel of this process; of the received, those
     discarded unread (left by a failed step), receives that ended without a transfer
     (cancelled, timed out), and receives whose place a later step's receive took (their step
     had been given up by its caller, or calls overlapped);
     larger rings registered for this process's receivers (growth: each a re-registration);
     tensors sent staged (larger than a slot, read by the receiver) and the stage regions
-    registered for them (each a registration)."""
+    registered for them (each a registration); received tensors of at least 32 MiB copied
+    into an output buffer kept from an earlier step instead of fresh memory (where TF's CPU
+    allocator is malloc; the TF ops' warm.h)."""
     cdef TransferCounts c = CountedTransfers()
     return {"sent": c.sent, "received": c.received, "discarded": c.discarded,
-            "abandoned": c.abandoned, "superseded": c.superseded, "grown": c.grown, "staged": c.staged, "stages": c.stages}
+            "abandoned": c.abandoned, "superseded": c.superseded, "grown": c.grown, "staged": c.staged, "stages": c.stages,
+            "warm": c.warm}
 
 
 def growing_channels(Domain domain):
