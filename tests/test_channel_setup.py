@@ -25,6 +25,7 @@ from rdmadev import Config, _core
 from rdmadev.cluster import channels, liveness, runtime
 from rdmadev.errors import ProtocolError
 from rdmadev.testing import faults, launch
+from rdmadev.testing.pair import bind_local, ring_layout
 from rdmadev.testing.timing import wait_until
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -959,6 +960,32 @@ def test_a_lineage_keeps_the_largest_slots_it_grew_to_and_the_most_recent_lineag
         {"key": "a@3", "lineage": "a", **small, "offset": 0}]})  # uses a
     table._learn("c", small)
     assert list(table.learned) == ["a", "c"]
+
+
+def test_sending_halves_planned_a_deadline_ago_are_forgotten_once_their_graphs_went():
+    """ChannelTable.wanted (what this task's passes planned of TF1 pairs' sending halves,
+    which their receivers ask for) does not grow with every graph a job ever had: a new plan
+    forgets the halves planned more than a deadline ago that no kernel holds, not bound and
+    not lost to a broken connection. A bound one stays, and so does one planned since."""
+    cfg = Config(fabric="shm", secret=b"rdmadev-test-wanted-secret")
+    table = channels.ChannelTable(domain=None, config=dataclasses.replace(cfg, deadline_s=60))
+    tx, rx = rdmadev.open_domain("tx", cfg), rdmadev.open_domain("rx", cfg)
+    try:
+        bind_local(tx, rx, "wanted:bound", ring_layout(1, 64), False)
+        table.want_halves({"wanted:bound": 64, "wanted:gone": None})
+        table.want_halves({"wanted:recent": 8})
+        assert set(table.wanted) == {"wanted:bound", "wanted:gone", "wanted:recent"}
+        for key in ("wanted:bound", "wanted:gone"):  # planned a deadline and a second ago
+            table.wanted_at[key] -= 61
+        table.want_halves({"wanted:next": 8})
+        assert table.wanted == {"wanted:bound": 64, "wanted:recent": 8, "wanted:next": 8}
+        assert set(table.wanted_at) == set(table.wanted)
+        table.want_halves({"wanted:gone": None})  # a later graph plans it again
+        assert table.wanted["wanted:gone"] is None
+    finally:
+        _core.unbind_channel("wanted:bound")
+        tx.close()
+        rx.close()
 
 
 def test_pairs_cut_again_and_again_hold_what_they_held_after_the_first(world):

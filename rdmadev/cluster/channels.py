@@ -223,6 +223,7 @@ class ChannelTable:
         self.closing = threading.Event()
         self.received = {}  # instance -> its open_pairs entries received here, until released
         self.wanted = {}  # key -> bytes (None: run-time shape) of the sending halves planned here
+        self.wanted_at = {}  # key -> when its pass last planned it (time.monotonic)
         self.offered = {}  # sender task -> {key: channel entry}: receiving halves offered here
         self.meeting = threading.Lock()  # one half-pair setup at a time (_meet, reopen)
         self.wanting = threading.Condition(self.lock)  # notified when `wanted` grows
@@ -480,7 +481,9 @@ class ChannelTable:
         task}``): each is asked, in the background, whether it runs rdmadev at all; the halves
         to one that does not answer fail at once (HALF_FIX) rather than at the deadline."""
         with self.wanting:
+            self._forget_unwanted_locked()
             self.wanted.update(sizes)
+            self.wanted_at.update(dict.fromkeys(sizes, time.monotonic()))
             self.wanting.notify_all()
         by_receiver = {}
         for key, task in (receivers or {}).items():
@@ -489,6 +492,22 @@ class ChannelTable:
         if by_receiver:
             threading.Thread(target=self._ask_receivers, args=(by_receiver,), daemon=True,
                              name=f"rdmadev-halves {self.task}").start()
+
+    def _forget_unwanted_locked(self):
+        """Forgets the sending halves planned here more than a deadline ago whose graphs went
+        (under self.lock): no kernel holds them, neither is bound nor lost to a broken
+        connection. Their receiver asks for their sizes within its deadline of the pass that
+        planned them (_sender_sizes), or to set up again a half a graph still holds (reopen);
+        a graph registered later with the same key plans it again."""
+        cutoff = time.monotonic() - self.config.deadline_s
+        old = [k for k, at in self.wanted_at.items() if at < cutoff]
+        if not old:
+            return
+        bound = set(_core.bound_channels())
+        for key in old:
+            if not (_core.half_held(key, "send") or "send:" + key in bound
+                    or _core.half_lost(key, "send")):
+                del self.wanted[key], self.wanted_at[key]
 
     def _ask_receivers(self, by_receiver):
         for task, keys in by_receiver.items():
@@ -950,7 +969,7 @@ class ChannelTable:
             ``{"channels", "senders", "receivers", "parked", "retired", "regions",
             "registered_bytes", "transfers", "sent", "received", "discarded", "abandoned",
             "superseded", "grown", "staged", "stages", "warm", "waits", "fds", "memfd_maps", "notices",
-            "reopened", "learned", "peers", "silent_peers", "py_threads"}``: channel halves bound
+            "reopened", "learned", "wanted", "peers", "silent_peers", "py_threads"}``: channel halves bound
             here, sending halves unbound but parked (their receiver had not credited all they sent;
             their memory goes once it has), receiving halves unbound but retired (verbs: their ring
             stays registered for the sender's late writes, LATE_WRITE_GRACE_S), regions and their
@@ -962,7 +981,8 @@ class ChannelTable:
             kept from an earlier step (where TF's CPU allocator is malloc), waits pending on the progress thread, open file descriptors,
             mappings of rdmadev memfds (its own regions and peers' mapped here), release requests
             sent to peers and failed, pairs set up again after their connection broke (reopen),
-            channel lineages whose grown slots this task keeps for later setups (growth), the peer
+            channel lineages whose grown slots this task keeps for later setups (growth), the
+            sending halves of half pairs this task's passes planned and still answers for, the peer
             tasks this task has endpoints to and those marked silent (liveness.py), Python threads
             (rdmadev's own: control connections, heartbeats, watchers; TF's threads are native).
         """
@@ -975,6 +995,7 @@ class ChannelTable:
                 "waits": self.domain.pending_waits, "fds": len(os.listdir("/proc/self/fd")),
                 "memfd_maps": _memfd_maps(), "notices": dict(self.notices),
                 "reopened": self.reopened, "learned": len(self.learned),
+                "wanted": len(self.wanted),
                 "peers": sorted(self.peer_endpoints()),
                 "silent_peers": sorted(t for t, eps in self.peer_endpoints().items()
                                        if any(ep.silent for ep in eps)),
