@@ -15,7 +15,7 @@
 // into it, forward it or keep it. It goes back to the pool only when TF drops its last
 // reference, so a kept tensor is never handed out again under its holder; a receive that finds
 // no idle buffer allocates a new one. Buffers are whole 2 MiB pages advised as transparent
-// huge pages, so a new one faults in 512 times fewer pages.
+// huge pages, so where the kernel has them a new buffer faults in 2 MiB at a time.
 #pragma once
 
 #include <sys/mman.h>
