@@ -670,5 +670,7 @@ def test_large_copied_receives_reuse_a_kept_buffer_where_tf_allocates_with_mallo
     assert result["static"]["warm"] == 3  # the three receives after the others were freed
     # Tensors of 33-40 MiB: the kept buffer serves the later ones that fit it.
     assert result["staged"]["warm"] >= 2 and result["chunks"]["warm"] >= 2, result
+    if fabric == "verbs":  # which allocator TF uses is no fabric's business, and the
+        return  # Soft-RoCE guest moves these bytes slowly: it runs the malloc half only
     default = _warm_receives(fabric, onednn="1")
     assert all(r["intact"] and r["same"] and r["warm"] == 0 for r in default.values()), default
