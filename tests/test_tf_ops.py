@@ -23,7 +23,7 @@ from rdmadev.testing.pair import bind_local, ring_layout  # noqa: E402
 from rdmadev.testing.timing import wait_until  # noqa: E402
 from rdmadev.tf import ops  # noqa: E402
 from tf_steps import (CANCEL_GUARD_S, failed_as_planned, fails_when_run,  # noqa: E402
-                      failure_of_cancelled)
+                      failure_of_cancelled, sending, through)
 
 SLOTS = 2
 
@@ -178,35 +178,10 @@ def test_a_dynamic_channel_carries_the_shape(channel, dtype, shape, planned):
     want = None if planned == "rank" else [None] * len(shape)
     for step in range(3):
         x = tf.cast(tf.random.stateless_uniform(shape, [step, 2]) * 1000, dtype)
-        y = _through(key, x, dtype, want)
+        y = through(key, x, dtype, want)
         assert y.shape == x.shape
         np.testing.assert_array_equal(x.numpy(), y.numpy())
     assert rx.held == 0
-
-
-def _sending(x, key, timeout_s=30):
-    """Starts sending `x` on channel `key` from a thread (a send may wait for the receiver's
-    credits); returns (thread, errors it raised)."""
-    errors = []
-
-    def send():
-        try:
-            ops.send(x, key, timeout_s=timeout_s)
-        except Exception as e:  # reported by the caller, with the receiver's outcome
-            errors.append(e)
-
-    sender = threading.Thread(target=send, daemon=True)
-    sender.start()
-    return sender, errors
-
-
-def _through(key, x, dtype, shape, timeout_s=30):
-    """Sends `x` from a thread and receives it here."""
-    sender, errors = _sending(x, key, timeout_s)
-    y = ops.recv(dtype, shape, key, timeout_s=timeout_s)
-    sender.join(timeout_s)
-    assert not sender.is_alive() and not errors, errors
-    return y
 
 
 def _moved(before):
@@ -232,7 +207,7 @@ def test_a_tensor_many_times_a_slot_arrives_whole(channel, path):
     before = _core.transfer_counts()
     for rows in (4096, 1, 1000, 4096):
         x = tf.random.stateless_uniform([rows, 64], [rows, 3])
-        y = _through(key, x, tf.float32, [None, 64], timeout_s=60)
+        y = through(key, x, tf.float32, [None, 64], timeout_s=60)
         np.testing.assert_array_equal(x.numpy(), y.numpy())
     assert rx.held == 0
     if path == "staged":
@@ -248,7 +223,7 @@ def test_a_stage_is_not_written_again_before_the_receiver_read_it(channel):
     key, _, rx = channel("busy", 4096, rank=1)
     first, second = tf.fill([4096], 1.0), tf.fill([4096], 2.0)
     ops.send(first, key)
-    sender, errors = _sending(second, key)
+    sender, errors = sending(second, key)
     sender.join(0.5)  # gives a sender that would not wait the time to overwrite the stage
     np.testing.assert_array_equal(ops.recv(tf.float32, [None], key).numpy(), first.numpy())
     sender.join(30)

@@ -3,6 +3,8 @@ import threading
 
 import tensorflow as tf
 
+from rdmadev.tf import ops
+
 #: Seconds a step that should be cancelled may take before the test calls it hung: a hang
 #: guard, not a timing check (the waits it cancels have deadlines of 600 s).
 CANCEL_GUARD_S = 120
@@ -45,3 +47,28 @@ def failure_of_cancelled(step):
     assert outcome, f"the step still waits after {CANCEL_GUARD_S} s: its wait was not cancelled"
     assert outcome[0] is not None, "the step did not fail"
     return outcome[0]
+
+
+def sending(x, key, timeout_s=30):
+    """Starts sending `x` on channel `key` from a thread (a send may wait for the receiver's
+    credits); returns (thread, errors it raised)."""
+    errors = []
+
+    def send():
+        try:
+            ops.send(x, key, timeout_s=timeout_s)
+        except Exception as e:  # reported by the caller, with the receiver's outcome
+            errors.append(e)
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    return sender, errors
+
+
+def through(key, x, dtype, shape, timeout_s=30):
+    """Sends `x` from a thread and receives it here."""
+    sender, errors = sending(x, key, timeout_s)
+    y = ops.recv(dtype, shape, key, timeout_s=timeout_s)
+    sender.join(timeout_s)
+    assert not sender.is_alive() and not errors, errors
+    return y

@@ -12,7 +12,6 @@ import dataclasses
 import json
 import os
 import sys
-import threading
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -25,7 +24,7 @@ tf = import_tensorflow()
 import rdmadev  # noqa: E402
 from rdmadev import _core  # noqa: E402
 from rdmadev.testing.pair import bind_local, ring_layout  # noqa: E402
-from rdmadev.tf import ops  # noqa: E402
+from tf_steps import through  # noqa: E402  (this directory: the op tests' helpers)
 
 MIB = 1 << 20
 ROW = 64  # floats per row of the dynamic tensors
@@ -35,24 +34,6 @@ TIMEOUT_S = 120
 def _tensor(mib, seed):
     rows = mib * MIB // (ROW * 4)
     return tf.random.stateless_uniform([rows, ROW], [seed, 7])
-
-
-def _through(key, x, shape):
-    """Sends `x` from a thread (the sender may wait for credits) and receives it here."""
-    errors = []
-
-    def send():
-        try:
-            ops.send(x, key, timeout_s=TIMEOUT_S)
-        except Exception as e:  # reported with the receive's outcome
-            errors.append(e)
-
-    sender = threading.Thread(target=send, daemon=True)
-    sender.start()
-    y = ops.recv(tf.float32, shape, key, timeout_s=TIMEOUT_S)
-    sender.join(TIMEOUT_S)
-    assert not sender.is_alive() and not errors, errors
-    return y
 
 
 def run(path, tx, rx):
@@ -68,14 +49,14 @@ def run(path, tx, rx):
     try:
         before = _core.transfer_counts()["warm"]
         sent = [_tensor(mib, i) for i, mib in enumerate(sizes)]
-        kept = _through(key, sent[0], shape)
-        later = [_through(key, x, shape) for x in sent[1:3]]
+        kept = through(key, sent[0], tf.float32, shape, TIMEOUT_S)
+        later = [through(key, x, tf.float32, shape, TIMEOUT_S) for x in sent[1:3]]
         intact = bool(np.array_equal(kept.numpy(), sent[0].numpy()))
         same = all(np.array_equal(y.numpy(), x.numpy()) for x, y in zip(sent[1:3], later))
         held = _core.transfer_counts()["warm"] - before
         del kept, later
         for x in sent[3:]:
-            y = _through(key, x, shape)
+            y = through(key, x, tf.float32, shape, TIMEOUT_S)
             same = same and bool(np.array_equal(y.numpy(), x.numpy()))
             del y
         return {"intact": intact, "same": same, "warm_while_held": held,

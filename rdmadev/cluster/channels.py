@@ -169,6 +169,14 @@ def _let_go(*held):
             h.close()
 
 
+def _half_in_use(key, half, bound):
+    """Whether `half` of the half pair `key` still belongs to a TF graph here: held by a
+    kernel, bound (`bound`: _core.bound_channels()), or lost to a broken connection while
+    bound and let go by no kernel since (the last kernel to go unbinds its half)."""
+    return (_core.half_held(key, half) or f"{half}:{key}" in bound
+            or _core.half_lost(key, half))
+
+
 def _bind_halves(channels, half, lease, peer, make, failing, successor=False):
     """Builds (``make(i, channel)``) and binds `half` ("send" or "recv") of every channel of
     one pair, holding `lease` (as successors: growth). On any failure the halves bound so far
@@ -505,8 +513,7 @@ class ChannelTable:
             return
         bound = set(_core.bound_channels())
         for key in old:
-            if not (_core.half_held(key, "send") or "send:" + key in bound
-                    or _core.half_lost(key, "send")):
+            if not _half_in_use(key, "send", bound):
                 del self.wanted[key], self.wanted_at[key]
 
     def _ask_receivers(self, by_receiver):
@@ -844,14 +851,12 @@ class ChannelTable:
 
     def _held_halves_locked(self, sender):
         """The receiving halves of half pairs from `sender` that a TF graph here still holds,
-        or whose kernels it is still creating (under self.lock): held by a kernel, bound, or
-        lost to a broken connection while bound and let go by no kernel since (a graph's pass
-        offers and meets its halves a moment before TF creates its kernels, and the last
-        kernel to go unbinds its half). The others are forgotten: their graphs went."""
+        or whose kernels it is still creating (under self.lock): _half_in_use (a graph's pass
+        offers and meets its halves, binding them, a moment before TF creates its kernels).
+        The others are forgotten: their graphs went."""
         offered = self.offered.get(sender, {})
         bound = set(_core.bound_channels())
-        for key in [k for k in offered if not (_core.half_held(k, "recv") or "recv:" + k in bound
-                                               or _core.half_lost(k, "recv"))]:
+        for key in [k for k in offered if not _half_in_use(k, "recv", bound)]:
             del offered[key]
             self.lineage_of.pop(key, None)
         return list(offered.values())
@@ -968,8 +973,9 @@ class ChannelTable:
         Returns:
             ``{"channels", "senders", "receivers", "parked", "retired", "regions",
             "registered_bytes", "transfers", "sent", "received", "discarded", "abandoned",
-            "superseded", "grown", "staged", "stages", "warm", "waits", "fds", "memfd_maps", "notices",
-            "reopened", "learned", "wanted", "peers", "silent_peers", "py_threads"}``: channel halves bound
+            "superseded", "grown", "staged", "stages", "warm", "waits", "fds", "memfd_maps",
+            "notices", "reopened", "learned", "wanted", "peers", "silent_peers", "py_threads"}``:
+            channel halves bound
             here, sending halves unbound but parked (their receiver had not credited all they sent;
             their memory goes once it has), receiving halves unbound but retired (verbs: their ring
             stays registered for the sender's late writes, LATE_WRITE_GRACE_S), regions and their
@@ -978,7 +984,8 @@ class ChannelTable:
             transfer, and those a later step's receive took the place of), larger rings registered
             for channels whose tensors outgrew their slots (growth), tensors sent staged and the
             stages registered for them, received tensors of 32 MiB or more copied into a buffer
-            kept from an earlier step (where TF's CPU allocator is malloc), waits pending on the progress thread, open file descriptors,
+            kept from an earlier step (where TF's CPU allocator is malloc), waits pending on the
+            progress thread, open file descriptors,
             mappings of rdmadev memfds (its own regions and peers' mapped here), release requests
             sent to peers and failed, pairs set up again after their connection broke (reopen),
             channel lineages whose grown slots this task keeps for later setups (growth), the
