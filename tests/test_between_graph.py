@@ -1,6 +1,6 @@
 """Between-graph replication over rdmadev: each task plans only its half of every pair (a TF1
 task's GraphMgr runs the pass on its own partition) and the halves meet through the receiver
-(rdmadev/cluster/channels.py, "half pairs"; ops.cc's `owned` kernels).
+(rdmadev/cluster/channels.py, "half pairs"; send_op.cc's and recv_op.cc's `owned` kernels).
 
 The job is a user's TF1 script run unchanged (tests/between_graph_client.py: replica_device_setter,
 MonitoredTrainingSession, one client per worker, both workers at once) on real TF servers:

@@ -268,7 +268,7 @@ absl::Status PlannedShape(const Rewrite& r, tensorflow::PartialTensorShape* shap
   return tensorflow::PartialTensorShape::BuildPartialTensorShape(r.shape, shape);
 }
 
-// Writes the settings rdmadev's kernels read (ops.cc) with `set(name, value)`: the same for an
+// Writes the settings rdmadev's kernels read (send_op.cc, recv_op.cc) with `set(name, value)`: the same for an
 // RdmadevSend/RdmadevRecv node and, under kSettingPrefix, for a labelled one.
 template <typename Set>
 absl::Status WriteSettings(const Rewrite& r, Set set) {
@@ -287,7 +287,7 @@ absl::Status WriteSettings(const Rewrite& r, Set set) {
 }
 
 // A half whose tensor may be dead keeps TF's own _Send/_Recv node, labelled for rdmadev's
-// kernels (labelled.h; ops.cc: TF's executor runs a transfer node on a dead input and lets a
+// kernels (labelled.h; kernel_support.h: TF's executor runs a transfer node on a dead input and lets a
 // receiving one output a dead tensor, as no custom op may). It is renamed as Apply names its
 // nodes.
 absl::Status ApplyLabelled(Node* n, const Rewrite& r) {

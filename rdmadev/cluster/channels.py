@@ -481,7 +481,7 @@ class ChannelTable:
     # once when setting it up failed (the peer task runs without rdmadev: _give_up). A pair
     # whose connection broke is met again by reopen ("broken connections" below). The
     # kernels wait for their half to be bound (the registry's deadline) and hold it while they
-    # live; the last one TF destroys unbinds it (the `owned` attr: ops.cc).
+    # live; the last one TF destroys unbinds it (the `owned` attr: _native/tf/ops.cc).
 
     def want_halves(self, sizes, receivers=None):
         """Records the sending halves this task's pass planned: ``{key: bytes per tensor, or
