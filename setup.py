@@ -132,7 +132,9 @@ def tf_ops_extension():
                 f"TF_VERSION = {tf.__version__!r}\n")
     return Extension(
         "rdmadev._tf_ops",
-        [os.path.join("_native", "tf", f) for f in ("ops.cc", "send_op.cc", "recv_op.cc", "pass.cc")],
+        [os.path.join("_native", "tf", f) for f in (
+            "ops.cc", "send_op.cc", "recv_op.cc", "pass.cc", "opt_in.cc", "branch_exits.cc",
+            "planner_call.cc")],
         include_dirs=[CORE, sysconfig.get_paths()["include"]], language="c++", depends=HEADERS,
         extra_compile_args=CXXFLAGS + tf.sysconfig.get_compile_flags() + [
             "-DNDEBUG", "-Wno-sign-compare", "-Wno-deprecated-declarations",

@@ -1,0 +1,22 @@
+// Which functions the partition passes rewrite (the opt-in), decided by FindOptInPass before
+// placement, while calls are not inlined yet: with RDMADEV_AUTO every function, else those
+// that are, or call, a function rdmadev.optimize marked. opt_in.cc.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace rdmadev_tf {
+
+// 0: never rewrite; 1: rewrite every function (RDMADEV_AUTO); 2: rewrite a function that is,
+// or calls, one marked by rdmadev.optimize. Set from Python (rdmadev_set_pass_mode, api.py).
+int PassMode();
+
+// Whether FindOptInPass found an instantiation of `function` opted in (leaves the record).
+bool OptedIn(const std::string& function);
+
+// The marked functions FindOptInPass recorded for an instantiation of `function` (none: not
+// opted in); consumes the record.
+std::vector<std::string> TakeOptIn(const std::string& function);
+
+}  // namespace rdmadev_tf
