@@ -1,6 +1,6 @@
 """Between-graph replication over rdmadev: each task plans only its half of every pair (a TF1
 task's GraphMgr runs the pass on its own partition) and the halves meet through the receiver
-(rdmadev/cluster/channels.py, "half pairs"; send_op.cc's and recv_op.cc's `owned` kernels).
+(rdmadev/cluster/half_pairs.py; send_op.cc's and recv_op.cc's `owned` kernels).
 
 The job is a user's TF1 script run unchanged (tests/between_graph_client.py: replica_device_setter,
 MonitoredTrainingSession, one client per worker, both workers at once) on real TF servers:
@@ -18,7 +18,7 @@ import pytest
 
 import tf_cluster
 from graph_pass.devices import task_name
-from rdmadev.cluster import channels
+from rdmadev.cluster import half_pairs
 from rdmadev.tf import protocol
 
 HERE = Path(__file__).resolve().parent
@@ -181,7 +181,7 @@ def test_a_half_whose_peer_task_runs_without_rdmadev_fails_at_once_naming_it():
     assert "InvalidArgumentError" in err and "bound for channel" in err, err[-4000:]
     assert f"task {W0} does not answer rdmadev's control requests" in err or \
         f"setting up the pair from task {W0} failed" in err, err[-4000:]
-    assert channels.HALF_FIX in err, err[-4000:]
+    assert half_pairs.HALF_FIX in err, err[-4000:]
 
 
 # Two sessions of one graph in one client share its half pairs (same rendezvous attrs, so the

@@ -123,7 +123,7 @@ def test_a_channel_moves_to_its_successor_ring_between_transfers(fabric, secret)
                 _core.channel_send(key, bytes([i]) * 64)
                 assert _core.channel_recv(key) == (i + 1, bytes([i]) * 64)
             big_tx, big_rx, big_credit = _ring(a, b, ab, ba, 4096)
-            big_rx.bind(key, successor=True)  # the receiver's first (channels.py, growth)
+            big_rx.bind(key, successor=True)  # the receiver's first (growth.py)
             big_tx.bind(key, successor=True)
             assert sorted(_core.bound_channels()) == [f"recv:{key}", f"send:{key}"]
             data = bytes(pattern(4096, SEED))
@@ -192,7 +192,7 @@ def test_a_marker_that_could_not_be_written_is_written_by_the_next_send(fabric, 
 
 
 def test_a_half_given_up_on_fails_its_waits_at_once_until_bound_or_retried(fabric, secret):
-    """fail_half (channels.py: a half pair whose peer task runs without rdmadev): a wait for
+    """fail_half (half_pairs.py: a half pair whose peer task runs without rdmadev): a wait for
     that half fails at once with the reason and the fix; unfail_half makes it wait again, and
     a bind clears it."""
     cfg = rdmadev.Config(fabric=fabric, secret=secret)
@@ -227,7 +227,7 @@ def test_a_half_given_up_on_fails_its_waits_at_once_until_bound_or_retried(fabri
 
 
 def test_a_broken_endpoint_takes_only_its_own_halves_with_a_peer(fabric, secret):
-    """unbind_peer(via=endpoint) (channels.py, when an endpoint dies): the halves with the
+    """unbind_peer(via=endpoint) (recovery.py, when an endpoint dies): the halves with the
     peer task on that endpoint go and fail as lost; those with the same task on another
     endpoint (a peer restarted at once, its new instantiation set up already) carry on.
     Without `via`, every half with the task goes."""

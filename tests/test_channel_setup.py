@@ -19,10 +19,11 @@ import pytest
 
 import rdmadev
 from graph_pass.devices import task_name
+from graph_pass.layout import REGION_ALIGNMENT, round_up, slot_bytes
 from graph_pass.plan import Config as PlanConfig, Transfer
 from graph_pass.plan_regions import plan_regions
 from rdmadev import Config, _core
-from rdmadev.cluster import channels, liveness, runtime
+from rdmadev.cluster import channels, growth, half_pairs, liveness, runtime
 from rdmadev.errors import ProtocolError
 from rdmadev.testing import faults, launch
 from rdmadev.testing.pair import bind_local, ring_layout
@@ -500,7 +501,7 @@ def _from_ps(key, capacity):
 
 
 def test_half_pairs_meet_whichever_pass_comes_first_with_slots_the_sender_sized(world):
-    """TF1 half pairs (channels.py, "half pairs"): this task offers the receiving halves
+    """TF1 half pairs (half_pairs.py): this task offers the receiving halves
     before ps:0 planned its sending ones, and the ring is set up once it did; a key the
     sender knows the size of gets exactly that capacity in one slot (a static channel), one it
     does not the planned capacity and slots."""
@@ -510,7 +511,7 @@ def test_half_pairs_meet_whichever_pass_comes_first_with_slots_the_sender_sized(
     met = []
     rt.table.offer_halves(PS, [{"key": k, **planned} for k in (known, unknown)],
                           lambda fabric, size: met.append((fabric, size)))
-    time.sleep(2 * channels.HALF_POLL_S)  # the receiver asks, the sender has planned nothing yet
+    time.sleep(2 * half_pairs.HALF_POLL_S)  # the receiver asks, the sender has planned nothing yet
     assert not met and f"recv:{known}" not in rdmadev._core.bound_channels()
     rt.call(PS, {"op": "t_want", "sizes": {known: 400, unknown: None}})
     deadline = time.monotonic() + 60
@@ -644,7 +645,7 @@ def _wait_grown(rt, before, timeout=30):
 
 
 def test_a_channel_whose_tensors_outgrew_its_slots_moves_to_a_larger_ring(world):
-    """Growth (channels.py): the receiving task (this one) records a tensor that came in
+    """Growth (growth.py): the receiving task (this one) records a tensor that came in
     chunks; its watcher registers a ring whose slots hold it and a quarter more, the sender
     moves at its next transfer, and the old ring is deregistered. Transfers before and after
     are intact."""
@@ -662,8 +663,8 @@ def test_a_channel_whose_tensors_outgrew_its_slots_moves_to_a_larger_ring(world)
         big = dataclasses.replace(t, capacity_bytes=100000)
         assert exchange(rt, big, count=3 * SLOTS, seed=2) == []
         # 2 slots of 128 KiB (100000 B and a quarter, in 64 KiB steps) in place of the old ring
-        slot, _ = channels.slot_bytes(131072, 0)
-        ring = channels.round_up(SLOTS * slot, channels.REGION_ALIGNMENT)
+        slot, _ = slot_bytes(131072, 0)
+        ring = round_up(SLOTS * slot, REGION_ALIGNMENT)
         assert rt.table.domain.region_stats[1] == registered + ring
         assert exchange(rt, t, count=3, seed=3) == []  # smaller ones still fit, no growth
         assert rt.table.counters()["grown"] == grown + 1
@@ -709,18 +710,18 @@ def test_slots_grow_to_at_most_growth_max_slot(world):
     channels.open_channels(rt.call, "grow-max", swap, regions)
     try:
         grown = rt.table.counters()["grown"]
-        rdmadev._core.channel_want(t.channel_key, 10 * channels.GROWTH_MAX_SLOT)
+        rdmadev._core.channel_want(t.channel_key, 10 * growth.GROWTH_MAX_SLOT)
         assert _wait_grown(rt, grown) == 1
-        big = dataclasses.replace(t, capacity_bytes=channels.GROWTH_MAX_SLOT)
+        big = dataclasses.replace(t, capacity_bytes=growth.GROWTH_MAX_SLOT)
         assert exchange(rt, big, count=SLOTS + 1, seed=6) == []
-        rdmadev._core.channel_want(t.channel_key, 10 * channels.GROWTH_MAX_SLOT)
+        rdmadev._core.channel_want(t.channel_key, 10 * growth.GROWTH_MAX_SLOT)
         deadline = time.monotonic() + 30
         while t.channel_key not in rt.table.not_grown and time.monotonic() < deadline:
             time.sleep(0.05)
         assert t.channel_key in rt.table.not_grown
         assert rt.table.counters()["grown"] == grown + 1
         assert rdmadev._core.growing_channels(rt.table.domain)[0]["capacity_bytes"] == \
-            channels.GROWTH_MAX_SLOT
+            growth.GROWTH_MAX_SLOT
     finally:
         for task in (W0, W1):
             rt.call(task, {"op": "release", "keys": [t.channel_key], "half": "both"})
@@ -763,13 +764,13 @@ def test_a_grown_layout_is_used_where_it_holds_what_is_planned_and_nowhere_else(
     planned = [{"key": k, "slots": SLOTS, "slot_bytes": 4224, "payload_offset": 128,
                 "capacity_bytes": 4096, "offset": i * SLOTS * 4224} for i, k in enumerate("ab")]
     grown = {"slots": SLOTS, "slot_bytes": 131200, "payload_offset": 128, "capacity_bytes": 131072}
-    laid, size = channels._laid_out(planned, {"a": grown})
+    laid, size = growth._laid_out(planned, {"a": grown})
     assert laid == [{"key": "a", **grown, "offset": 0},
                     {**planned[1], "offset": SLOTS * 131200}]
-    assert size == channels.round_up(SLOTS * (131200 + 4224), channels.REGION_ALIGNMENT)
+    assert size == round_up(SLOTS * (131200 + 4224), REGION_ALIGNMENT)
     for other in ({"payload_offset": 64}, {"slots": 1}, {"capacity_bytes": 1024}):
-        assert channels._laid_out(planned, {"a": {**grown, **other}}) == \
-            (planned, channels.round_up(2 * SLOTS * 4224, channels.REGION_ALIGNMENT))
+        assert growth._laid_out(planned, {"a": {**grown, **other}}) == \
+            (planned, round_up(2 * SLOTS * 4224, REGION_ALIGNMENT))
 
 
 def test_a_pair_set_up_again_after_a_cut_keeps_the_slots_its_channel_grew_to(world):
@@ -786,10 +787,10 @@ def test_a_pair_set_up_again_after_a_cut_keeps_the_slots_its_channel_grew_to(wor
     channels.open_channels(rt.call, "cut-grown", swap, regions)
     try:
         _grown_to_hold(rt, big, seed=12)  # the sender moves to the grown ring
-        grown_slot, _ = channels.slot_bytes(131072, 0)  # 100000 B and a quarter, in 64 KiB steps
+        grown_slot, _ = slot_bytes(131072, 0)  # 100000 B and a quarter, in 64 KiB steps
         others = sum(t.slots * t.slot_bytes for t in swap if t is not grows)
-        _cut_and_set_up_again(rt, baseline + channels.round_up(
-            others + grows.slots * grown_slot, channels.REGION_ALIGNMENT))
+        _cut_and_set_up_again(rt, baseline + round_up(
+            others + grows.slots * grown_slot, REGION_ALIGNMENT))
         _fits_its_slots(rt, big, seed=13)
         for i, t in enumerate(swap):
             if t is not grows:
@@ -813,8 +814,8 @@ def test_a_half_pair_met_again_after_a_cut_keeps_the_slots_its_channel_grew_to(w
     try:
         assert wait_until(lambda: met, 60)
         _grown_to_hold(rt, _from_ps(key, 100000), seed=15)
-        grown_slot, _ = channels.slot_bytes(131072, 4)
-        ring = channels.round_up(SLOTS * grown_slot, channels.REGION_ALIGNMENT)
+        grown_slot, _ = slot_bytes(131072, 4)
+        ring = round_up(SLOTS * grown_slot, REGION_ALIGNMENT)
         _cut_and_set_up_again(rt, baseline + ring)
         _fits_its_slots(rt, _from_ps(key, 100000), seed=16)
         # A new graph's halves under the key, once the old graph's kernels unbound theirs (a
@@ -866,10 +867,10 @@ def test_a_later_instantiation_takes_the_slots_its_channels_lineage_grew_to(worl
     second, grows, registered = opened("step", "lineage-2")
     try:
         assert {t.channel_key for t in second}.isdisjoint(t.channel_key for t in first)
-        grown_slot, _ = channels.slot_bytes(131072, 0)  # 100000 B and a quarter
+        grown_slot, _ = slot_bytes(131072, 0)  # 100000 B and a quarter
         other = next(t for t in second if t is not grows)
-        assert registered == channels.round_up(grows.slots * grown_slot + other.slots * other.slot_bytes,
-                                               channels.REGION_ALIGNMENT)
+        assert registered == round_up(grows.slots * grown_slot + other.slots * other.slot_bytes,
+                                      REGION_ALIGNMENT)
         assert rt.table.counters()["registered_bytes"] == baseline + registered
         _fits_its_slots(rt, dataclasses.replace(grows, capacity_bytes=100000), seed=41)
         assert exchange(rt, other, count=3 * SLOTS, seed=42) == []
@@ -934,8 +935,8 @@ def test_a_half_pair_under_a_new_key_takes_the_slots_its_lineage_grew_to(world):
     rt.call(PS, {"op": "t_want", "sizes": {new: None}})
     try:
         assert wait_until(lambda: len(met) == 2, 60)
-        grown_slot, _ = channels.slot_bytes(131072, 4)
-        assert met[1] == channels.round_up(SLOTS * grown_slot, channels.REGION_ALIGNMENT), met
+        grown_slot, _ = slot_bytes(131072, 4)
+        assert met[1] == round_up(SLOTS * grown_slot, REGION_ALIGNMENT), met
         _fits_its_slots(rt, _from_ps(new, 100000), seed=45)
     finally:
         _released_settled(rt, [new], (PS, W1))
@@ -954,7 +955,7 @@ def test_a_lineage_keeps_the_largest_slots_it_grew_to_and_the_most_recent_lineag
     assert table.learned == {"a": large}
     table._learn("a@2", {**large, "capacity_bytes": 262144, "slot_bytes": 262272})
     assert table.learned["a"]["capacity_bytes"] == 262144
-    monkeypatch.setattr(channels, "LEARNED_MAX", 2)
+    monkeypatch.setattr(growth, "LEARNED_MAX", 2)
     table._learn("b", small)
     table._with_learned({"sender": PS, "bytes": 0, "channels": [
         {"key": "a@3", "lineage": "a", **small, "offset": 0}]})  # uses a

@@ -143,9 +143,8 @@ class ChannelRegistry {
   // at once may already have halves on a new endpoint, set up for its new instantiations. A
   // kernel that then looks for one of those halves fails at once with kPeerLost and `why`
   // (Unavailable: TF's retrying callers run the step again), until the half is bound again:
-  // the control plane sets a running peer's pairs up again (channels.py, "broken
-  // connections"), and a step that began before then must not take halves meant for the
-  // steps after it.
+  // the control plane sets a running peer's pairs up again (rdmadev/cluster/recovery.py),
+  // and a step that began before then must not take halves meant for the steps after it.
   size_t UnbindPeer(const Domain* domain, const std::string& peer, const std::string& why,
                     const Endpoint* via = nullptr);
   // Releases the parked sending halves whose receiver has credited all they sent, and the

@@ -27,7 +27,7 @@ LAYOUT_FIELDS = ("slots", "slot_bytes", "payload_offset", "capacity_bytes", "off
 def lineage(scope, t):
     """The name of transfer `t`'s channel across instantiations: what its receiving task
     learns of it (the slots it grew to) is kept under this name for the channels of later
-    instantiations (channels.py, "growth"). `scope` names the function across its
+    instantiations (growth.py). `scope` names the function across its
     instantiations (bridge.lineage_scope: a retrace, or the same step traced by a new
     coordinator); the tensor and the tasks it goes between are the rendezvous attrs without
     the sending task's incarnation (a restarted task plans its channels under new keys).

@@ -662,7 +662,7 @@ def growing(mode):
     with rdmadev the transfers ps took for each step (chunks), the channels ps grew after it
     and the tensors worker:0 staged. The step is named RDMADEV_E2E_STEP_NAME, else after this
     process: ps keeps what a channel learned for later runs of a step of that name on the
-    cluster (channels.py, "growth")."""
+    cluster (growth.py)."""
     def step(n, scale):
         with tf.device(W0):
             x = tf.range(n, dtype=tf.float32) * scale

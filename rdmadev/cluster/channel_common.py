@@ -1,0 +1,23 @@
+"""What the parts of a task's channel setup (channels.py, half_pairs.py, growth.py,
+recovery.py) say alike: a task's Domain identity, and errors named for what failed."""
+from graph_pass.devices import split_task
+
+from ..errors import ProtocolError, RdmadevError
+
+
+def _identity(task):
+    """The Domain identity ("job:index") of task name `task` (what fabrics authenticate)."""
+    job, index = split_task(task)
+    return f"{job}:{index}"
+
+
+def _reason(e):
+    """What exception `e` says, without its fix (the caller names its own)."""
+    return e.args[0] if isinstance(e, RdmadevError) and e.args else f"{type(e).__name__}: {e}"
+
+
+def _naming(e, what):
+    """Exception `e` again, its message prefixed with `what` (errno and hint kept)."""
+    if isinstance(e, RdmadevError):
+        return type(e)(f"{what}: {_reason(e)}", e.errno, e.hint)
+    return ProtocolError(f"{what}: {_reason(e)}")

@@ -1,0 +1,219 @@
+"""Half pairs: the channels of TF1 tasks, each of which plans only its own half
+(HalfPairs, a part of ChannelTable: its state is ChannelTable's, set up in its __init__).
+
+A TF1 task plans only its own partition (each task's GraphMgr runs the pass on what it
+was sent), so no process sees both halves of a pair. Both halves derive the same key from
+the rendezvous attrs (graph_pass.channel_id) and meet through the receiver, with no step
+or pass waiting on the other task (a master registers its own task's partition in line):
+
+    sender's pass:   want_halves({key: bytes})    (local)
+    receiver's pass: offer_halves(sender, ...)    (local), then in a thread:
+        half_sizes  -> sender    (asked every HALF_POLL_S until its pass wanted every key)
+        allocates the region: slots of the sender's known size, else the planned capacity;
+        as many as a static channel gets when the size is known (it never chunks)
+        attach_halves -> sender  (attach_senders)
+
+Either pass may run first; a half that never meets its peer fails at the deadline, or at
+once when setting it up failed (the peer task runs without rdmadev: _give_up). A pair
+whose connection broke is met again by reopen (recovery.py). The
+kernels wait for their half to be bound (the registry's deadline) and hold it while they
+live; the last one TF destroys unbinds it (the `owned` attr: _native/tf/ops.cc).
+"""
+import logging
+import threading
+import time
+
+from graph_pass.layout import slot_bytes
+from graph_pass.plan import Config as PlanConfig
+
+from .. import _core
+from ..errors import ProtocolError
+from .channel_common import _reason
+from .growth import _laid_out, _lineage
+
+#: Label of the regions half pairs meet in (in place of an instantiation id: none planned both).
+HALF_PAIRS = "halves"
+
+#: The fix named when a half pair cannot be set up: both tasks must run rdmadev.
+HALF_FIX = ("start every task with the grpc+rdmadev protocol (or RDMADEV_AUTO=1), with the "
+            "same RDMADEV_SECRET and rdmadev version in each")
+
+#: Seconds one ``half_sizes`` request waits at the sender for its pass before answering with
+#: what is still missing; the receiver asks again until its deadline. Short, so the control
+#: connection it holds stays free for other requests in between.
+HALF_POLL_S = 1.0
+
+log = logging.getLogger("rdmadev.cluster.channels")  # channel setup logs as one, whichever part
+
+
+def _half_in_use(key, half, bound):
+    """Whether `half` of the half pair `key` still belongs to a TF graph here: held by a
+    kernel, bound (`bound`: _core.bound_channels()), or lost to a broken connection while
+    bound and let go by no kernel since (the last kernel to go unbinds its half)."""
+    return (_core.half_held(key, half) or f"{half}:{key}" in bound
+            or _core.half_lost(key, half))
+
+
+class HalfPairs:
+    """ChannelTable's requests and helpers for half pairs (see the module's docstring)."""
+
+    def want_halves(self, sizes, receivers=None):
+        """Records the sending halves this task's pass planned: ``{key: bytes per tensor, or
+        None when its shape is known only at run time}``. `receivers` (``{key: receiving
+        task}``): each is asked, in the background, whether it runs rdmadev at all; the halves
+        to one that does not answer fail at once (HALF_FIX) rather than at the deadline."""
+        with self.wanting:
+            self._forget_unwanted_locked()
+            self.wanted.update(sizes)
+            self.wanted_at.update(dict.fromkeys(sizes, time.monotonic()))
+            self.wanting.notify_all()
+        by_receiver = {}
+        for key, task in (receivers or {}).items():
+            _core.unfail_half(key, "send")  # a new graph: its halves are being set up again
+            by_receiver.setdefault(task, []).append(key)
+        if by_receiver:
+            threading.Thread(target=self._ask_receivers, args=(by_receiver,), daemon=True,
+                             name=f"rdmadev-halves {self.task}").start()
+
+    def _forget_unwanted_locked(self):
+        """Forgets the sending halves planned here more than a deadline ago whose graphs went
+        (under self.lock): no kernel holds them, neither is bound nor lost to a broken
+        connection. Their receiver asks for their sizes within its deadline of the pass that
+        planned them (_sender_sizes), or to set up again a half a graph still holds (reopen);
+        a graph registered later with the same key plans it again."""
+        cutoff = time.monotonic() - self.config.deadline_s
+        old = [k for k, at in self.wanted_at.items() if at < cutoff]
+        if not old:
+            return
+        bound = set(_core.bound_channels())
+        for key in old:
+            if not _half_in_use(key, "send", bound):
+                del self.wanted[key], self.wanted_at[key]
+
+    def _ask_receivers(self, by_receiver):
+        for task, keys in by_receiver.items():
+            try:
+                self.call(task, {"op": "ping"})
+            except Exception as e:
+                self._give_up(keys, "send", f"its receiving task {task} does not answer rdmadev's "
+                                            f"control requests, so it never sets up its side: {_reason(e)}")
+
+    def _give_up(self, keys, half, why, hint=HALF_FIX):
+        """Fails `half` of `keys` now (their kernels' waits end with `why`, then `hint`), and
+        says so."""
+        for key in keys:
+            _core.fail_half(key, half, why, hint)
+        log.warning("rdmadev: %d half pair(s) of %s stay unbound (first %s), and the steps using "
+                    "them fail: %s", len(keys), self.task, keys[0], why)
+
+    def offer_halves(self, sender, channels, on_met=None):
+        """Sets up, in the background, the receiving halves `channels` (entries with "key",
+        "slots", "capacity_bytes" and "rank_capacity") from task `sender`, skipping those bound
+        here already (the session's earlier graph shares them). ``on_met(fabric, bytes)`` is
+        called once they are bound; if they cannot be, their kernels fail (HALF_FIX)."""
+        with self.lock:  # kept for setting them up again after a broken connection (reopen)
+            self.offered.setdefault(sender, {}).update((c["key"], c) for c in channels)
+        bound = set(_core.bound_channels())
+        todo = [c for c in channels if "recv:" + c["key"] not in bound]
+        for c in todo:
+            _core.unfail_half(c["key"], "recv")
+        if todo:
+            threading.Thread(target=self._meet, args=(sender, todo, on_met), daemon=True,
+                             name=f"rdmadev-halves {sender}").start()
+
+    def _meet(self, sender, channels, on_met):
+        try:
+            # waits for the sender's pass (up to the deadline) before it takes `meeting`
+            sizes = self._sender_sizes(sender, [c["key"] for c in channels])
+            with self.meeting:  # a reopen or an earlier graph's offer may have bound some
+                bound = set(_core.bound_channels())
+                channels = [c for c in channels if "recv:" + c["key"] not in bound]
+                if not channels:
+                    return
+                fabric, size = self._meet_now(sender, channels, sizes)
+            if on_met is not None:
+                on_met(fabric, size)
+        except Exception as e:  # nothing tries again until a new graph offers them
+            self._give_up([c["key"] for c in channels], "recv",
+                          f"setting up the pair from task {sender} failed: {_reason(e)}",
+                          getattr(e, "hint", None) or HALF_FIX)
+
+    def _meet_now(self, sender, channels, sizes):
+        """Lays out the receiving halves `channels` from `sender` in one region, slots sized
+        by what the sender planned (`sizes`: half_sizes), or as their lineage grew here before
+        (a pair met again after a cut, a new session's graph, a sender started again), and
+        binds both halves of each; returns (fabric, region bytes)."""
+        sized = []
+        for c in sorted(channels, key=lambda c: c["key"]):
+            known = sizes.get(c["key"])
+            fits = type(known) is int and 0 <= known <= self.config.max_tensor_bytes
+            capacity = known if fits else c["capacity_bytes"]
+            slot, payload = slot_bytes(capacity, c["rank_capacity"])
+            # a known size is a static channel's, as planned here for this config
+            slots = PlanConfig(slots=self.config.slots).slots_for(None) if fits else c["slots"]
+            sized.append({"key": c["key"], "lineage": _lineage(c), "slots": slots,
+                          "slot_bytes": slot, "payload_offset": payload,
+                          "capacity_bytes": capacity})
+        laid, size = _laid_out(sized, {})
+        p, done = self._open_as_learned(HALF_PAIRS, {"sender": sender, "channels": laid,
+                                                     "bytes": size}, attach="attach_halves")
+        return done["fabric"], p["bytes"]
+
+    def _sender_sizes(self, sender, keys):
+        """``{key: bytes or None}`` from task `sender` once its pass planned every key of
+        `keys`, asking every HALF_POLL_S until this task's deadline."""
+        deadline = time.monotonic() + self.config.deadline_s
+        while True:
+            got = self.call(sender, {"op": "half_sizes", "keys": keys, "wait_s": HALF_POLL_S})
+            if not got["missing"]:
+                return got["sizes"]
+            if time.monotonic() > deadline or self.closing.is_set():
+                raise ProtocolError(
+                    f"task {sender} never planned the sending half of {len(got['missing'])} "
+                    f"channel(s) {self.task} planned to receive (first {got['missing'][0]}) "
+                    f"within {self.config.deadline_s:g} s",
+                    hint=HALF_FIX)
+
+    def half_sizes(self, r):
+        """What this task's pass planned of the sending halves ``r["keys"]``, waiting up to
+        ``r["wait_s"]`` (at most HALF_POLL_S) for all of them: ``{"sizes": {key: bytes or
+        None}, "missing": [keys not planned yet]}``."""
+        keys = set(r["keys"])
+        wait_s = min(float(r.get("wait_s", 0)), HALF_POLL_S)
+        with self.wanting:
+            self.wanting.wait_for(lambda: keys <= self.wanted.keys(), timeout=wait_s)
+            return {"sizes": {k: self.wanted[k] for k in keys & self.wanted.keys()},
+                    "missing": sorted(keys - self.wanted.keys())}
+
+    def attach_halves(self, r):
+        """attach_senders for half pairs this task's pass planned (half_sizes said so)."""
+        with self.wanting:
+            missing = sorted({c["key"] for c in r["channels"]} - self.wanted.keys())
+        if missing:
+            raise ProtocolError(f"task {self.task} did not plan the sending half of channel "
+                                f"{missing[0]} that {r['receiver']} asks to attach",
+                                hint="run the same rdmadev version in every task")
+        return self.attach_senders(r)
+
+    def _held_halves_locked(self, sender):
+        """The receiving halves of half pairs from `sender` that a TF graph here still holds,
+        or whose kernels it is still creating (under self.lock): _half_in_use (a graph's pass
+        offers and meets its halves, binding them, a moment before TF creates its kernels).
+        The others are forgotten: their graphs went."""
+        offered = self.offered.get(sender, {})
+        bound = set(_core.bound_channels())
+        for key in [k for k in offered if not _half_in_use(k, "recv", bound)]:
+            del offered[key]
+            self.lineage_of.pop(key, None)
+        return list(offered.values())
+
+    def _reopen_halves(self, sender, channels):
+        """Meets again the half pairs `channels` from `sender` (one region, as _meet does):
+        True if they are set up; if not, their steps fail at once on both tasks, saying why."""
+        keys = [c["key"] for c in channels]
+        try:
+            self._meet_now(sender, channels, self._sender_sizes(sender, keys))
+        except Exception as e:
+            self._not_reopened(sender, keys, e)
+            return False
+        return True
