@@ -69,7 +69,6 @@ class WaitCancel : public std::enable_shared_from_this<WaitCancel> {
   std::atomic<uint64_t> ticket_{0};
 };
 
-
 // A dynamic channel's shape block for `shape` (channel.h): u64 rank, then u64 dims.
 std::vector<uint64_t> ShapeBlock(const TensorShape& shape) {
   std::vector<uint64_t> block{static_cast<uint64_t>(shape.dims())};
