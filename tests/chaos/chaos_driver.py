@@ -10,13 +10,19 @@ Each step moves WEIGHTS_BYTES both ways between the ps and each worker: both wor
 `w` (ps -> worker) and compute w + 1, and the ps stores the mean of what they send back
 (worker -> ps), so after n steps every element of w is exactly n. One line per step:
 ``STEP <n> <time.monotonic()> <ok>`` (ok: w == n everywhere); then ``DONE`` after STEPS
-steps, or ``ERROR <time.monotonic()> <json: type, message>`` (exit 3). CLOCK_MONOTONIC is
-system-wide, so the chaos tests compare these times with their own.
+steps, ``INTERRUPTED <n>`` after SIGINT, or ``ERROR <time.monotonic()> <json: type,
+message>`` (exit 3). CLOCK_MONOTONIC is system-wide, so the chaos tests compare these times
+with their own.
+
+SIGINT only asks the loop to stop after the step under way. As a KeyboardInterrupt it could
+land inside print(), between a STEP line's text and its newline (print writes them apart):
+one CI run read ``STEP 67 ... TrueINTERRUPTED 67`` and took that step for a wrong one.
 """
 import json
 import os
 import signal
 import sys
+import threading
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -26,6 +32,8 @@ import rdmadev  # noqa: E402
 from graph_pass.devices import task_name  # noqa: E402
 
 PS, WORKERS = task_name("ps", 0), (task_name("worker", 0), task_name("worker", 1))
+#: Set by SIGINT: the loop stops before its next step (see the docstring).
+INTERRUPTED = threading.Event()
 #: Bytes of `w` (float32): what each direction of each ps-worker pair carries per step.
 WEIGHTS_BYTES = 1 << 20
 SHAPE = [256, WEIGHTS_BYTES // 4 // 256]
@@ -62,13 +70,13 @@ def main():
     n = 0
     try:
         while not steps or n < steps:
+            if INTERRUPTED.is_set():
+                print(f"INTERRUPTED {n}", flush=True)
+                return 0
             same, value = fn()
             n += 1
             ok = bool(same) and float(value) == n
             print(f"STEP {n} {time.monotonic():.6f} {ok}", flush=True)
-    except KeyboardInterrupt:
-        print(f"INTERRUPTED {n}", flush=True)
-        return 0
     except Exception as e:  # the error the chaos test measures
         at = time.monotonic()
         print(f"ERROR {at:.6f} " + json.dumps({"type": type(e).__name__, "message": str(e)[:4000]}),
@@ -79,5 +87,5 @@ def main():
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, lambda *_: INTERRUPTED.set())
     sys.exit(main())
