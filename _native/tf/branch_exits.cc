@@ -102,7 +102,7 @@ class MarkBranchExitsPass : public tensorflow::GraphOptimizationPass {
  public:
   absl::Status Run(const tensorflow::GraphOptimizationPassOptions& options) override {
     int mode = PassMode();
-    if (mode == 0 || !options.graph || !*options.graph) return absl::OkStatus();
+    if (mode == kRewriteNone || !options.graph || !*options.graph) return absl::OkStatus();
     Graph* g = options.graph->get();
     std::vector<const Node*> enters, switches;
     for (const Node* n : g->op_nodes()) {
@@ -110,7 +110,7 @@ class MarkBranchExitsPass : public tensorflow::GraphOptimizationPass {
       if (n->IsSwitch()) switches.push_back(n);
     }
     if (switches.empty()) return absl::OkStatus();  // the common case
-    if (mode == 2 && !OptedIn(options.debug_filename_prefix)) return absl::OkStatus();
+    if (mode == kRewriteMarked && !OptedIn(options.debug_filename_prefix)) return absl::OkStatus();
     ColocateControlFlowAsPartitioned(g);
     auto in_loops = Between(enters, [](const Node* n) { return n->IsEnter(); },
                             [](const Node* n) { return n->IsExit(); });

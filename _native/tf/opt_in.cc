@@ -28,7 +28,7 @@ extern "C" const char* rdmadev_opt_in_marker() { return kOptInMarker; }
 
 namespace {
 
-std::atomic<int> g_mode{0};  // PassMode()
+std::atomic<int> g_mode{kRewriteNone};  // PassMode()
 
 using tensorflow::Graph;
 using tensorflow::Node;
@@ -96,7 +96,7 @@ std::map<std::string, std::pair<std::vector<std::string>, int>> g_opted;
 class FindOptInPass : public tensorflow::GraphOptimizationPass {
  public:
   absl::Status Run(const tensorflow::GraphOptimizationPassOptions& options) override {
-    if (g_mode.load(std::memory_order_relaxed) != 2 || !options.function_def || !options.graph ||
+    if (PassMode() != kRewriteMarked || !options.function_def || !options.graph ||
         !options.flib_def)
       return absl::OkStatus();
     const std::string& name = options.function_def->signature().name();

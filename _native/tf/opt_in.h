@@ -8,8 +8,10 @@
 
 namespace rdmadev_tf {
 
-// 0: never rewrite; 1: rewrite every function (RDMADEV_AUTO); 2: rewrite a function that is,
-// or calls, one marked by rdmadev.optimize. Set from Python (rdmadev_set_pass_mode, api.py).
+// What the partition passes rewrite: nothing; every function (RDMADEV_AUTO); a function that
+// is, or calls, one marked by rdmadev.optimize. Set from Python (rdmadev_set_pass_mode; api.py's
+// MODE_OFF, MODE_ALL, MODE_MARKED are the same numbers).
+constexpr int kRewriteNone = 0, kRewriteAll = 1, kRewriteMarked = 2;
 int PassMode();
 
 // Whether FindOptInPass found an instantiation of `function` opted in (leaves the record).

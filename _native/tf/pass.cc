@@ -219,7 +219,7 @@ class RdmadevPass : public tensorflow::GraphOptimizationPass {
  public:
   absl::Status Run(const tensorflow::GraphOptimizationPassOptions& options) override {
     int mode = PassMode();
-    if (mode == 0 || !options.partition_graphs) return absl::OkStatus();
+    if (mode == kRewriteNone || !options.partition_graphs) return absl::OkStatus();
     auto* parts = options.partition_graphs;
     bool any = false;
     for (auto& kv : *parts) {
@@ -231,7 +231,7 @@ class RdmadevPass : public tensorflow::GraphOptimizationPass {
     if (!any) return absl::OkStatus();  // the common case: one task, nothing to do
     // TF's partitioner names the function being instantiated as the debug prefix.
     std::vector<std::string> marked = TakeOptIn(options.debug_filename_prefix);
-    if (mode == 2 && marked.empty()) return absl::OkStatus();  // not opted in
+    if (mode == kRewriteMarked && marked.empty()) return absl::OkStatus();  // not opted in
     AnnotateRecvShapes(parts);
     std::map<std::string, std::string> serialized;
     for (auto& kv : *parts) {

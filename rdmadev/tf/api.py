@@ -32,7 +32,8 @@ from . import ops
 
 __all__ = ["optimize", "enable", "load_into_process", "opt_in_marker", "counters", "task_reports"]
 
-#: The pass's modes (pass.cc): off; every function (RDMADEV_AUTO); marked functions only.
+#: The pass's modes (opt_in.h: kRewriteNone, kRewriteAll, kRewriteMarked): off; every
+#: function (RDMADEV_AUTO); marked functions only.
 MODE_OFF, MODE_ALL, MODE_MARKED = 0, 1, 2
 #: Hex digits of the token that tells one optimized function's instantiations from another's
 #: (also across coordinator processes, whose TF function counters restart).
