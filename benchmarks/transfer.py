@@ -9,7 +9,8 @@ It starts 1 ps + 1 worker (`rdmadev serve`) on 127.0.0.1. For each size it times
 function with no cross-task pair (the per-call dispatch every variant pays); grpc and
 rdmadev for w->ps (the worker's variable read on the worker, consumed on the ps) and ps->w;
 and memcpy of the same size as the physical reference. "net GB/s" divides the size by the
-time above the floor.
+time above the floor. The title line names the TF_ENABLE_ONEDNN_OPTS the tasks ran with:
+it picks TF's CPU allocator, which large copied receives depend on.
 """
 import argparse
 import json
@@ -25,6 +26,14 @@ from graph_pass.devices import task_name  # noqa: E402
 
 PS, W0 = task_name("ps", 0), task_name("worker", 0)
 SIZES = [4, 4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20]
+
+
+def allocator_setting():
+    """What selects TF's CPU allocator in the tasks (they inherit this environment): on x86
+    oneDNN's pool unless TF_ENABLE_ONEDNN_OPTS=0, then glibc's malloc. Large copied receives
+    differ by up to 2x between the two (BENCHMARKS.md, "Large copied receives")."""
+    value = os.environ.get("TF_ENABLE_ONEDNN_OPTS")
+    return f"TF_ENABLE_ONEDNN_OPTS={value}" if value is not None else "TF_ENABLE_ONEDNN_OPTS unset"
 
 
 def calls_for(size):
@@ -106,7 +115,8 @@ def main(argv=None):
     head = (f"{'size':>9} {'floor':>7} | {'w->ps grpc':>10} {'rdmadev':>8} {'x':>5} | "
             f"{'ps->w grpc':>10} {'rdmadev':>8} {'x':>5} | {'net GB/s':>8} {'memcpy':>7} {'net/mc':>6}")
     print(f"rdmadev transfer benchmark: median ms per call over {args.trials} alternating rounds; "
-          f"1 ps + 1 worker on 127.0.0.1 (fabric {rows[0]['fabric'] if rows else '?'})")
+          f"1 ps + 1 worker on 127.0.0.1 (fabric {rows[0]['fabric'] if rows else '?'}; "
+          f"{allocator_setting()})")
     print(head)
     print("-" * len(head))
     for r in rows:
@@ -121,7 +131,8 @@ def main(argv=None):
               f"{net_gbs:>8.2f} {r['memcpy_GBps']:>7.2f} {net_gbs / r['memcpy_GBps']:>6.2f}")
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
     with open(args.json, "w") as f:
-        json.dump({"rows": rows, "trials": args.trials}, f, indent=1)
+        json.dump({"rows": rows, "trials": args.trials, "allocator": allocator_setting()}, f,
+                  indent=1)
     return 0
 
 

@@ -6,14 +6,14 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 import rdmadev  # noqa: E402
-from rdmadev.tf import api  # noqa: E402
+from rdmadev.tf import api, serving  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
 def no_cluster(monkeypatch):
     """These tests are about one process with no cluster, whatever other tests in this
     process connected to."""
-    monkeypatch.setattr(api, "_connected_cluster", lambda: None)
+    monkeypatch.setattr(serving, "connected_cluster", lambda: None)
     monkeypatch.delenv("TF_CONFIG", raising=False)
 
 

@@ -46,7 +46,7 @@ void CalledFunctions(const std::string& op, const tensorflow::AttrSlice& attrs,
 }
 
 // An optimized function called while another one is traced is traced inline, under the
-// name scope `<name>__rdmadev_<token>` (api.py: a nested tf.function cannot merge_call, and
+// name scope `<name>__rdmadev_<token>` (optimized.py: a nested tf.function cannot merge_call, and
 // Keras calls train_step inside its own train function): adds that scope, as it was named,
 // without the `_<n>` TF appends when the scope is entered again, for a node named under it.
 void AddMarkedScope(const std::string& node, std::set<std::string>* scopes) {
