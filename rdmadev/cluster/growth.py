@@ -30,6 +30,8 @@ from ..errors import ConfigError, ProtocolError, RegionError
 from .channel_common import _identity
 from .opening import LAYOUT_FIELDS
 
+__all__ = ["Growth", "GROWN", "GROWTH_HEADROOM", "GROWTH_ALIGN", "GROWTH_MAX_SLOT", "LEARNED_MAX"]
+
 #: Label of the regions grown channels move to.
 GROWN = "grown"
 

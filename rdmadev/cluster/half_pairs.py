@@ -31,6 +31,8 @@ from ..errors import ProtocolError
 from .channel_common import _reason
 from .growth import _laid_out, _lineage
 
+__all__ = ["HalfPairs", "HALF_PAIRS", "HALF_FIX", "HALF_POLL_S"]
+
 #: Label of the regions half pairs meet in (in place of an instantiation id: none planned both).
 HALF_PAIRS = "halves"
 

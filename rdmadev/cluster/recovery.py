@@ -28,6 +28,8 @@ import threading
 from .. import _core
 from .channel_common import _reason
 
+__all__ = ["Recovery", "REOPEN_FIX"]
+
 #: The fix named when the channels of a connection that broke cannot be set up again.
 REOPEN_FIX = ("retrace or re-create the function or TF1 session that uses them (or restart "
               "the job); `rdmadev doctor` checks the fabric between the two tasks")

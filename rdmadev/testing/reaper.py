@@ -20,6 +20,8 @@ import signal
 import sys
 import time
 
+__all__ = ["end_groups", "main"]
+
 #: Seconds between checks that a terminated group is gone.
 POLL_S = 0.1
 

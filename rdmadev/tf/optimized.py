@@ -16,6 +16,8 @@ from ..cluster import instances, reports, runtime
 from ..config import Config
 from . import api, serving
 
+__all__ = ["Optimized"]
+
 
 class Optimized(polymorphic_function.Function):
     """A tf.function marked for rdmadev (api.py's docstring: how the mark opts it in). It is

@@ -22,6 +22,8 @@ import statistics
 import threading
 import time
 
+__all__ = ["capture", "read", "matched", "notice_ns", "summarize", "table", "KINDS", "PHASES"]
+
 #: Kernel spans and the phases inside them (trace.h names both).
 KINDS = ("rdmadev.send", "rdmadev.recv")
 PHASES = ("rdmadev.wait_credit", "rdmadev.write", "rdmadev.wait_data", "rdmadev.copy")

@@ -10,6 +10,9 @@ from ..cluster.opening import in_parallel
 from ..cluster.spec import parse_cluster
 from ..errors import ConfigError, RdmadevError
 
+__all__ = ["connected_server_def", "connected_cluster", "coordinator", "serving_tasks", "gather",
+           "broadcast", "gone_tasks", "naming_gone_tasks", "check_tasks_serve", "PROBE_S"]
+
 #: Seconds each serving task gets to answer a ping once a call failed as unavailable: the port
 #: of a task whose process is gone refuses at once, a live task answers in milliseconds.
 PROBE_S = 2.0
