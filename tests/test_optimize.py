@@ -1,5 +1,7 @@
 """rdmadev.optimize without a cluster: what it returns and what it refuses (the cluster behaviour
 is in tests/e2e: ParameterServerStrategy, strategy.run, Keras, export)."""
+import copy
+import pickle
 import re
 
 import pytest
@@ -94,6 +96,28 @@ def test_without_a_cluster_it_runs_and_exports_like_the_tf_function(tmp_path):
     assert module.double(tf.ones([2])).numpy().tolist() == [2.0, 2.0]
     tf.saved_model.save(module, str(tmp_path))
     assert tf.saved_model.load(str(tmp_path)).double(tf.ones([3])).numpy().tolist() == [2.0] * 3
+
+
+def halve(x):
+    """A module-level function: pickle refers to it by name."""
+    return x / 2.0
+
+
+def test_a_copy_or_a_pickled_one_is_the_same_function_and_prepares_again():
+    """Optimized is TF's class, so it copies and pickles as a tf.function does (until it is
+    traced: TF's FuncGraph does not pickle). What holds only in the process that prepared it
+    (the pass loaded there, its tasks checked, the traces it watches) is not carried along, so
+    a copy loaded in another process checks its cluster at its first call instead of running
+    on gRPC silently."""
+    g = rdmadev.optimize(tf.function(halve))
+    # As once prepared in a process with a cluster (here there is none to prepare for).
+    g._rdmadev_ready, g._rdmadev_traced = True, 1  # pylint: disable=protected-access
+    for other in (pickle.loads(pickle.dumps(g)), copy.deepcopy(g)):
+        assert type(other) is type(g) and other._name == g._name  # pylint: disable=protected-access
+        assert other.rdmadev_token == g.rdmadev_token
+        assert not other._rdmadev_ready and other._rdmadev_traced == 0  # pylint: disable=protected-access
+        assert other(tf.constant(5.0)).numpy() == 2.5
+    assert g._rdmadev_ready  # pylint: disable=protected-access
 
 
 @pytest.mark.parametrize("bad, named", [(None, "NoneType"), (3, "int")])

@@ -37,9 +37,14 @@ class Optimized(polymorphic_function.Function):
         # overlapping calls would take each other's transfers. TF runs them concurrently.
         self._rdmadev_calls = threading.RLock()
 
-    def __getstate__(self):  # as TF's own: a lock does not pickle
+    def __getstate__(self):
+        # As TF's own, without the lock (it does not pickle) and without what holds only in
+        # this process: a copy loaded elsewhere loads the pass and checks the tasks again at
+        # its first call, and watches the traces it brings along.
         state = super().__getstate__()
         del state["_rdmadev_calls"]
+        for per_process in ("_rdmadev_ready", "_rdmadev_traced"):
+            state.pop(per_process, None)
         return state
 
     def __setstate__(self, state):

@@ -31,7 +31,8 @@ __all__ = ["RingLayout", "RingSender", "RingReceiver", "RegionLease", "CREDIT_BY
            "PARKED_GRACE_S", "RELEASED_GRACE_S", "LATE_WRITE_GRACE_S",
            "wire_layout", "unbind_channel", "fail_half", "unfail_half", "unbind_domain",
            "unbind_peer", "release_drained", "bound_channels", "channel_send",
-           "channel_recv", "channel_counts", "transfer_counts"]
+           "channel_recv", "channel_want", "channel_counts", "transfer_counts",
+           "growing_channels", "half_held", "half_lost"]
 
 _HALVES = {"send": kSend, "recv": kRecv, "both": kBoth}
 
