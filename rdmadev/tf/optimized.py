@@ -14,7 +14,8 @@ from tensorflow.python.framework import ops as tf_ops
 
 from ..cluster import instances, reports, runtime
 from ..config import Config
-from . import api, serving
+from . import serving
+from .pass_mode import load_into_process, opt_in_marker
 
 __all__ = ["Optimized"]
 
@@ -88,8 +89,8 @@ class Optimized(polymorphic_function.Function):
 
     @property
     def _rdmadev_scope(self):
-        prefix = re.sub(r"[^A-Za-z0-9_.-]", "_", self._name.rsplit(api.opt_in_marker(), 1)[0])
-        return (prefix.lstrip("_.-") or "optimized") + api.opt_in_marker() + self.rdmadev_token
+        prefix = re.sub(r"[^A-Za-z0-9_.-]", "_", self._name.rsplit(opt_in_marker(), 1)[0])
+        return (prefix.lstrip("_.-") or "optimized") + opt_in_marker() + self.rdmadev_token
 
     def get_concrete_function(self, *args, **kwargs):
         # ClusterCoordinator.schedule traces here and sends the concrete function to a
@@ -120,7 +121,7 @@ class Optimized(polymorphic_function.Function):
         # In the coordinator: the pass must run here too (a call from the coordinator is
         # instantiated here), with a runtime to set up channels through.
         config = Config.from_env()
-        api.load_into_process(auto=config.auto, on=config.enabled)
+        load_into_process(auto=config.auto, on=config.enabled)
         cluster = getattr(self, "_rdmadev_cluster", None) or serving.connected_cluster()
         if cluster is None and "TF_CONFIG" not in os.environ:
             return  # one process, no cluster (yet): nothing crosses tasks; check next time
@@ -130,14 +131,14 @@ class Optimized(polymorphic_function.Function):
 
     @property
     def rdmadev_token(self):
-        return self._name.rsplit(api.opt_in_marker(), 1)[-1]
+        return self._name.rsplit(opt_in_marker(), 1)[-1]
 
     @property
     def reports(self):
         """Reports of every instantiation of this function (or of one calling it), from
         every task that instantiated one, oldest first per task. Tasks that did not answer
         appear as a report saying so."""
-        token = api.opt_in_marker() + self.rdmadev_token
+        token = opt_in_marker() + self.rdmadev_token
         out = [r for r in reports.reports() if r.concerns(token)]
         rt = serving.coordinator(getattr(self, "_rdmadev_cluster", None))
         for task, result in serving.gather(rt, "reports").items():
