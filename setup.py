@@ -37,7 +37,8 @@ CORE_SOURCES = [
 HEADERS = sorted(glob.glob(os.path.join("_native", "**", "*.h"), recursive=True))
 CXXFLAGS = ["-std=c++17", "-O2", "-fvisibility=default", "-Wall", "-Wno-unused-parameter"]
 BINDINGS = os.path.join("_native", "python", "rdmadev", "_native")
-BINDING_FAMILIES = ("handle", "domain", "region", "endpoint", "channel", "crypto", "bench")
+BINDING_FAMILIES = ("handle", "domain", "region", "endpoint", "channel", "registry", "crypto",
+                    "bench")
 CORE_LIB = "librdmadev_core.so"
 TF_OPS_LIB = "_tf_ops.so"
 TF_PROTOCOL_LIB = "_tf_protocol.so"
@@ -133,8 +134,8 @@ def tf_ops_extension():
     return Extension(
         "rdmadev._tf_ops",
         [os.path.join("_native", "tf", f) for f in (
-            "ops.cc", "send_op.cc", "recv_op.cc", "pass.cc", "opt_in.cc", "branch_exits.cc",
-            "planner_call.cc")],
+            "ops.cc", "send_op.cc", "recv_op.cc", "recv_deliver.cc", "pass.cc", "opt_in.cc",
+            "branch_exits.cc", "planner_call.cc")],
         include_dirs=[CORE, sysconfig.get_paths()["include"]], language="c++", depends=HEADERS,
         extra_compile_args=CXXFLAGS + tf.sysconfig.get_compile_flags() + [
             "-DNDEBUG", "-Wno-sign-compare", "-Wno-deprecated-declarations",
