@@ -9,19 +9,18 @@ wait release the GIL.
 """
 from . import errors as _errors
 from ._native.bench import bench_memcpy, bench_pingpong, bench_tcp_pingpong, bench_tcp_stream
-from ._native.channel import (CREDIT_BYTES, LATE_WRITE_GRACE_S, PARKED_GRACE_S,
-                              RELEASED_GRACE_S, RegionLease,
-                              RingLayout, RingReceiver, RingSender,
-                              bound_channels, channel_counts, channel_recv, channel_send,
-                              channel_want, fail_half, growing_channels, half_held,
-                              half_lost, release_drained,
-                              transfer_counts, unbind_channel, unbind_domain, unbind_peer,
-                              unfail_half, wire_layout)
+from ._native.channel import (CREDIT_BYTES, RegionLease, RingLayout, RingReceiver, RingSender,
+                              wire_layout)
 from ._native.crypto import client_handshake, handshake_proof, hmac_sha256, server_handshake
 from ._native.domain import (ANY_PEER, Domain, error_kinds, fabric_priority, recent_events,
                              unviable_reason)
 from ._native.endpoint import Endpoint, RemoteRegion
 from ._native.region import Region
+from ._native.registry import (LATE_WRITE_GRACE_S, PARKED_GRACE_S, RELEASED_GRACE_S,
+                               bound_channels, channel_counts, channel_recv, channel_send,
+                               channel_want, fail_half, growing_channels, half_held, half_lost,
+                               release_drained, transfer_counts, unbind_channel, unbind_domain,
+                               unbind_peer, unfail_half)
 
 __all__ = [
     "Domain", "Region", "Endpoint", "RemoteRegion", "RingLayout", "RingSender", "RingReceiver",
