@@ -25,10 +25,11 @@ class Optimized(polymorphic_function.Function):
     TF's own class, so TF takes it wherever it takes a tf.function; rdmadev adds `report` and
     `reports`."""
 
+    #: Prepared in this process: the pass loaded, the serving tasks checked (_rdmadev_prepare).
     _rdmadev_ready = False
-
+    #: TF's tracing count when this process last watched the traces (_rdmadev_watch_traces).
     _rdmadev_traced = 0
-
+    #: Times traced inline into a caller (_rdmadev_inline), for `report`.
     _rdmadev_inlined = 0
 
     def __init__(self, *args, **kwargs):
