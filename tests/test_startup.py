@@ -1,5 +1,6 @@
 """rdmadev/tf/startup.py: TensorFlow imported by rdmadev's programs without the start-up lines
 TF_CPP_MIN_LOG_LEVEL does not reach, in fresh interpreters importing the real TF."""
+import importlib.util
 import os
 import subprocess
 import sys
@@ -54,6 +55,26 @@ def test_tensorflow_imported_at_level_2_prints_nothing():
         assert "cuInit" in plain.stderr
     messages = lambda text: [line.split("] ", 1)[-1] for line in text.splitlines()]  # no times
     assert messages(startup_lines_kept(plain.stderr, 2)) == messages(quiet.stderr), quiet.stderr
+
+
+def test_tensorflow_outside_site_packages_prints_nothing_at_its_first_op_either(tmp_path):
+    """TF run from a folder not named site-packages (PYTHONPATH, a Bazel build) loads no
+    plugins during its import and so looks for CUDA only when it first lists the devices."""
+    (tmp_path / "tensorflow").symlink_to(
+        os.path.dirname(importlib.util.find_spec("tensorflow").origin))
+    probe = ("from rdmadev.tf.startup import import_tensorflow; tf = import_tensorflow(); "
+             "print(tf.__file__); "
+             "print(any('librdmadev_plugin' in l for l in open('/proc/self/maps'))); "
+             "tf.constant(1.0) + 1.0")
+    plain = _fresh(probe.replace("import_tensorflow()", "__import__('tensorflow')"), "2",
+                   path=str(tmp_path))
+    quiet = _fresh(probe, "2", path=str(tmp_path))
+    assert plain.returncode == 0 and quiet.returncode == 0, quiet.stderr
+    where, plugins = quiet.stdout.split()
+    assert where.startswith(str(tmp_path)) and plugins == "False", quiet.stdout  # TF's other path
+    if "Could not find cuda drivers" in plain.stderr:  # a machine without CUDA, as CI's
+        assert "cuInit" in plain.stderr  # printed at the first op, past the import
+    assert quiet.stderr == "", quiet.stderr
 
 
 def test_an_import_that_fails_shows_all_it_printed(tmp_path):

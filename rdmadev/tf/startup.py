@@ -8,7 +8,8 @@ cuda drivers" twice and, on a machine without CUDA drivers, "E... failed call to
 INTERNAL: CUDA error: ... UNKNOWN ERROR (303)", an ERROR line that reads like a failure of
 the job. import_tensorflow() imports TF with stderr captured, then writes back every line
 but those the variable would have dropped (absl's format: I, W, E, F for levels 0-3), and
-the cuInit error when TF also found no CUDA driver (nothing to initialize). A line of any
+the cuInit error when TF also found no CUDA driver (nothing to initialize); it lists the
+devices before it returns, as TF looks for CUDA then. A line of any
 other form (rdmadev's plugin loader, Python's warnings) passes unchanged, and when the
 import fails everything it printed does.
 
@@ -83,6 +84,12 @@ def import_tensorflow():
     with _stderr_captured() as printed:
         try:
             import tensorflow as tf
+            # TF looks for CUDA when it first lists the devices: during the import when it
+            # runs from a site-packages folder (it loads tensorflow-plugins/ then), else at
+            # the program's first op, past this capture (TF on PYTHONPATH, a Bazel build).
+            # Listing them here keeps the cuInit error inside the capture either way; it
+            # fixes nothing a program may still configure (visible devices, memory growth).
+            tf.config.list_physical_devices()
         except BaseException as e:  # written back whole once stderr is restored
             failed = e
         text = printed()
