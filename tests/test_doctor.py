@@ -32,6 +32,26 @@ def test_doctor_says_whether_the_tf_plugin_is_active():
     assert not off["active"] and "RDMADEV_PLUGIN=0" in off["note"]
 
 
+def test_doctor_says_tensorflow_run_outside_site_packages_loads_no_plugin(tmp_path):
+    """TF on PYTHONPATH (or a Bazel build) skips tensorflow-plugins/: the loader never ran, so
+    it printed no warning to point at; doctor names where TF runs from and the fix."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+    tf_dir = os.path.dirname(importlib.util.find_spec("tensorflow").origin)
+    (tmp_path / "tensorflow").symlink_to(tf_dir)
+    r = subprocess.run([sys.executable, "-c", "import json; from rdmadev.tools import doctor; "
+                        "print(json.dumps(doctor._tf_plugin()))"],
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(tmp_path), "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    info = json.loads(r.stdout.splitlines()[-1])
+    assert not info["active"], info
+    assert f"runs from {tmp_path / 'tensorflow'}" in info["note"], info
+    assert "rdmadev.tf.protocol.load()" in info["note"], info
+
+
 @pytest.mark.parametrize("argv", [["--help"], []])
 def test_cli_usage_lists_every_command(argv, capsys):
     from rdmadev.tools.cli import main

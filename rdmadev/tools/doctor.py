@@ -174,13 +174,21 @@ def _tf_plugin(env=None):
                 "note": "not installed for this interpreter: reinstall rdmadev (pip install -e .)"}
     if env.get(protocol.PLUGIN_SWITCH, "1") == "0":
         return {"active": False, "path": path, "note": f"switched off by {protocol.PLUGIN_SWITCH}=0"}
-    import tensorflow  # noqa: F401  (loads the plugins)
+    import tensorflow  # loads the plugins
 
     with open("/proc/self/maps") as f:
-        active = os.path.basename(protocol.library_path()) in f.read()
-    return {"active": active, "path": path,
-            "note": f"{protocol.PROTOCOL} registered at import tensorflow" if active else
-                    "installed but inactive: its warning at import tensorflow says why"}
+        mapped = f.read()
+    if os.path.basename(protocol.library_path()) in mapped:
+        note = f"{protocol.PROTOCOL} registered at import tensorflow"
+    elif os.path.basename(path) in mapped:
+        note = "installed but inactive: its warning at import tensorflow says why"
+    else:
+        # TF loads tensorflow-plugins/ only when its own files are in a site-packages folder
+        # (tensorflow/__init__.py: _running_from_pip_package).
+        note = (f"not loaded: TensorFlow runs from {os.path.dirname(tensorflow.__file__)}, "
+                "outside a site-packages folder, and then loads no plugins; a server your own "
+                f"script starts needs rdmadev.tf.protocol.load() first (rdmadev serve loads it)")
+    return {"active": note.startswith(protocol.PROTOCOL), "path": path, "note": note}
 
 
 def collect(env=None):
