@@ -1,6 +1,6 @@
-"""What `pip install rdmadev` gives a user: a wheel built from this tree, installed into a fresh
-virtualenv that cannot see the tree or its editable install, runs the main job from outside the
-tree and goes away with `pip uninstall`.
+"""What `pip install rdmadev` gives a user: a source distribution of this tree, the wheel pip
+builds from it, installed into a fresh virtualenv that cannot see the tree or its editable
+install, runs the main job from outside the tree and goes away with `pip uninstall`.
 
 The virtualenv reaches this interpreter's other packages (TensorFlow, numpy, networkx, ...)
 through a folder of links named `site-packages`, as TF looks for its plugins only when it runs
@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import zipfile
 
 import pytest
@@ -43,20 +44,32 @@ def _tracked(prefixes):
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory):
+def sdist(tmp_path_factory):
+    """The source distribution, built from a copy of the tracked files (the build writes
+    build/ and never touches this tree's in-place libraries, which other tests load)."""
     if not os.path.isdir(os.path.join(ROOT, ".git")):
         pytest.skip("builds from the tracked files of a git checkout")
-    base = tmp_path_factory.mktemp("wheel")
-    # A copy of the tracked files: the build writes build/ and never touches this tree's
-    # in-place libraries, which other tests load.
+    base = tmp_path_factory.mktemp("sdist")
     src = base / "src"
     for f in _tracked([]):
         dst = src / f
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(os.path.join(ROOT, f), dst, follow_symlinks=False)
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-          "-q", "-w", str(base / "dist"), str(src)], BUILD_TIMEOUT_S)
-    (path,) = glob.glob(str(base / "dist" / "rdmadev-*.whl"))
+    # Without isolation: this interpreter's TF (`tensorflow`, where pyproject's build
+    # requirement names the same build's `tensorflow-cpu`) and Cython serve the build.
+    _run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "--skip-dependency-check",
+          "-o", str(base / "dist"), str(src)], BUILD_TIMEOUT_S)
+    (path,) = glob.glob(str(base / "dist" / "rdmadev-*.tar.gz"))
+    return path
+
+
+@pytest.fixture(scope="module")
+def wheel(sdist, tmp_path_factory):
+    """The wheel pip builds from the sdist (what `pip install rdmadev-<version>.tar.gz` does)."""
+    out = tmp_path_factory.mktemp("wheel")
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+          "-w", str(out), sdist], BUILD_TIMEOUT_S)
+    (path,) = glob.glob(str(out / "rdmadev-*.whl"))
     return path
 
 
@@ -87,6 +100,16 @@ def _in_venv(python):
     env["PATH"] = os.path.dirname(python) + os.pathsep + env.get("PATH", "")
     env["TF_CPP_MIN_LOG_LEVEL"] = "0"
     return env
+
+
+def test_the_sdist_holds_every_source_the_build_needs(sdist):
+    with tarfile.open(sdist) as t:
+        names = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
+    needed = _tracked(["_native", "rdmadev", "graph_pass"]) + [
+        "setup.py", "pyproject.toml", "MANIFEST.in", "README.md", "LICENSE"]
+    assert len(needed) > 100, needed
+    assert sorted(set(needed) - names) == [], "left out of the sdist (MANIFEST.in?)"
+    assert not [n for n in names if n.endswith((".so", ".o"))], sorted(names)
 
 
 def test_the_wheel_holds_every_module_every_library_and_the_tf_plugin(wheel):
