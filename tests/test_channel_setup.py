@@ -764,12 +764,12 @@ def test_a_grown_layout_is_used_where_it_holds_what_is_planned_and_nowhere_else(
     planned = [{"key": k, "slots": SLOTS, "slot_bytes": 4224, "payload_offset": 128,
                 "capacity_bytes": 4096, "offset": i * SLOTS * 4224} for i, k in enumerate("ab")]
     grown = {"slots": SLOTS, "slot_bytes": 131200, "payload_offset": 128, "capacity_bytes": 131072}
-    laid, size = growth._laid_out(planned, {"a": grown})
+    laid, size = growth.laid_out(planned, {"a": grown})
     assert laid == [{"key": "a", **grown, "offset": 0},
                     {**planned[1], "offset": SLOTS * 131200}]
     assert size == round_up(SLOTS * (131200 + 4224), REGION_ALIGNMENT)
     for other in ({"payload_offset": 64}, {"slots": 1}, {"capacity_bytes": 1024}):
-        assert growth._laid_out(planned, {"a": {**grown, **other}}) == \
+        assert growth.laid_out(planned, {"a": {**grown, **other}}) == \
             (planned, round_up(2 * SLOTS * 4224, REGION_ALIGNMENT))
 
 

@@ -4,20 +4,22 @@ from graph_pass.devices import split_task
 
 from ..errors import ProtocolError, RdmadevError
 
+__all__ = ["domain_identity", "reason_of", "error_naming"]
 
-def _identity(task):
+
+def domain_identity(task):
     """The Domain identity ("job:index") of task name `task` (what fabrics authenticate)."""
     job, index = split_task(task)
     return f"{job}:{index}"
 
 
-def _reason(e):
+def reason_of(e):
     """What exception `e` says, without its fix (the caller names its own)."""
     return e.args[0] if isinstance(e, RdmadevError) and e.args else f"{type(e).__name__}: {e}"
 
 
-def _naming(e, what):
+def error_naming(e, what):
     """Exception `e` again, its message prefixed with `what` (errno and hint kept)."""
     if isinstance(e, RdmadevError):
-        return type(e)(f"{what}: {_reason(e)}", e.errno, e.hint)
-    return ProtocolError(f"{what}: {_reason(e)}")
+        return type(e)(f"{what}: {reason_of(e)}", e.errno, e.hint)
+    return ProtocolError(f"{what}: {reason_of(e)}")

@@ -32,9 +32,9 @@ from graph_pass.layout import REGION_ALIGNMENT
 
 from .. import _core
 from ..errors import ConfigError, ProtocolError, RegionError
-from .channel_common import _identity, _naming
+from .channel_common import domain_identity, error_naming
 from .control import session
-from .growth import Growth, _lineage
+from .growth import Growth, channel_lineage
 from .half_pairs import HalfPairs
 from .opening import LAYOUT_FIELDS, in_parallel, open_channels
 from .recovery import Recovery
@@ -100,9 +100,10 @@ def _bind_halves(channels, half, lease, peer, make, failing, successor=False):
             try:
                 h = make(i, c)
             except Exception as e:
-                raise _naming(e, failing(c["key"])) from None
+                raise error_naming(e, failing(c["key"])) from None
             if half == "send":  # the receiver alone may read what the sender stages
-                h.bind(c["key"], lease, peer=peer, successor=successor, reader=_identity(peer))
+                h.bind(c["key"], lease, peer=peer, successor=successor,
+                       reader=domain_identity(peer))
             else:
                 h.bind(c["key"], lease, peer=peer, successor=successor)
     except BaseException:
@@ -227,11 +228,11 @@ class ChannelTable(HalfPairs, Growth, Recovery):
         size = _planned_bytes(p["bytes"], layouts, f"{label} (first channel {keys[0]})")
         # growth is optional (the channel goes on in chunks) and runs on the watcher's thread
         with self._reserving(size, f"{label} (first channel {keys[0]})", wait=not grown):
-            region = self.domain.allocate(size, label=label, grant=[_identity(sender)])
+            region = self.domain.allocate(size, label=label, grant=[domain_identity(sender)])
         lease, credit = _core.RegionLease(region), None
         if not grown:  # before the halves are bound: their growth (_learn) looks it up
             with self.lock:
-                self.lineage_of.update((c["key"], _lineage(c)) for c in channels)
+                self.lineage_of.update((c["key"], channel_lineage(c)) for c in channels)
         try:
             try:
                 sent = self.call(sender, {
@@ -316,7 +317,7 @@ class ChannelTable(HalfPairs, Growth, Recovery):
         ep = self._endpoint(r["address"], receiver)
         ring = ep.attach(bytes.fromhex(r["ring"]))
         credit = self.domain.allocate(CREDIT_BYTES * len(channels), label=f"credit<-{receiver}",
-                                      grant=[_identity(receiver)])
+                                      grant=[domain_identity(receiver)])
         lease = _core.RegionLease(credit)
 
         def make(i, c):
@@ -332,7 +333,7 @@ class ChannelTable(HalfPairs, Growth, Recovery):
                     try:
                         made[c["key"]] = (make(i, c), lease, receiver)
                     except Exception as e:
-                        raise _naming(e, failing(c["key"])) from None
+                        raise error_naming(e, failing(c["key"])) from None
                 with self.lock:
                     self.grown.update(made)
             else:

@@ -27,10 +27,11 @@ from graph_pass.layout import REGION_ALIGNMENT, end_to_end, round_up, slot_bytes
 
 from .. import _core
 from ..errors import ConfigError, ProtocolError, RegionError
-from .channel_common import _identity
+from .channel_common import domain_identity
 from .opening import LAYOUT_FIELDS
 
-__all__ = ["Growth", "GROWN", "GROWTH_HEADROOM", "GROWTH_ALIGN", "GROWTH_MAX_SLOT", "LEARNED_MAX"]
+__all__ = ["Growth", "channel_lineage", "laid_out", "GROWN", "GROWTH_HEADROOM", "GROWTH_ALIGN",
+           "GROWTH_MAX_SLOT", "LEARNED_MAX"]
 
 #: Label of the regions grown channels move to.
 GROWN = "grown"
@@ -67,18 +68,20 @@ def _holds(grown, planned):
             and grown["payload_offset"] >= planned["payload_offset"])  # rank capacity
 
 
-def _lineage(channel):
+def channel_lineage(channel):
     """The lineage of setup entry `channel` (opening.lineage); an entry without one (made by
     hand) is a lineage of its own."""
     return channel.get("lineage") or channel["key"]
 
 
-def _laid_out(channels, learned):
+def laid_out(channels, learned):
     """Setup entries `channels` of one region, in order, each with the slots its lineage
     grew to (`learned`: lineage -> layout fields) where they hold what it plans (_holds),
     laid out as the planner lays a region out (layout.end_to_end); and the region's bytes."""
-    sized = [{**c, **(learned[_lineage(c)] if _holds(learned.get(_lineage(c)), c) else {})}
-             for c in channels]
+    sized = []
+    for c in channels:
+        grown = learned.get(channel_lineage(c))
+        sized.append({**c, **grown} if _holds(grown, c) else c)
     offsets, used = end_to_end(c["slots"] * c["slot_bytes"] for c in sized)
     return ([{**c, "offset": o} for c, o in zip(sized, offsets)],
             round_up(used, REGION_ALIGNMENT))
@@ -89,13 +92,13 @@ class Growth:
 
     def _with_learned(self, p):
         """Pair `p` of an open_pairs request, laid out again end to end with the slots its
-        channels' lineages grew to here (_laid_out), if any did; else `p` as planned."""
+        channels' lineages grew to here (laid_out), if any did; else `p` as planned."""
         with self.lock:
-            for lineage in {_lineage(c) for c in p["channels"]} & self.learned.keys():
+            for lineage in {channel_lineage(c) for c in p["channels"]} & self.learned.keys():
                 self.learned.move_to_end(lineage)  # used: kept the longest
-            if not any(_holds(self.learned.get(_lineage(c)), c) for c in p["channels"]):
+            if not any(_holds(self.learned.get(channel_lineage(c)), c) for c in p["channels"]):
                 return p
-            channels, size = _laid_out(p["channels"], self.learned)
+            channels, size = laid_out(p["channels"], self.learned)
         return {**p, "channels": channels, "bytes": size}
 
     def _open_as_learned(self, instance, planned, attach="attach_senders"):
@@ -182,7 +185,8 @@ class Growth:
             if r.get("drop"):
                 sender.close()
             else:
-                sender.bind(key, lease, peer=receiver, successor=True, reader=_identity(receiver))
+                sender.bind(key, lease, peer=receiver, successor=True,
+                            reader=domain_identity(receiver))
         return len(held)
 
     def _drop_grown(self, sender, keys):

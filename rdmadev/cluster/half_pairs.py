@@ -28,8 +28,8 @@ from graph_pass.plan import Config as PlanConfig
 
 from .. import _core
 from ..errors import ProtocolError
-from .channel_common import _reason
-from .growth import _laid_out, _lineage
+from .channel_common import reason_of
+from .growth import laid_out, channel_lineage
 
 __all__ = ["HalfPairs", "HALF_PAIRS", "HALF_FIX", "HALF_POLL_S"]
 
@@ -98,7 +98,8 @@ class HalfPairs:
                 self.call(task, {"op": "ping"})
             except Exception as e:
                 self._give_up(keys, "send", f"its receiving task {task} does not answer rdmadev's "
-                                            f"control requests, so it never sets up its side: {_reason(e)}")
+                                            "control requests, so it never sets up its side: "
+                                            f"{reason_of(e)}")
 
     def _give_up(self, keys, half, why, hint=HALF_FIX):
         """Fails `half` of `keys` now (their kernels' waits end with `why`, then `hint`), and
@@ -137,7 +138,7 @@ class HalfPairs:
                 on_met(fabric, size)
         except Exception as e:  # nothing tries again until a new graph offers them
             self._give_up([c["key"] for c in channels], "recv",
-                          f"setting up the pair from task {sender} failed: {_reason(e)}",
+                          f"setting up the pair from task {sender} failed: {reason_of(e)}",
                           getattr(e, "hint", None) or HALF_FIX)
 
     def _meet_now(self, sender, channels, sizes):
@@ -153,10 +154,10 @@ class HalfPairs:
             slot, payload = slot_bytes(capacity, c["rank_capacity"])
             # a known size is a static channel's, as planned here for this config
             slots = PlanConfig(slots=self.config.slots).slots_for(None) if fits else c["slots"]
-            sized.append({"key": c["key"], "lineage": _lineage(c), "slots": slots,
+            sized.append({"key": c["key"], "lineage": channel_lineage(c), "slots": slots,
                           "slot_bytes": slot, "payload_offset": payload,
                           "capacity_bytes": capacity})
-        laid, size = _laid_out(sized, {})
+        laid, size = laid_out(sized, {})
         p, done = self._open_as_learned(HALF_PAIRS, {"sender": sender, "channels": laid,
                                                      "bytes": size}, attach="attach_halves")
         return done["fabric"], p["bytes"]

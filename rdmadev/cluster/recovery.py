@@ -26,7 +26,7 @@ import logging
 import threading
 
 from .. import _core
-from .channel_common import _reason
+from .channel_common import reason_of
 
 __all__ = ["Recovery", "REOPEN_FIX"]
 
@@ -48,7 +48,7 @@ class Recovery:
             same = self.call(task, {"op": "ping"})["address"] == address
         except Exception as e:  # gone: TF fails the steps that need it
             log.info("rdmadev: %s does not answer (%s); its channels here stay unbound", task,
-                     _reason(e))
+                     reason_of(e))
             return
         if not same or self.closing.is_set():  # restarted: TF instantiates its functions again
             return
@@ -58,7 +58,7 @@ class Recovery:
         except Exception as e:
             log.warning("rdmadev: the connection between %s and %s broke while both run, and "
                         "their channels could not all be set up again: %s", self.task, task,
-                        _reason(e))
+                        reason_of(e))
             return
         if n:
             log.warning("rdmadev: the connection between %s and %s broke while both run; "
@@ -113,7 +113,7 @@ class Recovery:
         """The channels `keys` from `sender` could not be set up again (`e`): the steps using
         them fail at once on both tasks with why (and the fix of the cause, when it names one)."""
         failed = [f"its connection to task {sender} broke and setting the pair up again "
-                  f"failed: {_reason(e)}", getattr(e, "hint", None) or REOPEN_FIX]
+                  f"failed: {reason_of(e)}", getattr(e, "hint", None) or REOPEN_FIX]
         self.release({"keys": keys, "half": "recv", "failed": failed})
         self._notify(sender, keys, "send", failed=failed)
         log.warning("rdmadev: %d channel(s) from %s to %s (first %s) stay unbound, and the "
