@@ -49,6 +49,12 @@ PLUGIN_DIR = "tensorflow-plugins"
 # Extensions that do not link the core: the protocol library and its loader start nothing.
 WITHOUT_CORE = ("rdmadev._tf_protocol", "rdmadev.librdmadev_plugin")
 BUILD_INFO = os.path.join("rdmadev", "_build_info.py")
+# Where a wheel's TF libraries (the op and protocol libraries) find libtensorflow_framework:
+# beside rdmadev in site-packages. A wheel points at nothing of the machine it was built on:
+# pip builds in a temporary folder, which anyone may create again once it is gone.
+WHEEL_TF_RPATH = "-Wl,-rpath,$ORIGIN/../tensorflow"
+# The loader's fallback to the in-place build's package (plugin_loader.cc); none in a wheel.
+PACKAGE_DIR_DEFINE = "-DRDMADEV_PACKAGE_DIR="
 
 
 class BuildNative(build_ext):
@@ -72,8 +78,16 @@ class BuildNative(build_ext):
         # _core*.so left in place would shadow the .py (extensions are found first).
         for stale in glob.glob(os.path.join(HERE, "rdmadev", "_core.*.so")):
             os.remove(stale)
-        super().run()  # (setuptools clears self.inplace while building, then restores it)
+        self.for_tree = self.inplace  # setuptools clears self.inplace while building
+        super().run()
         self.install_plugin()
+
+    def as_a_wheel_ships_it(self, ext):
+        """A wheel's `ext`: TF found beside rdmadev (WHEEL_TF_RPATH), no build-tree path."""
+        tf_rpath = _tf_lib_rpath()
+        ext.extra_link_args = [WHEEL_TF_RPATH if a == tf_rpath else a for a in ext.extra_link_args]
+        ext.extra_compile_args = [PACKAGE_DIR_DEFINE + '""' if a.startswith(PACKAGE_DIR_DEFINE)
+                                  else a for a in ext.extra_compile_args]
 
     def build_extensions(self):
         # setuptools compiles with the C compiler's flags; -Wstrict-prototypes is C-only.
@@ -82,6 +96,8 @@ class BuildNative(build_ext):
         core = [e for e in self.extensions if e.name == "rdmadev.librdmadev_core"]
         rest = [e for e in self.extensions if e.name != "rdmadev.librdmadev_core"]
         for ext in core + rest:
+            if not self.for_tree:
+                self.as_a_wheel_ships_it(ext)
             if ext is not core[0] and ext.name not in WITHOUT_CORE:
                 libdir = os.path.dirname(self.get_ext_fullpath(core[0].name))
                 ext.library_dirs = [libdir]
@@ -122,6 +138,14 @@ class BuildNative(build_ext):
                   "the grpc+rdmadev protocol then needs rdmadev.tf.protocol.load()", file=sys.stderr)
 
 
+def _tf_lib_rpath():
+    """The link flag that finds libtensorflow_framework where this build's TF has it (an
+    in-place build; a wheel's is WHEEL_TF_RPATH)."""
+    import tensorflow as tf
+
+    return "-Wl,-rpath," + tf.sysconfig.get_lib()
+
+
 def tf_ops_extension():
     """The TensorFlow op library, built against the installed TensorFlow with its own
     flags plus -DNDEBUG (without it TF's Node layout differs from the wheel's and a graph
@@ -140,8 +164,7 @@ def tf_ops_extension():
         extra_compile_args=CXXFLAGS + tf.sysconfig.get_compile_flags() + [
             "-DNDEBUG", "-Wno-sign-compare", "-Wno-deprecated-declarations",
             "-Wno-interference-size", "-Wno-unused-but-set-variable"],
-        extra_link_args=tf.sysconfig.get_link_flags() + [
-            "-Wl,-rpath," + tf.sysconfig.get_lib()])
+        extra_link_args=tf.sysconfig.get_link_flags() + [_tf_lib_rpath()])
 
 
 def tf_protocol_extensions():
@@ -155,13 +178,12 @@ def tf_protocol_extensions():
         include_dirs=[sysconfig.get_paths()["include"]], language="c++", depends=HEADERS,
         extra_compile_args=CXXFLAGS + tf.sysconfig.get_compile_flags() + [
             "-DNDEBUG", "-Wno-sign-compare", "-Wno-deprecated-declarations"],
-        extra_link_args=tf.sysconfig.get_link_flags() + [
-            "-Wl,-rpath," + tf.sysconfig.get_lib()])
+        extra_link_args=tf.sysconfig.get_link_flags() + [_tf_lib_rpath()])
     loader = Extension(
         "rdmadev.librdmadev_plugin", [os.path.join("_native", "tf", "plugin_loader.cc")],
         language="c++", extra_compile_args=CXXFLAGS + [
             f'-DRDMADEV_BUILT_TF_VERSION="{tf.__version__}"',
-            f'-DRDMADEV_PACKAGE_DIR="{os.path.join(HERE, "rdmadev")}"'],
+            f'{PACKAGE_DIR_DEFINE}"{os.path.join(HERE, "rdmadev")}"'],
         extra_link_args=["-ldl"])
     return [protocol, loader]
 

@@ -120,13 +120,34 @@ def test_the_wheel_holds_every_module_every_library_and_the_tf_plugin(wheel):
     missing = [f for f in modules if f not in names]
     assert not missing, f"modules left out of the wheel (pyproject's packages?): {missing}"
     # Every library the in-place build made, at the same place in the package.
-    built = [os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "rdmadev", "**", "*.so"),
-                                                         recursive=True)]
+    libs = glob.glob(os.path.join(ROOT, "rdmadev", "**", "*.so"), recursive=True)
+    built = [os.path.relpath(p, ROOT) for p in libs]
     assert built, "the tree has no in-place build to compare with"
     assert sorted(set(built) - names) == [], sorted(names)
     entry_points = zipfile.ZipFile(wheel).read(
         next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
     assert re.search(r"^rdmadev = rdmadev\.tools\.cli:main$", entry_points, re.M), entry_points
+
+
+def _interpreter_rpaths():
+    """The run paths this interpreter's own link flags give every extension (pyenv's lib)."""
+    flags = " ".join(sysconfig.get_config_vars().get(v) or "" for v in ("LDFLAGS", "LDSHARED"))
+    return set(re.findall(r"-Wl,-rpath[,=]([^\s,]+)", flags))
+
+
+def test_the_wheels_libraries_point_at_nothing_of_the_machine_it_was_built_on(venv):
+    """Run paths are $ORIGIN-relative (TF beside rdmadev in site-packages): pip builds in a
+    temporary folder, and a run path into it would load whatever is there later."""
+    _, site = venv
+    allowed = _interpreter_rpaths()
+    libs = glob.glob(os.path.join(site, "rdmadev", "**", "*.so"), recursive=True)
+    assert len(libs) > 5, libs
+    for lib in libs:
+        dynamic = _run(["readelf", "-d", lib], 60).stdout
+        for paths in re.findall(r"\((?:RUNPATH|RPATH)\)\s+Library r(?:un)?path: \[(.*)\]", dynamic):
+            outside = [p for p in paths.split(":")
+                       if not p.startswith("$ORIGIN") and p not in allowed]
+            assert not outside, f"{lib}: run path {outside}"
 
 
 def test_installed_wheel_loads_its_own_libraries_through_tensorflows_plugin(venv, tmp_path):
@@ -160,7 +181,7 @@ def test_main_job_runs_from_the_installed_wheel_matches_grpc_and_exits_quietly(v
     assert not re.search(r"^[WEF]\d{4} |failed call to cuInit", p.stderr, re.M), p.stderr[-3000:]
 
 
-def test_rdmadev_doctor_checks_the_wheels_libraries_and_uninstall_removes_the_plugin(venv, tmp_path):
+def test_doctor_names_the_wheels_libraries_and_uninstall_removes_the_plugin(venv, tmp_path):
     python, site = venv
     env = _in_venv(python)
     doctor = _run([os.path.join(os.path.dirname(python), "rdmadev"), "doctor"], JOB_TIMEOUT_S,
@@ -171,6 +192,15 @@ def test_rdmadev_doctor_checks_the_wheels_libraries_and_uninstall_removes_the_pl
     assert re.search(rf"tf plugin +: grpc\+rdmadev registered at import tensorflow "
                      rf"\({re.escape(os.path.join(site, PLUGIN))}\)", doctor.stdout), doctor.stdout
     assert doctor.stdout.rstrip().endswith("healthy"), doctor.stdout
+    # With its protocol library gone, the plugin names the one place it looks (beside it),
+    # never the folder the wheel was built in.
+    protocol_lib = os.path.join(site, "rdmadev", "_tf_protocol.so")
+    os.rename(protocol_lib, protocol_lib + ".aside")
+    try:
+        r = _run([python, "-c", "import tensorflow"], JOB_TIMEOUT_S, cwd=tmp_path, env=env)
+    finally:
+        os.rename(protocol_lib + ".aside", protocol_lib)
+    assert f"rdmadev is not installed at {protocol_lib} any more" in r.stderr, r.stderr[-3000:]
     _run([python, "-m", "pip", "uninstall", "-y", "-q", "rdmadev"], 300, env=env)
     assert not os.path.exists(os.path.join(site, PLUGIN))
     assert not os.path.exists(os.path.join(site, "rdmadev"))

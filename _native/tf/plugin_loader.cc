@@ -22,8 +22,9 @@
 #include <string>
 
 // Set by setup.py: the TF version the protocol library was compiled against, and the rdmadev
-// package folder of an in-place (editable) build. An installed wheel's package is found next
-// to this file's own folder instead (site-packages/rdmadev).
+// package folder of an in-place (editable) build; empty in a wheel, whose package is found
+// next to this file's own folder (site-packages/rdmadev) and nowhere else: a wheel built in a
+// temporary folder must not look there once installed (anyone may create it again).
 #ifndef RDMADEV_BUILT_TF_VERSION
 #error "setup.py defines RDMADEV_BUILT_TF_VERSION"
 #endif
@@ -55,8 +56,10 @@ std::string RunningTfVersion() {
 bool Exists(const std::string& path) { return access(path.c_str(), R_OK) == 0; }
 
 // Where rdmadev's protocol library is: site-packages/rdmadev/ beside this file's folder
-// (installed wheel), else the in-place build's package folder.
+// (installed wheel), else the in-place build's package folder, if this is an in-place build.
 std::string ProtocolLibraryPath() {
+  const std::string tree = RDMADEV_PACKAGE_DIR;
+  std::string beside;
   Dl_info self;
   if (dladdr(reinterpret_cast<void*>(&ProtocolLibraryPath), &self) != 0 && self.dli_fname) {
     char real[PATH_MAX];
@@ -64,10 +67,11 @@ std::string ProtocolLibraryPath() {
       std::string dir(real);
       dir = dir.substr(0, dir.rfind('/'));              // .../tensorflow-plugins
       dir = dir.substr(0, dir.rfind('/')) + "/rdmadev";  // .../site-packages/rdmadev
-      if (Exists(dir + "/" + kProtocolLibrary)) return dir + "/" + kProtocolLibrary;
+      beside = dir + "/" + kProtocolLibrary;
     }
   }
-  return std::string(RDMADEV_PACKAGE_DIR) + "/" + kProtocolLibrary;
+  if (tree.empty() || (!beside.empty() && Exists(beside))) return beside;
+  return tree + "/" + kProtocolLibrary;
 }
 
 __attribute__((constructor)) void LoadRdmadevProtocol() {
