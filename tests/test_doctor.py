@@ -60,6 +60,18 @@ def test_cli_usage_lists_every_command(argv, capsys):
     assert all(cmd in out for cmd in ("doctor", "serve", "demo", "plan"))
 
 
+def test_cli_version_is_the_packages_and_the_distributions(capsys):
+    import importlib.metadata
+    import rdmadev
+    import tensorflow as tf
+    from rdmadev.tools.cli import main
+    assert main(["--version"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out == f"rdmadev {rdmadev.__version__} (built against TensorFlow {tf.__version__})"
+    # pyproject takes the version from rdmadev.__version__: one place to change it
+    assert importlib.metadata.version("rdmadev") == rdmadev.__version__
+
+
 def test_doctor_reports_the_open_file_limits_and_the_peers_they_serve():
     import subprocess
     import sys

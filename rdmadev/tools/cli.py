@@ -1,4 +1,4 @@
-"""The `rdmadev` command: doctor, demo, plan.
+"""The `rdmadev` command: doctor, serve, demo, plan, --version.
 
 Example:
     $ rdmadev doctor
@@ -9,6 +9,7 @@ import sys
 __all__ = ["main"]
 
 USAGE = """usage: rdmadev COMMAND [ARGS]
+       rdmadev --version
 
 commands:
   doctor   what this machine offers rdmadev (fabrics, memlock and open-file limits, devices,
@@ -19,12 +20,27 @@ commands:
 """
 
 
+def version():
+    """"rdmadev X (built against TensorFlow Y)": the package and what its op library was
+    built against (setup.py's record), without importing TensorFlow."""
+    from .. import __version__
+    try:
+        from .._build_info import TF_VERSION
+        built = f"built against TensorFlow {TF_VERSION}"
+    except ImportError:
+        built = "native library not built"
+    return f"rdmadev {__version__} ({built})"
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0
     cmd, rest = argv[0], argv[1:]
+    if cmd == "--version":
+        print(version())
+        return 0
     if cmd == "doctor":
         from .doctor import main as run
     elif cmd == "serve":
