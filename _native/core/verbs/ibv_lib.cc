@@ -66,8 +66,10 @@ const IbvLib* LoadIbv(std::string* why) {
 
 const IbvLib* LoadIbv(std::string* why) {
   if (why) {
-    *why = "this rdmadev was built without the libibverbs headers: apt-get install "
-           "libibverbs-dev, then rebuild (pip install -e .)";
+    *why = "this rdmadev was built without the libibverbs headers (<infiniband/verbs.h>): "
+           "install them (libibverbs-dev on Debian and Ubuntu, rdma-core-devel on RHEL) and "
+           "build rdmadev again where they are (pip install -e . in its tree; a wheel: build "
+           "it on a machine that has them)";
   }
   return nullptr;
 }
