@@ -9,9 +9,9 @@ INTERNAL: CUDA error: ... UNKNOWN ERROR (303)", an ERROR line that reads like a 
 the job. import_tensorflow() imports TF with stderr captured, then writes back every line
 but those the variable would have dropped (absl's format: I, W, E, F for levels 0-3), and
 the cuInit error when TF also found no CUDA driver (nothing to initialize); it lists the
-devices before it returns, as TF looks for CUDA then. A line of any
-other form (rdmadev's plugin loader, Python's warnings) passes unchanged, and when the
-import fails everything it printed does.
+devices before it returns, as TF looks for CUDA then. A line of any other form (rdmadev's
+plugin loader, Python's warnings) passes unchanged, and when the import fails everything it
+printed does.
 
 Example:
     >>> tf = import_tensorflow()  # TF_CPP_MIN_LOG_LEVEL=2: nothing printed on a CPU machine

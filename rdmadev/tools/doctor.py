@@ -178,17 +178,21 @@ def _tf_plugin(env=None):
 
     with open("/proc/self/maps") as f:
         mapped = f.read()
-    if os.path.basename(protocol.library_path()) in mapped:
+    active = os.path.basename(protocol.library_path()) in mapped
+    if active:
         note = f"{protocol.PROTOCOL} registered at import tensorflow"
     elif os.path.basename(path) in mapped:
         note = "installed but inactive: its warning at import tensorflow says why"
     else:
-        # TF loads tensorflow-plugins/ only when its own files are in a site-packages folder
-        # (tensorflow/__init__.py: _running_from_pip_package).
-        note = (f"not loaded: TensorFlow runs from {os.path.dirname(tensorflow.__file__)}, "
-                "outside a site-packages folder, and then loads no plugins; a server your own "
-                f"script starts needs rdmadev.tf.protocol.load() first (rdmadev serve loads it)")
-    return {"active": note.startswith(protocol.PROTOCOL), "path": path, "note": note}
+        # TF loads tensorflow-plugins/ only from the site-packages folders it finds, and
+        # only when its own files are in one (tensorflow/__init__.py).
+        tf_dir = os.path.dirname(tensorflow.__file__)
+        why = (f"TensorFlow runs from {tf_dir}, outside a site-packages folder, and then loads "
+               "no plugins" if "site-packages" not in tf_dir else
+               f"TensorFlow ({tf_dir}) does not look in {os.path.dirname(path)}")
+        note = (f"not loaded: {why}; a server your own script starts needs "
+                "rdmadev.tf.protocol.load() first (rdmadev serve loads it)")
+    return {"active": active, "path": path, "note": note}
 
 
 def collect(env=None):
