@@ -49,12 +49,11 @@ PLUGIN_DIR = "tensorflow-plugins"
 # Extensions that do not link the core: the protocol library and its loader start nothing.
 WITHOUT_CORE = ("rdmadev._tf_protocol", "rdmadev.librdmadev_plugin")
 BUILD_INFO = os.path.join("rdmadev", "_build_info.py")
-# Where a wheel's TF libraries (the op and protocol libraries) find libtensorflow_framework:
-# beside rdmadev in site-packages. A wheel points at nothing of the machine it was built on:
-# pip builds in a temporary folder, which anyone may create again once it is gone.
-WHEEL_TF_RPATH = "-Wl,-rpath,$ORIGIN/../tensorflow"
-# The loader's fallback to the in-place build's package (plugin_loader.cc); none in a wheel.
-PACKAGE_DIR_DEFINE = "-DRDMADEV_PACKAGE_DIR="
+# Extensions that link libtensorflow_framework, and the loader (plugin_loader.cc), whose
+# fallback to the in-place build's package folder is compiled in: where they look depends on
+# the build (BuildNative.build_paths).
+LINKS_TF = ("rdmadev._tf_ops", "rdmadev._tf_protocol")
+LOADER = "rdmadev.librdmadev_plugin"
 
 
 class BuildNative(build_ext):
@@ -82,12 +81,17 @@ class BuildNative(build_ext):
         super().run()
         self.install_plugin()
 
-    def as_a_wheel_ships_it(self, ext):
-        """A wheel's `ext`: TF found beside rdmadev (WHEEL_TF_RPATH), no build-tree path."""
-        tf_rpath = _tf_lib_rpath()
-        ext.extra_link_args = [WHEEL_TF_RPATH if a == tf_rpath else a for a in ext.extra_link_args]
-        ext.extra_compile_args = [PACKAGE_DIR_DEFINE + '""' if a.startswith(PACKAGE_DIR_DEFINE)
-                                  else a for a in ext.extra_compile_args]
+    def build_paths(self):
+        """(where LINKS_TF find libtensorflow_framework, the loader's package folder). For this
+        tree: this build's TF, and the tree's rdmadev. In a wheel: TF beside rdmadev in
+        site-packages, and no folder (the loader looks beside itself only): a wheel points at
+        nothing of the machine it was built on, as pip builds in a temporary folder that anyone
+        may create again once it is gone."""
+        import tensorflow as tf
+
+        if self.for_tree:
+            return tf.sysconfig.get_lib(), os.path.join(HERE, "rdmadev")
+        return "$ORIGIN/../tensorflow", ""
 
     def build_extensions(self):
         # setuptools compiles with the C compiler's flags; -Wstrict-prototypes is C-only.
@@ -95,9 +99,13 @@ class BuildNative(build_ext):
             self.compiler.compiler_so.remove("-Wstrict-prototypes")
         core = [e for e in self.extensions if e.name == "rdmadev.librdmadev_core"]
         rest = [e for e in self.extensions if e.name != "rdmadev.librdmadev_core"]
+        tf_lib, package_dir = self.build_paths()
         for ext in core + rest:
-            if not self.for_tree:
-                self.as_a_wheel_ships_it(ext)
+            if ext.name in LINKS_TF:
+                ext.extra_link_args = ext.extra_link_args + ["-Wl,-rpath," + tf_lib]
+            if ext.name == LOADER:
+                ext.extra_compile_args = ext.extra_compile_args + [
+                    f'-DRDMADEV_PACKAGE_DIR="{package_dir}"']
             if ext is not core[0] and ext.name not in WITHOUT_CORE:
                 libdir = os.path.dirname(self.get_ext_fullpath(core[0].name))
                 ext.library_dirs = [libdir]
@@ -138,14 +146,6 @@ class BuildNative(build_ext):
                   "the grpc+rdmadev protocol then needs rdmadev.tf.protocol.load()", file=sys.stderr)
 
 
-def _tf_lib_rpath():
-    """The link flag that finds libtensorflow_framework where this build's TF has it (an
-    in-place build; a wheel's is WHEEL_TF_RPATH)."""
-    import tensorflow as tf
-
-    return "-Wl,-rpath," + tf.sysconfig.get_lib()
-
-
 def tf_ops_extension():
     """The TensorFlow op library, built against the installed TensorFlow with its own
     flags plus -DNDEBUG (without it TF's Node layout differs from the wheel's and a graph
@@ -164,7 +164,7 @@ def tf_ops_extension():
         extra_compile_args=CXXFLAGS + tf.sysconfig.get_compile_flags() + [
             "-DNDEBUG", "-Wno-sign-compare", "-Wno-deprecated-declarations",
             "-Wno-interference-size", "-Wno-unused-but-set-variable"],
-        extra_link_args=tf.sysconfig.get_link_flags() + [_tf_lib_rpath()])
+        extra_link_args=tf.sysconfig.get_link_flags())
 
 
 def tf_protocol_extensions():
@@ -178,12 +178,11 @@ def tf_protocol_extensions():
         include_dirs=[sysconfig.get_paths()["include"]], language="c++", depends=HEADERS,
         extra_compile_args=CXXFLAGS + tf.sysconfig.get_compile_flags() + [
             "-DNDEBUG", "-Wno-sign-compare", "-Wno-deprecated-declarations"],
-        extra_link_args=tf.sysconfig.get_link_flags() + [_tf_lib_rpath()])
+        extra_link_args=tf.sysconfig.get_link_flags())
     loader = Extension(
-        "rdmadev.librdmadev_plugin", [os.path.join("_native", "tf", "plugin_loader.cc")],
+        LOADER, [os.path.join("_native", "tf", "plugin_loader.cc")],
         language="c++", extra_compile_args=CXXFLAGS + [
-            f'-DRDMADEV_BUILT_TF_VERSION="{tf.__version__}"',
-            f'{PACKAGE_DIR_DEFINE}"{os.path.join(HERE, "rdmadev")}"'],
+            f'-DRDMADEV_BUILT_TF_VERSION="{tf.__version__}"'],
         extra_link_args=["-ldl"])
     return [protocol, loader]
 

@@ -115,7 +115,10 @@ def test_the_sdist_holds_every_source_the_build_needs(sdist):
 
 
 def test_the_wheel_holds_every_module_every_library_and_the_tf_plugin(wheel):
-    names = set(zipfile.ZipFile(wheel).namelist())
+    with zipfile.ZipFile(wheel) as w:
+        names = set(w.namelist())
+        entry_points = w.read(
+            next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
     assert PLUGIN in names, sorted(names)
     modules = [f for f in _tracked(["rdmadev", "graph_pass"]) if f.endswith(".py")]
     assert len(modules) > 20, modules
@@ -126,8 +129,6 @@ def test_the_wheel_holds_every_module_every_library_and_the_tf_plugin(wheel):
     built = [os.path.relpath(p, ROOT) for p in libs]
     assert built, "the tree has no in-place build to compare with"
     assert sorted(set(built) - names) == [], sorted(names)
-    entry_points = zipfile.ZipFile(wheel).read(
-        next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
     assert re.search(r"^rdmadev = rdmadev\.tools\.cli:main$", entry_points, re.M), entry_points
 
 
