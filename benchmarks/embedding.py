@@ -77,6 +77,8 @@ def parse_args(argv=None):
     ap.add_argument("--prefix", default=os.path.join(RESULTS, "embedding_"),
                     help="matrix: results go to <prefix>results.{json,md} and <prefix>chart.png")
     ap.add_argument("--no_progress", action="store_true")
+    ap.add_argument("--report", action="store_true",
+                    help="with --one: print rdmadev's report of every worker's instantiation")
     args = ap.parse_args(argv)
     if min(args.workers, args.features, args.batch, args.steps, args.windows, args.hot) < 1:
         ap.error("workers, features, batch, steps, windows and hot must be >= 1")
@@ -212,6 +214,8 @@ def measure(args, tf, rdmadev, launch, cluster, host):
     first, planned = job.warm_up()
     flat = {name: sum(p.values(), []) for name, p in planned.items()}
     report = pss.parse_reports(flat["rdmadev"])
+    if args.report:
+        print("\n".join(map(str, flat["rdmadev"])), file=sys.stderr, flush=True)
     dynamic = sum(1 for r in flat["rdmadev"] for s in r.swapped if s[3] is None)
     kept = [k for r in flat["rdmadev"] for k in r.kept]
     print(f"rdmadev planned {report['swapped']} transfers ({dynamic} of run-time shape), "
@@ -223,6 +227,7 @@ def measure(args, tf, rdmadev, launch, cluster, host):
     warmed = registrations(tasks)
     windows, _cpu = job.measure(pss.CpuClock(cluster))
     during = registrations(tasks)
+    held = {t: c["registered_bytes"] for t, c in counters(tasks).items()}
     result = {
         "netns": args.netns, "fabric": "tcp" if args.netns else "shm",
         "workers": args.workers,
@@ -237,6 +242,7 @@ def measure(args, tf, rdmadev, launch, cluster, host):
         "check": check,
         "registrations": {"warm_up": warmed,
                           "windows": {k: during[k] - warmed[k] for k in during}},
+        "registered_bytes": held,
     }
     return result
 
@@ -246,10 +252,15 @@ def measure(args, tf, rdmadev, launch, cluster, host):
 REGISTRATIONS = ("grown", "stages")
 
 
+def counters(tasks):
+    """{task: its rdmadev counters}."""
+    return {t: tasks.rt.call(t, {"op": "counters"}) for t in tasks.all}
+
+
 def registrations(tasks):
     """{REGISTRATIONS key: total over every task so far}."""
-    counters = [tasks.rt.call(t, {"op": "counters"}) for t in tasks.all]
-    return {k: sum(c[k] for c in counters) for k in REGISTRATIONS}
+    now = counters(tasks).values()
+    return {k: sum(c[k] for c in now) for k in REGISTRATIONS}
 
 
 class _StateView:
@@ -277,6 +288,9 @@ def print_one(r):
     print(f"  registered after setup: warm-up and check {reg['warm_up']['grown']} grown rings, "
           f"{reg['warm_up']['stages']} stages; the windows {reg['windows']['grown']} grown rings, "
           f"{reg['windows']['stages']} stages (target 0)")
+    from graph_pass.devices import split_task
+    print("  registered after the windows: " + ", ".join(
+        "{}:{} {:.1f} MiB".format(*split_task(t), b / 2**20) for t, b in sorted(r["registered_bytes"].items())))
     if r["check"]:
         print(f"  check: bitwise identical to grpc over {r['check']['steps']} steps: "
               f"{r['check']['identical']}")

@@ -13,9 +13,10 @@ coordinator first; otherwise the script connects itself. Every instantiation wit
 transfers is planned, printed as a table and, with ``--out``, drawn.
 
 Shapes come from TF's own shape functions: before planning, each instantiation's partitions go
-through ``graph_pass.tf_shapes.annotate`` (TF's importer runs every op's shape function, as the
-native pass runs TF's ShapeRefiner), so the plan is the one the pass would make. Without an
-importable TensorFlow (``--run-metadata``/``--graphdef`` only), shapes are what the graphs carry.
+through ``graph_pass.tf_shapes.annotate``, the native pass's own shape code (TF's ShapeRefiner
+across the partitions, bounds of run-time shapes included) run through rdmadev's op library,
+so the plan is the one the pass would make. Without an importable TensorFlow or a built op
+library (``--run-metadata``/``--graphdef`` only), shapes are what the graphs carry.
 
 Exit codes: 0 planned, 1 planning or running failed (the message says why), 2 bad usage.
 """
@@ -118,11 +119,16 @@ def _run_target(target, cluster):
 def _tf_shapes(sets):
     """Each partition set with TF's inferred shapes on its `_Recv` nodes (unchanged without TF)."""
     try:
-        from .tf_shapes import annotate
+        from .tf_shapes import annotate, native_bound_attr
         import tensorflow  # noqa: F401
+        native_bound_attr()  # loads rdmadev's op library
     except ImportError as exc:
         print(f"rdmadev plan: TensorFlow is not importable ({exc}); shapes are only what the graphs carry",
               file=sys.stderr)
+        return sets
+    except (OSError, ValueError) as exc:  # rdmadev's ConfigError: not built, or for another TF
+        print(f"rdmadev plan: rdmadev's op library cannot be loaded ({exc}); shapes are only what the "
+              f"graphs carry", file=sys.stderr)
         return sets
     return [annotate(s) for s in sets]
 

@@ -17,7 +17,7 @@ from .dtypes import dtype_name, dtype_size
 from .errors import PlanError
 from .load import NS, RECV_OPS, SEND_OPS
 from .plan import Transfer, channel_id
-from .shapes import data_input, fully_defined, transfer_shape
+from .shapes import data_input, fully_defined, transfer_bound, transfer_shape
 
 __all__ = ["find_transfers", "RENDEZVOUS_ATTRS"]
 
@@ -80,7 +80,7 @@ EXIT_OPS = frozenset({"Exit", "RefExit"})
 def _between(g, starts, opens, closes, across_pairs):
     """Keys of the nodes reachable from `starts` past more nodes that `opens` than that
     `closes` (predicates on a key; each start counts as one open, nested regions count),
-    following pair edges only when `across_pairs`. pass.cc's Between is the same walk over
+    following pair edges only when `across_pairs`. branch_exits.cc's Between is the same walk over
     the graph before partitioning."""
     todo = [(key, 1) for key in starts]
     seen = set(todo)
@@ -118,7 +118,7 @@ SWITCH_OPS = frozenset({"Switch", "RefSwitch", "_SwitchN"})
 MERGE_OPS = frozenset({"Merge", "RefMerge"})
 
 
-#: What rdmadev's pass (pass.cc, MarkBranchExitsPass) names the node it puts, before TF
+#: What rdmadev's pass (branch_exits.cc, MarkBranchExitsPass) names the node it puts, before TF
 #: partitions a graph, between a value of a conditional branch and the task it crosses to. The
 #: partitioner names both halves of the pair after that node (``_src``), so each half tells
 #: from its own partition that it is in a branch: a TF1 task plans only its own half.
@@ -194,6 +194,15 @@ def find_transfers(graph):
     return transfers
 
 
+def _bytes(dims, size):
+    """Bytes of a tensor of fully known `dims` whose elements have `size` bytes (None if either is)."""
+    if dims is None or size is None:
+        return None
+    for d in dims:
+        size *= d
+    return size
+
+
 def _transfer(g, rv, s_key, r_key):
     tensor_name, send_device, recv_device, incarnation = rv
     cid = channel_id(tensor_name, send_device, recv_device, incarnation)
@@ -213,11 +222,8 @@ def _transfer(g, rv, s_key, r_key):
         control = _is_control_recv(g, r_key)
     shape, source = transfer_shape(g, s_key, r_key)
     size = dtype_size(dtype) if dtype is not None else None
-    nbytes = None
-    if fully_defined(shape) and size is not None:
-        nbytes = size
-        for d in shape:
-            nbytes *= d
+    nbytes = _bytes(shape, size) if fully_defined(shape) else None
+    bound = None if nbytes is not None else transfer_bound(g, s_key, r_key)
     either = s_nd if s_nd is not None else r_nd
     t = Transfer(channel_id=cid, tensor_name=tensor_name, send_device=send_device, recv_device=recv_device,
                  send_device_incarnation=int(incarnation), client_terminated=client,
@@ -225,7 +231,8 @@ def _transfer(g, rv, s_key, r_key):
                  send_op=s_nd.op if s_nd is not None else None, recv_op=r_nd.op if r_nd is not None else None,
                  src=attr(either, "_src"), dst=attr(either, "_dst"), kind="control" if control else "data",
                  dtype=dtype_name(dtype) if dtype is not None else "DT_INVALID",
-                 shape=list(shape) if shape is not None else None, shape_source=source, bytes=nbytes)
+                 shape=list(shape) if shape is not None else None, shape_source=source, bytes=nbytes,
+                 bound=list(bound) if bound is not None else None, bound_bytes=_bytes(bound, size))
     for end, key in (("send", s_key), ("recv", r_key)):
         if key is not None:
             g.nodes[key][NS].update(channel_id=cid, end=end)

@@ -114,7 +114,9 @@ class Config:
         min_bytes: static transfers smaller than this stay on gRPC (0 = swap everything eligible).
         capacity_hints: upper bound in bytes for dynamic transfers, keyed by ``tensor_name`` or by
             the producing node's name (the ``_src`` attr).
-        default_dynamic_capacity: bound for every other dynamic transfer; None keeps them on gRPC.
+        default_dynamic_capacity: capacity of every other dynamic transfer, or the bound TF's
+            shapes give it (``Transfer.bound_bytes``) when that is smaller; None keeps those
+            without a bound on gRPC.
         half_pair_capacity: when only one half of a pair is planned (TF1: each task rewrites its
             own half), both halves must decide from the attrs alone; None keeps such pairs on gRPC,
             a number swaps them as dynamic channels with this capacity.
@@ -186,7 +188,9 @@ class Transfer:
     Facts (set by ``find_transfers``): the rendezvous attrs, ``send_node``/``recv_node`` (None for
     the half not present), ``src``/``dst`` (original producer and consumer, from ``_src``/``_dst``),
     ``kind`` ("data" or "control"), ``dtype`` (name), ``shape`` (list, -1 = unknown dim; None =
-    unknown rank), ``shape_source``, ``bytes`` (static size or None), ``in_loop`` (a half runs
+    unknown rank), ``shape_source``, ``bytes`` (static size or None), ``bound`` and
+    ``bound_bytes`` (for a run-time shape: a bound on every dim that TF's shapes give, from
+    rdmadev's pass, and the bytes a tensor within it has; else None), ``in_loop`` (a half runs
     inside a while loop's frame: once per iteration), ``in_cond`` (a pair inside a branch of a
     lowered conditional: its tensor may be dead).
     Decision (set by ``plan_regions``): ``decision`` ("swap"/"keep"), ``reason`` (a code of
@@ -213,6 +217,8 @@ class Transfer:
     shape: list = None
     shape_source: str = "unknown"
     bytes: int = None
+    bound: list = None
+    bound_bytes: int = None
     in_loop: bool = False
     in_cond: bool = False
     decision: str = None

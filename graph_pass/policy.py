@@ -15,12 +15,15 @@ Rules, first match wins:
 5. only one half loaded -> keep when the ops cannot carry half pairs (``carries["half_pairs"]``)
    or no ``half_pair_capacity`` is set; else swap as a dynamic channel of that capacity (a
    known size above it fails the plan unless the ops carry dynamic shapes, which send a larger
-   tensor staged or in chunks). Both halves see the same attrs and config, so they decide alike.
+   tensor staged or in chunks; a bound TF's shapes give below it is the capacity instead, and
+   the sending half tells the receiver, which sizes the slots). Both halves see the same attrs
+   and config, so they decide alike.
 6. a control edge's empty dummy -> swap as a header-only signal.
 7. a static shape -> swap with exact-size slots (keep if below ``min_bytes``).
 8. a dynamic shape -> keep when the ops cannot carry dynamic shapes (``carries["dynamic_shapes"]``);
-   else swap with a shape block when a bound is known (``capacity_hints``,
-   ``default_dynamic_capacity``), else keep.
+   else swap with a shape block when a capacity is known (``capacity_hints``; else the bound TF's
+   shapes give, ``Transfer.bound_bytes``, when below ``default_dynamic_capacity``; else that
+   default), else keep.
 
 ``Config.carries`` is what the runtime's ops can carry; it is the runtime's to say, and this
 policy the only place it is applied, so nothing downstream decides again.
@@ -36,7 +39,8 @@ __all__ = ["REASONS", "Decision", "decide"]
 REASONS = {
     "static": ("swap", "static shape: K slots of exactly the tensor's bytes"),
     "control_signal": ("swap", "cross-task control edge (empty dummy tensor): a header-only signal slot"),
-    "dynamic_bounded": ("swap", "dynamic shape with a known bound: shape block + capacity"),
+    "dynamic_bounded": ("swap", "dynamic shape with a known capacity (a hint, TF's bound or the default): "
+                                "shape block + capacity"),
     "half_pair_capacity": ("swap", "only this half is planned here: dynamic channel of half_pair_capacity"),
     "client_terminated": ("keep", "feed or fetch of a TF1 client (client_terminated): TF's own path"),
     "client_task": ("keep", "to or from the client task: arguments and results stay on gRPC "
@@ -107,6 +111,9 @@ def decide(t, config):
             raise PlanError(f"{t.send_op or t.recv_op} node {t.label!r} ({t.tensor_name}) carries {t.bytes} bytes, "
                             f"more than half_pair_capacity={cap}; raise half_pair_capacity to at least "
                             f"{t.bytes} on every task (both halves must use the same value)")
+        if t.bytes is None and t.bound_bytes is not None and t.bound_bytes < cap:
+            return Decision("half_pair_capacity", f"{t.label}: capacity {t.bound_bytes} B (bound "
+                            f"{list(t.bound)} from TF's shapes)", t.bound_bytes, len(t.bound))
         return Decision("half_pair_capacity", f"{t.label}: capacity {cap} B", cap, config.max_dynamic_rank)
     if t.kind == "control":
         return Decision("control_signal", f"{t.label}: signal only", 0, None)
@@ -116,11 +123,24 @@ def decide(t, config):
         return Decision("static", f"{t.label}: {t.bytes} B ({t.shape_source})", t.bytes, None)
     if not config.carries["dynamic_shapes"]:
         return Decision("not_carried_dynamic", f"{t.label}: shape {t.shape} ({t.shape_source})")
-    cap = config.capacity_hints.get(t.tensor_name, config.capacity_hints.get(t.src))
-    if cap is None:
-        cap = config.default_dynamic_capacity
-    rank = len(t.shape) if t.shape is not None else config.max_dynamic_rank
+    cap, source = _dynamic_capacity(t, config)
+    rank = len(t.shape) if t.shape is not None else len(t.bound) if t.bound is not None else \
+        config.max_dynamic_rank
     if cap is None:
         return Decision("dynamic_unbounded", f"{t.label}: shape {t.shape} (rank "
                                              f"{'unknown' if t.shape is None else rank}), no bound")
-    return Decision("dynamic_bounded", f"{t.label}: shape {t.shape}, capacity {cap} B", cap, rank)
+    return Decision("dynamic_bounded", f"{t.label}: shape {t.shape}, capacity {cap} B ({source})", cap, rank)
+
+
+def _dynamic_capacity(t, config):
+    """``(bytes, where they come from)`` a dynamic transfer's slots hold: its capacity hint;
+    else the bound TF's shapes give when it is below ``default_dynamic_capacity`` (or there is no
+    default); else that default. A bound never raises the default: it is what the tensor may
+    reach, not what it usually carries, and a channel grows from the sizes it sees."""
+    hint = config.capacity_hints.get(t.tensor_name, config.capacity_hints.get(t.src))
+    if hint is not None:
+        return hint, "capacity hint"
+    default = config.default_dynamic_capacity
+    if t.bound_bytes is not None and (default is None or t.bound_bytes < default):
+        return t.bound_bytes, f"bound {list(t.bound)} from TF's shapes"
+    return default, "default capacity"

@@ -1,9 +1,9 @@
 """Shapes of transferred tensors, from TF's own shape information only.
 
 TF's shape functions are the one source. The native pass runs TF's ShapeRefiner across the
-partitions and writes each `_Recv`'s refined shape as its ``_output_shapes``; ``rdmadev plan``
-does the same through TensorFlow (``graph_pass.tf_shapes``) before planning. This module only
-reads what TF wrote:
+partitions and writes each `_Recv`'s refined shape as its ``_output_shapes``
+(``_native/tf/shapes.cc``); ``rdmadev plan`` runs that same code through the op library
+(``graph_pass.tf_shapes``) before planning. This module only reads what TF wrote:
 
 1. ``_output_shapes`` on the `_Recv` (authoritative when present);
 2. else, on the sending side, ``_output_shapes`` of the node feeding the `_Send` (TF writes it on
@@ -14,17 +14,24 @@ There are no op-by-op rules. The one hand rule is where a TF shape function is k
 wrong: ``trusted_output`` (oneDNN's fused ops past output 0, except its batch norms' outputs 1
 and 2). What TF does not prove stays unknown (-1 / None), and the policy keeps such a transfer
 on gRPC unless the ops carry dynamic shapes.
+
+For a tensor of run-time shape the same annotation may also give a bound on every dim
+(``BOUND_ATTR``; ``transfer_bound``): from the few ops whose output size depends on their
+inputs' values, sized by those inputs, and TF's shape functions after them
+(``_native/tf/shapes.h`` says which ops). The policy starts such a channel's slots at the
+bound when it is below the configured capacity.
 """
 
 from .attrs import attr, parse_input, tensor_shape
 
-__all__ = ["fully_defined", "trusted_output", "data_input", "transfer_shape", "UNTRUSTED_PREFIX"]
+__all__ = ["fully_defined", "trusted_output", "data_input", "transfer_shape", "transfer_bound",
+           "UNTRUSTED_PREFIX", "BOUND_ATTR"]
 
 #: Op-name prefix of oneDNN's fused rewrites, whose shape functions are wrong past output 0:
 #: ``_MklNativeConv2DBackpropFilterWithBias`` gives its bias gradient (output 1) the conv's input
 #: channels instead of its output channels (commit 3601043; regression tests in
 #: tests/planner/test_gp_shapes.py and tests/e2e's conv scenario). The native pass skips the
-#: same outputs (``_native/tf/pass.cc``, AnnotateRecvShapes).
+#: same outputs (``_native/tf/shapes.cc``, TrustedOutput).
 UNTRUSTED_PREFIX = "_Mkl"
 #: oneDNN ops whose outputs 1 and 2 are trusted all the same: the batch norms' statistics and
 #: their gradients' scale and offset gradients are [C] in TF's FusedBatchNorm(Grad) shape
@@ -32,6 +39,11 @@ UNTRUSTED_PREFIX = "_Mkl"
 #: of benchmarks/cnn.py's resnet50 (53 batch norms x 2 x 2 workers) each took a dynamic
 #: channel of two 1 MiB slots on ps: 424 MiB for a few KiB a step.
 TRUSTED_FUSED = "FusedBatchNorm"
+#: The attr rdmadev's pass writes on both halves of a pair whose tensor has a run-time shape
+#: with a known bound (a list of one fully defined shape): ``kBoundAttr`` in
+#: ``_native/tf/shapes.h``, which the op library reports as ``rdmadev_bound_attr()``
+#: (tests/planner/test_gp_tf_shapes.py checks that the two agree).
+BOUND_ATTR = "_rdmadev_bound"
 
 
 def fully_defined(shape):
@@ -48,7 +60,7 @@ def trusted_output(op, index):
 
     Returns:
         False for oneDNN fused ops (``_Mkl*``) past output 0, except outputs 1 and 2 of their
-        batch norms; True otherwise. ``_native/tf/pass.cc``, TrustedOutput, is the same rule.
+        batch norms; True otherwise. ``_native/tf/shapes.cc``, TrustedOutput, is the same rule.
     """
     if index == 0 or not op.startswith(UNTRUSTED_PREFIX):
         return True
@@ -110,3 +122,24 @@ def transfer_shape(graph, send_key, recv_key):
         if shape is not None:
             return shape, source
     return None, found[-1][1] if found else "unknown"
+
+
+def transfer_bound(graph, send_key, recv_key):
+    """Return the bound (a tuple of dims) rdmadev's pass wrote for a pair's tensor, or None.
+
+    Args:
+        graph: the networkx graph from ``load``.
+        send_key: the `_Send` node key, or None when only the receiving half is loaded.
+        recv_key: the `_Recv` node key, or None when only the sending half is loaded.
+
+    Returns:
+        The fully defined shape every dim of the tensor stays within, from either half's
+        ``BOUND_ATTR``; None when no half has one.
+    """
+    for key in (recv_key, send_key):
+        if key is None:
+            continue
+        shapes = attr(graph.nodes[key]["node_def"], BOUND_ATTR)
+        if shapes and fully_defined(shapes[0]):
+            return tuple(shapes[0])
+    return None

@@ -1,124 +1,105 @@
 """TF's own shape inference over partition graphs, for offline planning (``rdmadev plan``).
 
 Partition graphs from run metadata carry almost no shapes (``_output_shapes`` on ``_Arg`` nodes,
-``_handle_shapes`` on resource arguments). The native pass fills them in with TF's ShapeRefiner
-before it calls the planner (``_native/tf/pass.cc``, AnnotateRecvShapes); this module does the
-same for graphs planned offline, through TensorFlow's importer, which runs every op's registered
-shape function and honours ``_output_shapes`` attrs:
-
-    repeat until nothing new is learned (at most ``SHAPE_ROUNDS`` times):
-        import each partition, with the shapes known so far on its `_Recv` nodes;
-        record the fully known shape of the tensor each `_Send` sends
-    write each known shape as ``_output_shapes`` on its `_Recv`
-
-The one hand rule is ``shapes.trusted_output`` (oneDNN fused ops past output 0), as in the pass.
-This module imports TensorFlow; graph_pass's planner never imports it (only the CLI does).
+``_handle_shapes`` on resource arguments). rdmadev's pass fills them in before it calls the
+planner (``_native/tf/shapes.h``: TF's ShapeRefiner across the partitions, each pair's shape
+and, for a run-time shape, its bound); this module runs that same code on graphs planned
+offline, through the op library's ``rdmadev_annotate_partitions``, so an offline plan is the one
+the pass would make. It imports TensorFlow and rdmadev's op library; graph_pass's planner never
+imports it (only the CLI does).
 """
 
+import ctypes
+import functools
 import logging
-import re
+import struct
 
 from .attrs import attr
-from .find_transfers import RENDEZVOUS_ATTRS
+from .errors import GraphPassError
 from .load import RECV_OPS, SEND_OPS
-from .shapes import data_input, trusted_output
+from .shapes import BOUND_ATTR
 
-__all__ = ["annotate", "SHAPE_ROUNDS"]
+__all__ = ["annotate", "native_bound_attr"]
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
 
-#: Rounds of cross-partition propagation, as in the native pass: a shape crosses one task boundary
-#: per round; a step crosses at most a few (ps -> worker -> ps), and a round imports every partition.
-SHAPE_ROUNDS = 4
-# Node names TF's Python importer accepts; partition graphs also hold names such as "_EagerConst".
-_VALID_NAME = re.compile(r"^[A-Za-z0-9.][A-Za-z0-9_.\-/>]*$")
 
 
-def _key(nd):
-    return tuple(attr(nd, a) for a in RENDEZVOUS_ATTRS)
+@functools.lru_cache(maxsize=None)
+def _library():
+    from rdmadev.tf import ops  # the op library registers its ops (RdmadevSend/Recv) with TF
+
+    ops.load()
+    lib = ctypes.CDLL(ops.library_path())
+    lib.rdmadev_annotate_partitions.argtypes = [ctypes.c_char_p, ctypes.c_uint64, ctypes.POINTER(ctypes.c_void_p)]
+    lib.rdmadev_annotate_partitions.restype = ctypes.c_int
+    lib.rdmadev_free.argtypes = [ctypes.c_void_p]
+    lib.rdmadev_bound_attr.restype = ctypes.c_char_p
+    return lib
 
 
-def _set_recv_shapes(gd, known):
-    for nd in gd.node:
-        if nd.op in RECV_OPS and _key(nd) in known:
-            nd.attr["_output_shapes"].list.Clear()
-            proto = nd.attr["_output_shapes"].list.shape.add()
-            for d in known[_key(nd)]:
-                proto.dim.add(size=d)
+def native_bound_attr():
+    """The attr name the op library writes a bound under (``kBoundAttr``, shapes.h)."""
+    return _library().rdmadev_bound_attr().decode()
 
 
-def _importable(gd, graph_pb2):
-    """A copy of ``gd`` with node names the Python importer accepts (same structure)."""
-    names = {n.name: n.name if _VALID_NAME.match(n.name) else f"rdmadev.renamed.{i}" for i, n in enumerate(gd.node)}
-    if all(k == v for k, v in names.items()):
-        return gd, names
-    out = graph_pb2.GraphDef()
-    out.CopyFrom(gd)
-    for nd in out.node:
-        nd.name = names[nd.name]
-        for i, text in enumerate(nd.input):
-            ctrl, rest = ("^", text[1:]) if text.startswith("^") else ("", text)
-            base, sep, idx = rest.rpartition(":")
-            base, sep, idx = (base, sep, idx) if sep and idx.isdigit() else (rest, "", "")
-            nd.input[i] = ctrl + names.get(base, base) + sep + idx
-    return out, names
+def _pair_key(nd):
+    return "|".join(str(attr(nd, a, "")) for a in ("tensor_name", "send_device", "recv_device"))
 
 
-def _send_shapes(tf, graph_pb2, gd):
-    """``{rendezvous key: dims}`` for each `_Send` of ``gd`` whose input TF's shape functions fully define."""
-    importable, names = _importable(gd, graph_pb2)
-    g = tf.Graph()
+def _native_shapes(gds):
+    """``{pair key: {attr: dims}}`` the op library gives the partitions ``gds``."""
+    framed = b"".join(struct.pack("<Q", len(b)) + b for b in (gd.SerializeToString() for gd in gds))
+    lib, out = _library(), ctypes.c_void_p()
+    rc = lib.rdmadev_annotate_partitions(framed, len(framed), ctypes.byref(out))
     try:
-        with g.as_default():
-            tf.graph_util.import_graph_def(importable, name="")
-    except (ValueError, TypeError, tf.errors.OpError) as exc:  # e.g. an op not registered in this process
-        log.debug("shape inference skipped a partition: %s", exc)
-        return {}
-    out = {}
-    for nd in gd.node:
-        src = data_input(nd) if nd.op in SEND_OPS else None
-        if src is None or src[0] not in names:
-            continue
-        op = g.get_operation_by_name(names[src[0]])
-        if not trusted_output(op.type, src[1]) or src[1] >= len(op.outputs):
-            continue
-        shape = op.outputs[src[1]].shape
-        if shape.is_fully_defined():
-            out[_key(nd)] = tuple(shape.as_list())
-    return out
+        text = ctypes.string_at(out).decode() if out.value else ""
+    finally:
+        lib.rdmadev_free(out)
+    if rc != 0:
+        raise GraphPassError(f"rdmadev's shape annotation refused the partitions: {text}")
+    shapes = {}
+    for line in text.splitlines():
+        key, name, dims = line.split("\t")
+        shapes.setdefault(key, {})[name] = [int(d) for d in dims.split(",")] if dims else []
+    return shapes
 
 
-def annotate(partitions, rounds=SHAPE_ROUNDS):
-    """Return copies of ``partitions`` whose `_Recv` nodes carry TF's inferred ``_output_shapes``.
+def annotate(partitions):
+    """Return copies of ``partitions`` whose `_Send` and `_Recv` nodes carry what rdmadev's pass
+    would write on them: ``_output_shapes`` where TF's shape functions prove the pair's shape,
+    ``BOUND_ATTR`` where they bound a run-time one.
 
     Args:
         partitions: the GraphDefs of one instantiation (TF's messages, graph_pass's, or bytes).
-        rounds: rounds of cross-partition propagation.
 
     Returns:
-        A list of TF GraphDef messages (the inputs are not modified). A `_Recv` that already has
-        ``_output_shapes`` keeps it unless TF infers a fully defined shape for its tensor.
+        A list of TF GraphDef messages (the inputs are not modified). A partition TF cannot
+        build here (an op not registered in this process) adds nothing, but its halves get what
+        the other partitions say.
+
+    Raises:
+        GraphPassError: a partition is not a GraphDef.
 
     Example:
         >>> plan = plan_partitions(annotate(partition_sets(run_metadata)[0]))  # doctest: +SKIP
     """
-    import tensorflow as tf
     from tensorflow.core.framework import graph_pb2
 
     gds = []
     for p in partitions:
         data = bytes(p) if isinstance(p, (bytes, bytearray, memoryview)) else p.SerializeToString()
         gds.append(graph_pb2.GraphDef.FromString(data))
-    known = {}
-    for _ in range(rounds):
-        before = len(known)
-        for gd in gds:
-            _set_recv_shapes(gd, known)
-            known.update(_send_shapes(tf, graph_pb2, gd))
-        if len(known) == before:
-            break
+    shapes = _native_shapes(gds)
     for gd in gds:
-        _set_recv_shapes(gd, known)
-    log.debug("TF shape inference: %d transfer shapes known", len(known))
+        for nd in gd.node:
+            if nd.op not in SEND_OPS and nd.op not in RECV_OPS:
+                continue
+            for name, dims in shapes.get(_pair_key(nd), {}).items():
+                nd.attr[name].list.Clear()
+                proto = nd.attr[name].list.shape.add()
+                for d in dims:
+                    proto.dim.add(size=d)
+    log.debug("TF shape inference: %d transfer shapes or bounds known", len(shapes))
     return gds

@@ -6,6 +6,7 @@ The job is a user's TF1 script run unchanged (tests/between_graph_client.py: rep
 MonitoredTrainingSession, one client per worker, both workers at once) on real TF servers:
 once on a gRPC cluster and once on a grpc+rdmadev cluster, compared bitwise."""
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -369,6 +370,7 @@ out = {"trained": trained, "evaluated": evaluated, "step": int(final.values[0]),
 if sys.argv[4] == "rdmadev":
     import rdmadev
     out["transfers"] = {t: c["transfers"] for t, c in rdmadev.counters(cluster).items()}
+    out["reports"] = {t: [str(r) for r in rs] for t, rs in rdmadev.task_reports(cluster).items()}
 print("RESULT " + json.dumps(out), flush=True)
 """
 LAST_STEP = 30
@@ -424,6 +426,11 @@ def test_monitored_training_session_with_a_global_step_trains_as_on_grpc(monitor
     assert ours["evaluated"] == grpc["evaluated"] and ours["variables"] == grpc["variables"], \
         "grpc+rdmadev must train what gRPC trains"
     assert all(ours["transfers"].values()), f"a task moved nothing over rdmadev: {ours['transfers']}"
+    # The worker's halves of the ids it partitions between the ps (64 x 8 int64 at most each)
+    # know their bound, and each ps's receiving half took its slots from it, not 1 MiB.
+    worker = "\n".join(ours["reports"]["/job:worker/replica:0/task:0"])
+    ids = re.findall(r"^  send half .* edge_\d+_embedding_lookup/DynamicPartition DT_INT64 (.*)$", worker, re.M)
+    assert len(ids) >= 2 and set(ids) == {"run-time shape, slots of 4096 B (its bound from TF's shapes)"}, worker
 
 
 @pytest.mark.tf

@@ -6,17 +6,16 @@
 // (ApplyLabelled) and runs the loops around such nodes one iteration at a time
 // (RunIterationsInOrder). Everything else is left as TF made it. The passes before it decide
 // which functions it rewrites (opt_in.cc) and mark the pairs that leave a conditional's
-// branch (branch_exits.cc); the planner is called through planner_call.cc.
+// branch (branch_exits.cc); the pairs' shapes and bounds come from shapes.cc, and the planner
+// is called through planner_call.cc.
 #include <map>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "tensorflow/core/common_runtime/optimization_registry.h"
-#include "tensorflow/core/common_runtime/shape_refiner.h"
 #include "tensorflow/core/framework/graph.pb.h"
 #include "tensorflow/core/framework/node_def_util.h"
-#include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/graph/algorithm.h"
 #include "tensorflow/core/graph/control_flow.h"
 #include "tensorflow/core/graph/graph.h"
@@ -27,80 +26,13 @@
 #include "opt_in.h"
 #include "pairs.h"
 #include "planner_call.h"
+#include "shapes.h"
 
 namespace rdmadev_tf {
 namespace {
 
 using tensorflow::Graph;
 using tensorflow::Node;
-
-// Rounds of cross-partition propagation: a shape crosses one task boundary per round; a
-// step crosses at most a few (ps -> worker -> ps), and a round costs one shape pass.
-constexpr int kShapeRounds = 4;
-
-// oneDNN's fused ops register shape functions that are wrong past output 0 (e.g.
-// _MklNativeConv2DBackpropFilterWithBias gives the bias gradient the conv's input channels):
-// those shapes stay unknown, and the planner gives the pair a dynamic channel. Outputs 1 and 2
-// of oneDNN's batch norms are the exception: the batch statistics and the scale and offset
-// gradients, [C] in TF's FusedBatchNorm(Grad) shape functions, which these ops register, and
-// in their kernels. graph_pass/shapes.py, trusted_output, is the same rule.
-bool TrustedOutput(const Node* n, int index) {
-  const std::string& op = n->type_string();
-  if (index == 0 || op.rfind("_Mkl", 0) != 0) return true;
-  return (index == 1 || index == 2) && op.find("FusedBatchNorm") != std::string::npos;
-}
-
-// TF's partition graphs no longer carry shapes. Runs TF's own shape functions over every
-// partition, feeding each _Recv the shape its _Send's input got on the other side, until
-// nothing new is learned; then records each fully known shape as `_output_shapes` on the
-// _Recv and on the _Send, which the planner takes as authoritative.
-void AnnotateRecvShapes(std::unordered_map<std::string, std::unique_ptr<Graph>>* parts) {
-  std::map<std::string, tensorflow::PartialTensorShape> known;
-  for (int round = 0; round < kShapeRounds; ++round) {
-    size_t before = known.size();
-    for (auto& kv : *parts) {
-      Graph* g = kv.second.get();
-      tensorflow::ShapeRefiner refiner(g->versions(), g->op_registry());
-      std::vector<Node*> order;
-      tensorflow::GetReversePostOrder(*g, &order);
-      for (Node* n : order) {
-        if (!refiner.AddNode(n).ok()) continue;  // an input without a shape: skip it
-        if (IsRecvOp(n)) {
-          auto it = known.find(RendezvousKey(n));
-          if (it == known.end()) continue;
-          tensorflow::shape_inference::ShapeHandle h;
-          auto* c = refiner.GetContext(n);
-          if (c && c->MakeShapeFromPartialTensorShape(it->second, &h).ok()) {
-            refiner.SetShape(n, 0, h).IgnoreError();
-          }
-        } else if (IsSendOp(n)) {
-          const tensorflow::Edge* e = nullptr;
-          if (!n->input_edge(0, &e).ok() || !e) continue;
-          if (!TrustedOutput(e->src(), e->src_output())) continue;
-          auto* c = refiner.GetContext(e->src());
-          if (!c) continue;
-          auto h = c->output(e->src_output());
-          if (!c->FullyDefined(h)) continue;
-          std::vector<int64_t> dims;
-          for (int i = 0; i < c->Rank(h); ++i) dims.push_back(c->Value(c->Dim(h, i)));
-          known[RendezvousKey(n)] = tensorflow::PartialTensorShape(dims);
-        }
-      }
-    }
-    if (known.size() == before) break;
-  }
-  // A _Send gets the shape too: when its _Recv is in no partition here (a TF1 task plans
-  // only its own half), it is all the planner can know.
-  for (auto& kv : *parts) {
-    for (Node* n : kv.second->op_nodes()) {
-      if (!IsRecvOp(n) && !IsSendOp(n)) continue;
-      auto it = known.find(RendezvousKey(n));
-      if (it != known.end()) {
-        n->AddAttr("_output_shapes", std::vector<tensorflow::PartialTensorShape>{it->second});
-      }
-    }
-  }
-}
 
 std::string Sanitized(const std::string& s) {
   std::string safe;
@@ -232,7 +164,7 @@ class RdmadevPass : public tensorflow::GraphOptimizationPass {
     // TF's partitioner names the function being instantiated as the debug prefix.
     std::vector<std::string> marked = TakeOptIn(options.debug_filename_prefix);
     if (mode == kRewriteMarked && marked.empty()) return absl::OkStatus();  // not opted in
-    AnnotateRecvShapes(parts);
+    AnnotatePairShapes(parts);
     std::map<std::string, std::string> serialized;
     for (auto& kv : *parts) {
       tensorflow::GraphDef gd;

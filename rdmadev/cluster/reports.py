@@ -35,6 +35,9 @@ class Report:
     #: swapped tensor names inside a while loop: one transfer per iteration, and the loop runs
     #: one iteration at a time on each task (pass.cc, RunIterationsInOrder)
     looped: list = dataclasses.field(default_factory=list)
+    #: swapped tensor name of run-time shape -> [payload bytes its slots start with, whether
+    #: that is the bound TF's shapes give it (else RDMADEV_DYNAMIC_CAPACITY or a hint)]
+    capacities: dict = dataclasses.field(default_factory=dict)
     error: str = ""      # set when the report could not be read (see unreachable)
 
     @classmethod
@@ -63,6 +66,9 @@ class Report:
         looped = set(self.looped)
         for name, route, dtype, nbytes, fabric in self.swapped:
             what = "run-time shape" if nbytes is None else f"{nbytes} B"
+            if name in self.capacities:
+                cap, bounded = self.capacities[name]
+                what += f", slots of {cap} B" + (" (its bound from TF's shapes)" if bounded else "")
             if dtype == CONTROL:
                 dtype, what = "control edge", "(orders execution, carries no data)"
             if name in looped:

@@ -112,7 +112,7 @@ def rewrites(partitions, function="", marked=()):
     fabrics, registered = open_channels(rt.call, instance, [t for t in swap if t.halves == "both"],
                                         {r.region_id: r.bytes for r in plan.regions}, function,
                                         marked, lineage_scope(function))
-    out, swapped, kept = [], [], []
+    out, swapped, kept, capacities = [], [], [], {}
     timeout, limit = plan.config.deadline_s, rt.config.max_tensor_bytes
     for t in plan.transfers:
         route = f"{t.send_task} -> {t.recv_task}"
@@ -137,9 +137,11 @@ def rewrites(partitions, function="", marked=()):
             swapped.append((t.tensor_name, route, reports.CONTROL, 0, fabric))
         else:
             swapped.append((t.tensor_name, route, t.dtype, t.bytes, fabric))
+            if t.bytes is None and t.halves != "recv":  # a receiving half's slots: what its sender says
+                capacities[t.tensor_name] = [t.capacity_bytes, t.capacity_bytes == t.bound_bytes]
     report = reports.Report(instance, swapped, kept, registered, function=function,
                             task=rt.task or "coordinator", marked=list(marked),
-                            looped=[t.tensor_name for t in swap if t.in_loop])
+                            looped=[t.tensor_name for t in swap if t.in_loop], capacities=capacities)
     if halves:
         _meet_halves(rt, [t for t in swap if t.halves != "both"], report)
     reports.record(report)
@@ -152,7 +154,9 @@ def _meet_halves(rt, halves, report):
     wanted here and offers the receiving ones to their senders (ChannelTable.offer_halves);
     `report` learns each sender's fabric and the bytes registered once they met."""
     sending = [t for t in halves if t.halves == "send"]
-    rt.table.want_halves({t.channel_key: t.bytes for t in sending},
+    # The receiver sizes the slots: a static tensor's bytes, else the bound the policy took.
+    rt.table.want_halves({t.channel_key: t.bytes if t.bytes is not None else
+                          t.capacity_bytes if t.bound_bytes is not None else None for t in sending},
                          {t.channel_key: t.recv_task for t in sending})
     by_sender = {}
     for t in halves:

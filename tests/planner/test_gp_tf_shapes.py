@@ -64,3 +64,103 @@ def test_partitions_the_importer_cannot_read_are_left_as_they_are():
     B.pair(w, ps, "edge_2_odd", "odd", recv_name="odd/_recv")
     gds = annotate([ps.gd, w.gd])
     assert recv_shapes(gds) == {"c/_recv": [(3,)], "odd/_recv": None}
+
+
+BOOL = 10
+DYNAMIC = {"dynamic_shapes": True}
+
+
+def bounds(gds):
+    """{tensor_name: (the exact shape, the bound)} the annotation wrote on each pair's _Recv."""
+    return {gp.attrs.attr(n, "tensor_name"): (gp.attrs.attr(n, "_output_shapes"), gp.attrs.attr(n, gp.shapes.BOUND_ATTR))
+            for gd in gds for n in gd.node if n.op == "_Recv"}
+
+
+def test_the_op_library_and_the_planner_name_the_bound_attr_alike():
+    from graph_pass.tf_shapes import native_bound_attr
+    assert native_bound_attr() == gp.shapes.BOUND_ATTR
+
+
+def test_unique_ids_bound_the_rows_gathered_for_them_on_the_other_task():
+    """tf.unique of 2048 ids on the worker: at most 2048 ids go to ps, and the rows ps gathers
+    for them come back as at most 2048 x 32 (the bound crosses to ps and back); unique's idx
+    has a static shape, ids of unknown length no bound."""
+    w, ps = B.Partition(W0), B.Partition(PS)
+    w.node("ids", "_Arg", T=("type", B.INT64), _output_shapes=("shapes", [(2048,)]), index=0)
+    w.node("any", "_Arg", T=("type", B.INT64), _output_shapes=("shapes", [(-1,)]), index=1)
+    w.node("uniq", "Unique", ["ids"], T=("type", B.INT64), out_idx=("type", B.INT32))
+    w.node("uniq_any", "Unique", ["any"], T=("type", B.INT64), out_idx=("type", B.INT32))
+    B.pair(w, ps, "edge_1_ids", "uniq", dtype=B.INT64)
+    B.pair(w, ps, "edge_2_idx", "uniq:1", dtype=B.INT32)
+    B.pair(w, ps, "edge_3_any", "uniq_any", dtype=B.INT64)
+    ps.node("table", "_Arg", T=("type", B.RESOURCE), _handle_shapes=("shapes", [(100000, 32)]),
+            _handle_dtypes=("types", [B.FLOAT]), index=0)
+    ps.node("rows", "ResourceGather", ["table", "edge_1_ids/_recv"], dtype=("type", B.FLOAT),
+            Tindices=("type", B.INT64))
+    B.pair(ps, w, "edge_4_rows", "rows")
+    gds = annotate([w.gd, ps.gd])
+    assert bounds(gds) == {"edge_1_ids": (None, [(2048,)]), "edge_2_idx": ([(2048,)], None),
+                           "edge_3_any": (None, None), "edge_4_rows": (None, [(2048, 32)])}
+    plan = gp.plan_partitions(gds, gp.Config(default_dynamic_capacity=1 << 20, carries=DYNAMIC), instance_id="i")
+    got = {t.tensor_name: (t.reason, t.bytes, t.bound_bytes, t.capacity_bytes, t.rank_capacity) for t in plan.transfers}
+    assert got == {"edge_1_ids": ("dynamic_bounded", None, 2048 * 8, 2048 * 8, 1),
+                   "edge_2_idx": ("static", 2048 * 4, None, 2048 * 4, None),
+                   "edge_3_any": ("dynamic_bounded", None, None, 1 << 20, gp.Config().max_dynamic_rank),
+                   "edge_4_rows": ("dynamic_bounded", None, 2048 * 32 * 4, 2048 * 32 * 4, 2)}
+    assert "bound [2048, 32] from TF's shapes" in plan.transfer(plan.transfers[3].channel_key).detail
+
+
+def test_a_bound_above_the_default_capacity_leaves_the_default():
+    """A bound is what a tensor may reach: it only ever lowers the slots a channel starts with."""
+    w, ps = B.Partition(W0), B.Partition(PS)
+    w.node("ids", "_Arg", T=("type", B.INT64), _output_shapes=("shapes", [(2048,)]), index=0)
+    w.node("uniq", "Unique", ["ids"], T=("type", B.INT64), out_idx=("type", B.INT32))
+    B.pair(w, ps, "edge_1_ids", "uniq", dtype=B.INT64)
+    gds = annotate([w.gd, ps.gd])
+    small = gp.plan_partitions(gds, gp.Config(default_dynamic_capacity=4096, carries=DYNAMIC), instance_id="i")
+    assert (small.transfers[0].bound_bytes, small.transfers[0].capacity_bytes) == (16384, 4096)
+    hinted = gp.Config(default_dynamic_capacity=1 << 20, capacity_hints={"edge_1_ids": 99}, carries=DYNAMIC)
+    assert gp.plan_partitions(gds, hinted, instance_id="i").transfers[0].capacity_bytes == 99
+    none = gp.plan_partitions(gds, gp.Config(carries=DYNAMIC), instance_id="i")  # no default: the bound
+    assert (none.transfers[0].reason, none.transfers[0].capacity_bytes) == ("dynamic_bounded", 16384)
+
+
+def test_where_dynamic_partition_setdiff_and_unique_along_an_axis_are_bounded_by_their_inputs():
+    w, ps = B.Partition(W0), B.Partition(PS)
+    w.node("mask", "_Arg", T=("type", BOOL), _output_shapes=("shapes", [(64, 3)]), index=0)
+    w.node("where", "Where", ["mask"], T=("type", BOOL))
+    w.node("data", "_Arg", T=("type", B.FLOAT), _output_shapes=("shapes", [(100, 8)]), index=1)
+    w.node("parts", "_Arg", T=("type", B.INT32), _output_shapes=("shapes", [(100,)]), index=2)
+    w.node("split", "DynamicPartition", ["data", "parts"], T=("type", B.FLOAT), num_partitions=2)
+    w.node("x", "_Arg", T=("type", B.INT32), _output_shapes=("shapes", [(10,)]), index=3)
+    w.node("y", "_Arg", T=("type", B.INT32), _output_shapes=("shapes", [(5,)]), index=4)
+    w.node("diff", "ListDiff", ["x", "y"], T=("type", B.INT32), out_idx=("type", B.INT32))
+    w.node("rows", "_Arg", T=("type", B.INT64), _output_shapes=("shapes", [(6, 4)]), index=5)
+    w.node("axis", "Const", dtype=("type", B.INT64), value=("tensor", (B.INT64, (1,), None)))
+    axis = [n for n in w.gd.node if n.name == "axis"][0]
+    axis.attr["value"].tensor.int64_val.append(0)
+    w.node("uniq_rows", "UniqueV2", ["rows", "axis"], T=("type", B.INT64), Taxis=("type", B.INT64),
+           out_idx=("type", B.INT32))
+    B.pair(w, ps, "edge_1_where", "where", dtype=B.INT64)
+    B.pair(w, ps, "edge_2_part", "split:1")
+    B.pair(w, ps, "edge_3_diff", "diff", dtype=B.INT32)
+    B.pair(w, ps, "edge_4_uniq_rows", "uniq_rows", dtype=B.INT64)
+    assert bounds(annotate([w.gd, ps.gd])) == {
+        "edge_1_where": (None, [(192, 2)]), "edge_2_part": (None, [(100, 8)]),
+        "edge_3_diff": (None, [(10,)]), "edge_4_uniq_rows": (None, [(6, 4)])}
+
+
+@pytest.mark.parametrize("framed, named", [
+    (b"\x05\x00\x00", "ends inside a length"),
+    (b"\x10" + b"\x00" * 7 + b"short", "partition 0 is not a serialized GraphDef"),
+    (b"\x03" + b"\x00" * 7 + b"\xff\xff\xff", "partition 0 is not a serialized GraphDef"),
+])
+def test_the_op_librarys_annotation_refuses_input_that_is_not_framed_graphdefs(framed, named):
+    import ctypes
+    from graph_pass import tf_shapes
+    lib, out = tf_shapes._library(), ctypes.c_void_p()
+    assert lib.rdmadev_annotate_partitions(framed, len(framed), ctypes.byref(out)) == 1
+    try:
+        assert named in ctypes.string_at(out).decode()
+    finally:
+        lib.rdmadev_free(out)
