@@ -82,15 +82,16 @@ class BuildNative(build_ext):
         self.install_plugin()
 
     def build_paths(self):
-        """(where LINKS_TF find libtensorflow_framework, the loader's package folder). For this
-        tree: this build's TF, and the tree's rdmadev. In a wheel: TF beside rdmadev in
-        site-packages, and no folder (the loader looks beside itself only): a wheel points at
-        nothing of the machine it was built on, as pip builds in a temporary folder that anyone
-        may create again once it is gone."""
-        import tensorflow as tf
-
+        """(where LINKS_TF find libtensorflow_framework, or None for no run path; the loader's
+        package folder). In a wheel: TF beside rdmadev in site-packages, and no folder (the
+        loader looks beside itself only): a wheel points at nothing of the machine it was built
+        on, as pip builds in a temporary folder that anyone may create again once it is gone.
+        For this tree: the tree's rdmadev, and no run path to TF, for the same reason: pip's
+        editable install builds against a TF in such a folder too. None is needed: these
+        libraries are only ever loaded into a process whose TF has loaded
+        libtensorflow_framework already (tf.load_op_library, TF's plugin loading)."""
         if self.for_tree:
-            return tf.sysconfig.get_lib(), os.path.join(HERE, "rdmadev")
+            return None, os.path.join(HERE, "rdmadev")
         return "$ORIGIN/../tensorflow", ""
 
     def build_extensions(self):
@@ -101,7 +102,7 @@ class BuildNative(build_ext):
         rest = [e for e in self.extensions if e.name != "rdmadev.librdmadev_core"]
         tf_lib, package_dir = self.build_paths()
         for ext in core + rest:
-            if ext.name in LINKS_TF:
+            if ext.name in LINKS_TF and tf_lib:
                 ext.extra_link_args = ext.extra_link_args + ["-Wl,-rpath," + tf_lib]
             if ext.name == LOADER:
                 ext.extra_compile_args = ext.extra_compile_args + [

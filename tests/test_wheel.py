@@ -19,6 +19,8 @@ import zipfile
 
 import pytest
 
+from elf import run_paths_outside_origin
+
 pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -132,25 +134,15 @@ def test_the_wheel_holds_every_module_every_library_and_the_tf_plugin(wheel):
     assert re.search(r"^rdmadev = rdmadev\.tools\.cli:main$", entry_points, re.M), entry_points
 
 
-def _interpreter_rpaths():
-    """The run paths this interpreter's own link flags give every extension (pyenv's lib)."""
-    flags = " ".join(sysconfig.get_config_vars().get(v) or "" for v in ("LDFLAGS", "LDSHARED"))
-    return set(re.findall(r"-Wl,-rpath[,=]([^\s,]+)", flags))
-
-
 def test_the_wheels_libraries_point_at_nothing_of_the_machine_it_was_built_on(venv):
     """Run paths are $ORIGIN-relative (TF beside rdmadev in site-packages): pip builds in a
     temporary folder, and a run path into it would load whatever is there later."""
     _, site = venv
-    allowed = _interpreter_rpaths()
     libs = glob.glob(os.path.join(site, "rdmadev", "**", "*.so"), recursive=True)
     assert len(libs) > 5, libs
     for lib in libs:
-        dynamic = _run(["readelf", "-d", lib], 60).stdout
-        for paths in re.findall(r"\((?:RUNPATH|RPATH)\)\s+Library r(?:un)?path: \[(.*)\]", dynamic):
-            outside = [p for p in paths.split(":")
-                       if not p.startswith("$ORIGIN") and p not in allowed]
-            assert not outside, f"{lib}: run path {outside}"
+        outside = run_paths_outside_origin(lib)
+        assert not outside, f"{lib}: run path {outside}"
 
 
 def test_installed_wheel_loads_its_own_libraries_through_tensorflows_plugin(venv, tmp_path):

@@ -694,6 +694,41 @@ def growing(mode):
             "report": fn.report if mode == "rdmadev" else ""}
 
 
+def underbound(mode):
+    """A tensor larger than the bound TF's shapes give it: 4096 - len(tf.unique(ids)) floats,
+    from 2048 ids. The bound of the unique ids is 2048, so the pass bounds the tensor by
+    4096 - 2048 = 2048 floats (8 KiB), but shape arithmetic that subtracts a bounded size is
+    not monotone: with 10 distinct ids the tensor has 4086. Returns each step's sum, and with
+    rdmadev the tensors worker:0 staged, the channels ps grew (waiting for the growth after a
+    staged step, as `growing`) and the report."""
+    def step(ids):
+        with tf.device(W0):
+            uniq, _ = tf.unique(ids)
+            x = tf.ones([4096 - tf.size(uniq)]) * tf.cast(tf.reduce_sum(uniq), tf.float32)
+        with tf.device(PS):
+            return tf.reduce_sum(x)
+
+    fn = tf.function(step, input_signature=[tf.TensorSpec([2048], tf.int64)])
+    fn = rdmadev.optimize(fn) if mode == "rdmadev" else fn
+    rng = np.random.default_rng(3)
+    values, grown, staged = [], [], []
+    for distinct in (10, 10, 2048, 10):
+        ids = rng.permutation(2048) if distinct == 2048 else rng.integers(0, distinct, 2048)
+        if mode == "rdmadev":
+            before, before_worker = rdmadev.counters()[PS], rdmadev.counters()[W0]
+        values.append(float(fn(tf.constant(ids, tf.int64))))
+        if mode != "rdmadev":
+            continue
+        staged.append(rdmadev.counters()[W0]["staged"] - before_worker["staged"])
+        after, deadline = rdmadev.counters()[PS], time.monotonic() + GROWTH_WAIT_S
+        while staged[-1] and after["grown"] == before["grown"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+            after = rdmadev.counters()[PS]
+        grown.append(after["grown"] - before["grown"])
+    return {"values": values, "grown": grown, "staged": staged,
+            "report": fn.report if mode == "rdmadev" else ""}
+
+
 def profile(mode, cluster):
     """A step whose transfers are known (a 1 MiB variable read ps -> worker, copied out as its
     consumer, ReverseV2, is not one that keeps nothing; 3.2 MB of tf.unique'd ids worker -> ps
@@ -793,7 +828,7 @@ def main():
         tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster))
         result = {"train": train, "noop": noop, "big": big, "retrace": retrace,
                   "train_until_killed": train_until_killed, "mixed": mixed,
-                  "conv": conv, "sparse": sparse, "overlapping": overlapping, "cond": cond, "growing": growing, "loop": loop,
+                  "conv": conv, "sparse": sparse, "overlapping": overlapping, "cond": cond, "growing": growing, "underbound": underbound, "loop": loop,
                   "loop_until_killed": loop_until_killed,
                   "batch_norm": batch_norm, "views": views}[scenario](mode)
     print("RESULT " + json.dumps(result))

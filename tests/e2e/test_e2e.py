@@ -233,7 +233,7 @@ def test_pairs_inside_while_loops_move_in_iteration_order(cluster):
     assert len(looped) >= 11 and set(looped) <= {"shm", "shm+zc"}, report
     # The growing loop's rows (the other loops' reads from ps have static shapes).
     assert re.search(r"^\s*shm\S*\s+/job:ps\S* -> /job:worker\S*\s+\S+ DT_FLOAT "
-                     r"run-time shape each loop iteration$", report, re.M), report
+                     r"run-time shape, slots of \d+ B each loop iteration$", report, re.M), report
     assert re.search(rf"^\s*{len(looped)} swapped in while loops: their loops run one iteration at a time",
                      report, re.M), report
     assert re.search(r"ps/replica:0/task:0 -> /job:worker/replica:0/task:0  edge_\d+_ReadVariableOp DT_FLOAT "
@@ -350,6 +350,18 @@ def test_a_channel_grows_past_its_capacity_mid_training(cluster):
     assert rdma["grown"] == [1, 0, 0, 1, 0, 0, 0], rdma["grown"]
 
 
+def test_a_tensor_past_the_bound_tf_gave_it_moves_and_grows_its_channel(cluster):
+    """A bound only sizes slots: a tensor larger than it (the bound of 4096 - len(unique ids)
+    is too small, subtraction not being monotone) is staged, the channel grows to hold it, and
+    the values are gRPC's; a later tensor within the grown slots is not staged."""
+    grpc = run_driver(cluster, "grpc", "underbound")
+    rdma = run_driver(cluster, "rdmadev", "underbound")
+    assert rdma["values"] == grpc["values"]
+    assert re.search(r"edge_\d+_mul DT_FLOAT run-time shape, slots of 8192 B \(its bound from TF's "
+                     r"shapes\)$", rdma["report"], re.M), rdma["report"]
+    assert rdma["staged"] == [1, 0, 0, 0] and rdma["grown"] == [1, 0, 0, 0], rdma
+
+
 def test_a_channel_grown_in_one_run_fits_its_slots_at_once_in_the_next(cluster):
     """What a channel learned outlives the coordinator: a second run of the same step (a
     new process, so new instantiations and keys: a job started again) gets, from ps, the
@@ -398,7 +410,8 @@ def test_every_swapped_transfer_is_on_tfs_profiler_timeline(cluster):
     # RDMADEV_STAGE_BELOW_SLOT_BYTES, so not staged), so 4 chunks (gathered by copies) the first
     # time; ps then grew the channel (before the trace), so one slot each, aliased by Mul (the
     # report's shm+zc).
-    assert re.search(r"^\s*shm\+zc\s.*Unique DT_INT64 run-time shape$", rdma["report"], re.M), rdma["report"]
+    assert re.search(r"^\s*shm\+zc\s.*Unique DT_INT64 run-time shape, slots of 1048576 B$", rdma["report"],
+                     re.M), rdma["report"]
     assert rdma["first_chunks"] == 4 and rdma["grown"] == 1
     ids_send, ids_recv = by_side["worker:0 send"], by_side["ps:0 recv"]
     assert ids_send["bytes"] == ids_recv["bytes"] == [3200000]
