@@ -63,12 +63,15 @@ def format_table(plan):
 
     Returns:
         A multi-line string: one row per transfer (transfer, from -> to, kind, dtype, shape, bytes,
-        decision, reason, region, offset), then totals per decision and per receiving task.
+        decision, reason, region, offset; a run-time shape as ``?`` dims, or ``<=[...]`` within
+        its bound), then totals per decision and per receiving task.
     """
     head = ("transfer", "from -> to", "kind", "dtype", "shape", "bytes", "decision", "reason", "region", "offset")
     rows = []
     for t in plan.transfers:
         shape = "?" if t.shape is None else "[" + ",".join("?" if d < 0 else str(d) for d in t.shape) + "]"
+        if t.bound is not None:  # a run-time shape within a bound TF's shapes give
+            shape = "<=[" + ",".join(map(str, t.bound)) + "]"
         size = t.bytes if t.bytes is not None else (f"<={t.capacity_bytes}" if t.capacity_bytes else "?")
         region = "" if t.region is None else f"{short_task(t.recv_task)}<-{short_task(t.send_task)}"
         rows.append((_clip(t.label, LABEL_WIDTH), f"{short_task(t.send_task)} -> {short_task(t.recv_task)}",

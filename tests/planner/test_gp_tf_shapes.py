@@ -110,6 +110,22 @@ def test_unique_ids_bound_the_rows_gathered_for_them_on_the_other_task():
     assert "bound [2048, 32] from TF's shapes" in plan.transfer(plan.transfers[3].channel_key).detail
 
 
+def test_rdmadev_plan_shows_the_bounds_and_the_slots_they_give(tmp_path, capsys):
+    from graph_pass import cli
+    w, ps = B.Partition(W0), B.Partition(PS)
+    w.node("ids", "_Arg", T=("type", B.INT64), _output_shapes=("shapes", [(2048,)]), index=0)
+    w.node("uniq", "Unique", ["ids"], T=("type", B.INT64), out_idx=("type", B.INT32))
+    B.pair(w, ps, "edge_1_ids", "uniq", dtype=B.INT64)
+    files = []
+    for name, part in (("w.pb", w), ("ps.pb", ps)):
+        files.append(tmp_path / name)
+        files[-1].write_bytes(part.gd.SerializeToString())
+    assert cli.main(["--graphdef", *map(str, files), "--carry", "dynamic_shapes",
+                     "--default-dynamic-capacity", str(1 << 20)]) == 0
+    row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("edge_1_ids")]
+    assert row and row[0].split()[5:9] == ["int64", "<=[2048]", "<=16384", "swap"], row
+
+
 def test_a_bound_above_the_default_capacity_leaves_the_default():
     """A bound is what a tensor may reach: it only ever lowers the slots a channel starts with."""
     w, ps = B.Partition(W0), B.Partition(PS)
