@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -63,15 +64,23 @@ bool Elements(const Dims& dims, int64_t* n) {
   return true;
 }
 
+// The ops whose output size depends on their inputs' values (TF's shape functions leave that
+// dim unknown) and that BoundOfValueSizedOutput bounds: where a function has none, no pair of
+// it can get a bound.
+bool ValueSized(const Node* n) {
+  static const std::set<std::string> ops{"Unique", "UniqueWithCounts", "UniqueV2", "UniqueWithCountsV2",
+                                         "ListDiff", "Where", "DynamicPartition"};
+  return ops.count(n->type_string()) > 0;
+}
+
 // A bound on output `index` of `n`, one of the ops whose output size depends on its inputs'
-// values (TF's shape function leaves that dim unknown), from its inputs' shapes; false for
-// every other op and output. Each bound holds for every value: unique ids, the indices of
+// values (ValueSized), from its inputs' shapes; false for every other op and output. Each bound holds for every value: unique ids, the indices of
 // true elements, a partition's rows and the elements of a set difference are at most their
 // input's.
 bool BoundOfValueSizedOutput(const Node* n, InferenceContext* c, int index, Dims* dims) {
   const std::string& op = n->type_string();
   Dims x;
-  if (c->num_inputs() == 0 || !FullDims(c, c->input(0), &x)) return false;
+  if (!ValueSized(n) || c->num_inputs() == 0 || !FullDims(c, c->input(0), &x)) return false;
   if (op == "Unique" || op == "UniqueWithCounts" || op == "ListDiff") {
     // y (UniqueWithCounts: and count; ListDiff: out and idx) of a 1-D x: at most x's length.
     // Unique's and UniqueWithCounts' idx has x's shape, which TF's function already says.
@@ -162,13 +171,16 @@ void SetShapeAttr(Node* n, const char* attr, const Dims& dims) {
 // The shapes TF proves for the pairs of `parts` and, for the others, their bounds.
 void PairShapes(Partitions* parts, Shapes* exact, Shapes* bounds) {
   *exact = Propagate(parts, {}, false);
-  bool unknown = false;  // bounds cost a second propagation: only when a pair needs one
+  // Bounds cost a second propagation: only when a pair needs one and an op can give one (a
+  // CNN's unknown shapes are oneDNN's untrusted outputs, which nothing bounds).
+  bool unknown = false, seeded = false;
   for (auto& kv : *parts) {
     for (Node* n : kv.second->op_nodes()) {
       if ((IsSendOp(n) || IsRecvOp(n)) && !exact->count(RendezvousKey(n))) unknown = true;
+      seeded = seeded || ValueSized(n);
     }
   }
-  *bounds = unknown ? Propagate(parts, *exact, true) : Shapes{};
+  *bounds = unknown && seeded ? Propagate(parts, *exact, true) : Shapes{};
   for (const auto& kv : *exact) bounds->erase(kv.first);
 }
 

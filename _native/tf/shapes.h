@@ -5,7 +5,8 @@
 //                    channel;
 //   _rdmadev_bound   for a tensor TF knows only at run time, a bound on every dim, when one
 //                    follows from the shapes of the values it is computed from: the slots its
-//                    dynamic channel starts with (never larger than RDMADEV_DYNAMIC_CAPACITY).
+//                    dynamic channel starts with where it is below RDMADEV_DYNAMIC_CAPACITY
+//                    (graph_pass/policy.py).
 //
 // Bounds start at the ops whose output size depends on their inputs' values, sized by their
 // inputs (tf.unique's ids by its input's length, tf.where's indices by its input's elements,
@@ -13,7 +14,9 @@
 // in shapes.cc) and go on through every other op with TF's own shape functions, as the exact
 // shapes do, across partitions too (ids bounded on a worker bound the rows gathered on the
 // ps). A bound sizes slots only: a larger tensor still moves (staged or in chunks) and the
-// channel grows, so a bound is never a limit on what a step may send.
+// channel grows, so a bound is never a limit on what a step may send. That matters, as TF's
+// shape arithmetic is not monotone: a size computed by subtracting a bounded one
+// (4096 - tf.size(ids)) comes out too small.
 #pragma once
 
 #include <memory>
