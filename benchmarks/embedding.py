@@ -43,6 +43,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
+from graph_pass.devices import split_task  # noqa: E402
 RESULTS = os.path.join(HERE, "results")
 VARIANTS = ("grpc", "rdmadev", "local")
 #: Seconds one configuration may take in the matrix (cluster start, tracing, windows).
@@ -288,7 +289,6 @@ def print_one(r):
     print(f"  registered after setup: warm-up and check {reg['warm_up']['grown']} grown rings, "
           f"{reg['warm_up']['stages']} stages; the windows {reg['windows']['grown']} grown rings, "
           f"{reg['windows']['stages']} stages (target 0)")
-    from graph_pass.devices import split_task
     print("  registered after the windows: " + ", ".join(
         "{}:{} {:.1f} MiB".format(*split_task(t), b / 2**20) for t, b in sorted(r["registered_bytes"].items())))
     if r["check"]:

@@ -2,7 +2,7 @@
 
 Schema ``rdmadev.plan`` version ``PLAN_VERSION`` (see ``Plan.to_dict`` for the exact keys)::
 
-    {"schema": "rdmadev.plan", "version": 2,
+    {"schema": "rdmadev.plan", "version": 3,
      "layout": {...graph_pass.layout.layout_dict()...},
      "config": {...Config fields...},
      "instance_id": "9f2c..." | null,
@@ -12,7 +12,9 @@ Schema ``rdmadev.plan`` version ``PLAN_VERSION`` (see ``Plan.to_dict`` for the e
 
 Version 2 added ``config.zero_copy_min_bytes``, ``config.deadline_s`` and ``config.carries``: the
 runtime tells the planner what its ops can carry and the policy obeys, so nothing downstream
-re-decides. The native side applies a plan and never re-decides: a transfer with ``decision == "swap"`` becomes
+re-decides. Version 3 added bundles: small static transfers of a step between the same two
+devices that share one channel (``Transfer.bundle``, ``bundle_offset``; graph_pass.bundles).
+The native side applies a plan and never re-decides: a transfer with ``decision == "swap"`` becomes
 a write on ``send_task`` into ``region`` at ``offset`` and a wait on ``recv_task``; a ``"keep"``
 transfer is left to TF's gRPC rendezvous. Offsets are authoritative on the receiving task, which
 sends its region descriptor to the sender at setup.
@@ -28,13 +30,14 @@ from .devices import task_of
 from .errors import ConfigError, PlanFormatError
 
 __all__ = ["PLAN_SCHEMA", "PLAN_VERSION", "STATIC_SLOTS", "DYNAMIC_SLOTS", "DEFAULT_MAX_DYNAMIC_RANK", "CLIENT_JOBS",
-           "DEFAULT_ZERO_COPY_MIN_BYTES", "DEFAULT_DEADLINE_S", "CARRIES", "Config", "Transfer", "Region", "TaskBlock", "Plan", "channel_id", "channel_key"]
+           "DEFAULT_ZERO_COPY_MIN_BYTES", "DEFAULT_DEADLINE_S", "DEFAULT_BUNDLE_BELOW_BYTES", "CARRIES", "Config", "Transfer", "Region", "TaskBlock", "Plan", "channel_id", "channel_key"]
 
 #: Schema name written into every serialized plan.
 PLAN_SCHEMA = "rdmadev.plan"
 #: Version of the schema; bump on any incompatible change (the native side refuses other versions).
 #: 2: config gained zero_copy_min_bytes, deadline_s and carries.
-PLAN_VERSION = 2
+#: 3: transfers gained bundle and bundle_offset (several share a channel), config bundle_below_bytes.
+PLAN_VERSION = 3
 #: Slots of a channel whose tensors have a static shape (and of a control signal): one. Such a
 #: channel carries one tensor per step, and the steps rdmadev rewrites run one at a time per
 #: instantiation (a tf.function call returns once all of its components finished;
@@ -67,6 +70,11 @@ DEFAULT_ZERO_COPY_MIN_BYTES = 64 << 10
 #: slow step on the other side; 300 s covers both, while a dead peer is caught earlier by the
 #: fabric's liveness checks, so the deadline only bounds what nothing else notices (never a hang).
 DEFAULT_DEADLINE_S = 300.0
+#: Largest static tensor (bytes, exclusive) that may share a channel with the other small tensors
+#: of its step between the same two devices (a bundle, graph_pass.bundles): one extra copy of it
+#: into the slot on its sender costs < 2 µs at memcpy speed here (10-15 GB/s on one core), an
+#: order below the 11-19 µs a pair of its own costs; a larger one gains nothing from sharing.
+DEFAULT_BUNDLE_BELOW_BYTES = 16 << 10
 #: What the runtime's ops can carry, by capability; each False keeps such transfers on gRPC with
 #: their own reason. A Config assumes neither unless told; rdmadev's bridge tells what its ops
 #: carry (rdmadev.tf.bridge.OPS_CARRY: all, half pairs where a task's runtime meets them).
@@ -124,6 +132,9 @@ class Config:
         zero_copy_min_bytes: smallest swapped transfer the receiver may alias (see
             ``DEFAULT_ZERO_COPY_MIN_BYTES``); ``zero_copy.mark_zero_copy`` reads it here.
         deadline_s: seconds every wait of the plan's channels may take (see ``DEFAULT_DEADLINE_S``).
+        bundle_below_bytes: static tensors smaller than this share a channel with the other small
+            tensors of their step between the same two devices (``graph_pass.bundles``;
+            ``DEFAULT_BUNDLE_BELOW_BYTES``); 0 gives every pair its own channel.
         carries: ``{"dynamic_shapes": bool, "half_pairs": bool, "dead_tensors": bool,
             "loops": bool}``, what the runtime's ops can carry (the bridge passes it; missing
             keys are False). The policy keeps what they cannot carry, with reason
@@ -146,6 +157,7 @@ class Config:
     max_dynamic_rank: int = DEFAULT_MAX_DYNAMIC_RANK
     zero_copy_min_bytes: int = DEFAULT_ZERO_COPY_MIN_BYTES
     deadline_s: float = DEFAULT_DEADLINE_S
+    bundle_below_bytes: int = DEFAULT_BUNDLE_BELOW_BYTES
     carries: dict = field(default_factory=lambda: dict.fromkeys(CARRIES, False))
 
     def __post_init__(self):
@@ -162,7 +174,7 @@ class Config:
         if self.slots is not None and (not isinstance(self.slots, int) or isinstance(self.slots, bool)
                                        or self.slots < 1):
             raise ConfigError(f"slots={self.slots!r}: must be None (the planner picks) or an int >= 1")
-        for name in ("min_bytes", "max_dynamic_rank", "zero_copy_min_bytes"):
+        for name in ("min_bytes", "max_dynamic_rank", "zero_copy_min_bytes", "bundle_below_bytes"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r}: must be an int >= 0")
         for name in ("default_dynamic_capacity", "half_pair_capacity"):
@@ -197,7 +209,11 @@ class Transfer:
     ``graph_pass.policy.REASONS``), ``detail`` (text), ``channel_key`` and, for swaps, the layout:
     ``region``, ``offset`` (in the region), ``task_offset`` (in the task block), ``slots``,
     ``slot_bytes``, ``payload_offset``, ``capacity_bytes``, ``rank_capacity`` (None = static);
-    ``zero_copy`` (set by ``zero_copy.mark_zero_copy``: the receiver may alias the slot).
+    ``zero_copy`` (set by ``zero_copy.mark_zero_copy``: the receiver may alias the slot);
+    ``bundle`` and ``bundle_offset`` (set by ``bundles.bundle_transfers`` for a small tensor
+    that shares its channel with others of its step: the bundle's id and where the tensor
+    starts in the slot's payload; its ``channel_key`` and layout are then the bundle's, the
+    same on every member).
     """
 
     channel_id: str
@@ -234,6 +250,8 @@ class Transfer:
     capacity_bytes: int = None
     rank_capacity: int = None
     zero_copy: bool = False
+    bundle: str = None
+    bundle_offset: int = None
 
     @property
     def send_task(self):
@@ -343,7 +361,7 @@ class Plan:
             older = isinstance(data.get("version"), int) and data["version"] < PLAN_VERSION
             raise PlanFormatError(
                 f"plan version {data.get('version')!r} is not supported (this graph_pass reads version "
-                f"{PLAN_VERSION}{', which added config.zero_copy_min_bytes, deadline_s and carries' if older else ''}); "
+                f"{PLAN_VERSION}{', which added bundles' if older else ''}); "
                 f"re-plan with the graph_pass that matches the native library")
         cfg = dict(data.get("config", {}))
         return cls(transfers=[_build(Transfer, t, "a transfer") for t in data.get("transfers", [])],

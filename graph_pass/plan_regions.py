@@ -4,7 +4,9 @@ For each receiving task there is one region per sending peer task. A region hold
 of the swapped transfers between the two, sorted by channel key (independent of node order, so
 equal inputs always give equal layouts); a channel is ``Config.slots_for`` slots whose
 layout is ``graph_pass.layout``'s. Regions start on ``REGION_ALIGNMENT`` boundaries inside the
-task's block, and the block's ``total_bytes`` is what the task registers.
+task's block, and the block's ``total_bytes`` is what the task registers. The members of a
+bundle (graph_pass.bundles: small tensors of a step between the same two devices) are one
+channel, of static slots holding all of their bytes, keyed by the bundle's id.
 
 Channel identity: ``channel_id`` comes from the rendezvous attrs alone; when both halves are planned
 together the ``channel_key`` also carries this instantiation's ``instance_id``, so two
@@ -17,6 +19,7 @@ import secrets
 from collections import defaultdict
 
 from . import layout
+from .bundles import bundle_transfers
 from .load import NS
 from .plan import Config, Plan, Region, TaskBlock, channel_key
 from .policy import decide
@@ -45,7 +48,8 @@ def plan_regions(transfers, config=None, instance_id=None, graph=None):
         instance_id: the instantiation id to put into keys of pairs whose both halves are planned;
             None generates one when such pairs exist (pass one for reproducible plans).
         graph: optionally the loaded graph; its pair nodes get ``decision``, ``reason``,
-            ``channel_key`` and ``region`` under ``data["rdmadev"]``.
+            ``channel_key`` and ``region`` under ``data["rdmadev"]``. Small tensors of a step
+            share channels (bundles) only where it is given: their dependencies are its edges.
 
     Returns:
         A ``Plan`` (call ``validate`` on it before use; ``plan_partitions`` does).
@@ -60,25 +64,33 @@ def plan_regions(transfers, config=None, instance_id=None, graph=None):
     planned = [dataclasses.replace(t) for t in transfers]
     if instance_id is None and any(t.halves == "both" for t in planned):
         instance_id = new_instance_id()
-    groups = defaultdict(list)
+    capacities = {}
     for t in planned:
         t.decision, t.reason, t.detail, cap, rank_cap = decide(t, config)
-        t.channel_key = channel_key(t.channel_id, instance_id if t.halves == "both" else None)
+        capacities[id(t)] = (cap, rank_cap)
+    bundles = bundle_transfers(planned, config, graph)
+    groups = defaultdict(lambda: defaultdict(list))  # (recv, send task) -> channel key -> transfers
+    for t in planned:
+        t.channel_key = channel_key(t.bundle or t.channel_id, instance_id if t.halves == "both" else None)
         if t.decision == "swap":
+            cap, rank_cap = (bundles[t.bundle], None) if t.bundle else capacities[id(t)]
             t.slots, t.capacity_bytes, t.rank_capacity = config.slots_for(rank_cap), cap, rank_cap
             t.slot_bytes, t.payload_offset = layout.slot_bytes(cap, rank_cap)
-            groups[(t.recv_task, t.send_task)].append(t)
+            groups[(t.recv_task, t.send_task)][t.channel_key].append(t)
     regions, tasks = [], {}
     for recv_task, send_task in sorted(groups):
         block = tasks.setdefault(recv_task, TaskBlock(task=recv_task, total_bytes=0))
         region = Region(region_id=f"{recv_task}<-{send_task}", recv_task=recv_task, send_task=send_task,
                         offset=block.total_bytes, bytes=0, used_bytes=0)
-        members = sorted(groups[(recv_task, send_task)], key=lambda t: t.channel_key)
-        offsets, region.used_bytes = layout.end_to_end(t.slots * t.slot_bytes for t in members)
-        for t, offset in zip(members, offsets):
-            t.region, t.offset = region.region_id, offset
-            t.task_offset = region.offset + offset
-            region.channels.append(t.channel_key)
+        channels = groups[(recv_task, send_task)]
+        keys = sorted(channels)
+        offsets, region.used_bytes = layout.end_to_end(channels[k][0].slots * channels[k][0].slot_bytes
+                                                       for k in keys)
+        for key, offset in zip(keys, offsets):
+            for t in channels[key]:
+                t.region, t.offset = region.region_id, offset
+                t.task_offset = region.offset + offset
+            region.channels.append(key)
         region.bytes = layout.round_up(region.used_bytes, layout.REGION_ALIGNMENT)
         block.total_bytes += region.bytes
         block.regions.append(region.region_id)

@@ -1,7 +1,8 @@
 """Pass 4, validate: check a plan's invariants; every problem names the node or region and the fix.
 
 Invariants: the plan has this graph_pass's schema, version and layout; every transfer has a
-decision and a reason that matches it; channel ids and keys are unique; every write has exactly
+decision and a reason that matches it; channel ids and keys are unique (the members of a bundle share one key, one layout, and do not
+overlap in its slots); every write has exactly
 one wait (in the plan, and in the graph when given); each swapped transfer sits in exactly one
 region of its own task pair, with an aligned, correctly sized slot layout; channels in a region
 and regions in a task do not overlap; region and task sizes add up.
@@ -49,8 +50,9 @@ def _check_transfer(t, plan, regions, out):
         if t.region is not None:
             out.append(f"{who} is kept on gRPC but placed in region {t.region}: {_REPLAN}")
         return
-    if t.halves == "both" and plan.instance_id and t.channel_key != f"{t.channel_id}@{plan.instance_id}":
-        out.append(f"{who} has channel key {t.channel_key!r}, expected '{t.channel_id}@{plan.instance_id}': "
+    own = t.bundle or t.channel_id
+    if t.halves == "both" and plan.instance_id and t.channel_key != f"{own}@{plan.instance_id}":
+        out.append(f"{who} has channel key {t.channel_key!r}, expected '{own}@{plan.instance_id}': "
                    f"{_REPLAN}")
     carried = plan.config.carries
     if t.halves != "both" and not carried["half_pairs"]:
@@ -71,7 +73,14 @@ def _check_transfer(t, plan, regions, out):
     if t.capacity_bytes is None or t.slot_bytes is None:
         out.append(f"{who} is swapped without a slot layout: {_REPLAN}")
         return
-    if t.bytes is not None and t.rank_capacity is None and t.capacity_bytes != t.bytes:
+    if t.bundle is not None:
+        if t.bytes is None or t.rank_capacity is not None or t.halves != "both" or t.in_cond or t.in_loop \
+                or t.bundle_offset is None or t.bundle_offset % layout.ALIGNMENT \
+                or t.bundle_offset + t.bytes > t.capacity_bytes:
+            out.append(f"{who} is in bundle {t.bundle} at {t.bundle_offset} (slots of {t.capacity_bytes} B), "
+                       f"but only a static pair of {t.bytes} B planned whole, outside conditionals and loops, "
+                       f"fits a bundle at an aligned offset within its slots: {_REPLAN}")
+    elif t.bytes is not None and t.rank_capacity is None and t.capacity_bytes != t.bytes:
         out.append(f"{who} carries {t.bytes} bytes but its static slots hold {t.capacity_bytes}: {_REPLAN}")
     expected = layout.slot_bytes(t.capacity_bytes, t.rank_capacity)
     if (t.slot_bytes, t.payload_offset) != expected:
@@ -80,6 +89,25 @@ def _check_transfer(t, plan, regions, out):
     if t.offset is None or t.offset % layout.ALIGNMENT or t.task_offset != region.offset + t.offset:
         out.append(f"{who} has offset {t.offset} / task_offset {t.task_offset} in region {region.region_id} at "
                    f"{region.offset}: offsets must be {layout.ALIGNMENT}-aligned and consistent; {_REPLAN}")
+
+
+def _check_bundles(plan, out):
+    """The members of each bundle: one channel (the same key and layout), tensors that do not
+    overlap in its slots, all going between the same two devices."""
+    members = {}
+    for t in plan.transfers:
+        if t.bundle is not None:
+            members.setdefault(t.bundle, []).append(t)
+    for bid, ts in members.items():
+        shared = {(t.channel_key, t.region, t.offset, t.slots, t.slot_bytes, t.capacity_bytes,
+                   t.send_device, t.recv_device, t.decision) for t in ts}
+        if len(ts) < 2 or len(shared) != 1:
+            out.append(f"bundle {bid} has {len(ts)} members on {len(shared)} different channels or routes; a "
+                       f"bundle is one channel of two or more swapped pairs between two devices: {_REPLAN}")
+        spans = sorted((t.bundle_offset or 0, (t.bundle_offset or 0) + (t.bytes or 0), t.label) for t in ts)
+        for (a0, a1, la), (b0, _, lb) in zip(spans, spans[1:]):
+            if b0 < a1:
+                out.append(f"bundle {bid}: {lb!r} at {b0} overlaps {la!r} (ends {a1}): {_REPLAN}")
 
 
 def _check_regions(plan, by_key, out):
@@ -167,7 +195,10 @@ def problems(plan, graph=None):
     _check_header(plan, out)
     regions = {r.region_id: r for r in plan.regions}
     for what in ("channel_id", "channel_key"):
-        counts = Counter(getattr(t, what) for t in plan.transfers)
+        owners = plan.transfers
+        if what == "channel_key":  # the members of a bundle share its channel: one owner per bundle
+            owners = {(t.bundle, t.channel_key) if t.bundle else id(t): t for t in plan.transfers}.values()
+        counts = Counter(getattr(t, what) for t in owners)
         for t in plan.transfers:
             if counts[getattr(t, what)] > 1:
                 out.append(f"{t.label!r} ({t.tensor_name}) shares {what} {getattr(t, what)!r} with another transfer: "
@@ -177,6 +208,7 @@ def problems(plan, graph=None):
         if t.decision == "swap" and t.halves == "both" and (not t.send_node or not t.recv_node):
             out.append(f"{t.label!r}: a swapped pair needs one write and one wait: {_REPLAN}")
     by_key = {t.channel_key: t for t in plan.transfers}
+    _check_bundles(plan, out)
     _check_regions(plan, by_key, out)
     _check_tasks(plan, out)
     if graph is not None:

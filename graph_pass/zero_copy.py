@@ -112,8 +112,8 @@ def mark_zero_copy(plan, graph):
             recvs.setdefault(key[1], []).append(key)
     for t in plan.transfers:
         t.zero_copy = False
-        if t.decision != "swap" or not t.recv_node or t.capacity_bytes == 0:
-            continue
+        if t.decision != "swap" or not t.recv_node or t.capacity_bytes == 0 or t.bundle:
+            continue  # a bundle's tensors are copied out of the slot they share
         if t.rank_capacity is None and t.bytes < plan.config.zero_copy_min_bytes:
             continue
         keys = [k for k in recvs.get(t.recv_node, ()) if graph.nodes[k].get("device") in ("", t.recv_device)

@@ -43,6 +43,7 @@ VARIABLES = (
     ("RDMADEV_DYNAMIC_CAPACITY", "1M", "Payload bytes each slot of a channel whose tensor has a shape known only at run time starts with (ids after tf.unique, gathered rows, sparse gradients; a K/M/G suffix counts in 1024s), unless TF's shapes bound the tensor below it: then its slots hold that bound (the report says `slots of N B (its bound from TF's shapes)`). The shape travels with the tensor; one larger than a slot is staged by its sender and read by the receiver (`staged` in rdmadev.counters()) or sent in slot-sized chunks (RDMADEV_STAGE_BELOW_SLOT_BYTES), and the receiving task then moves the channel to slots that hold it and a quarter more, up to 4 MiB (`grown`), within RDMADEV_MAX_REGISTERED_BYTES. A starting size, never a limit."),
     ("RDMADEV_STAGE_BELOW_SLOT_BYTES", "1M", "A tensor of a run-time shape larger than its channel's slots is staged when the slots hold fewer than this many bytes (K/M/G/T suffix): its sender copies it whole into a region of its own and the receiver reads it from there in one go (a one-sided read). From this slot size on it goes in slot-sized chunks through the ring instead, where the sender's copy of one chunk overlaps the receiver's copy of the last. 0 never stages."),
     ("RDMADEV_ZERO_COPY_MIN_BYTES", "64K", "Bytes a received tensor must carry for its receive to hand TF the slot itself instead of a copy (K/M/G/T suffix), where the planner found that every consumer of the tensor keeps nothing (`+zc` in the report); the slot goes back to the sender when TF frees the tensor. A tensor that was staged or came in chunks is always copied; a value above every tensor (e.g. 1T) turns aliasing off."),
+    ("RDMADEV_BUNDLE_BELOW_BYTES", "16K", "Static tensors smaller than this (K/M/G/T suffix) share one channel with the other small tensors of their step between the same two devices, a bundle: one write and one wait move them all (`bundle` in the report), except where one of them may depend on another's arrival, in a function with a while loop, in a conditional's branch. A bundle's tensors are copied, never aliased. 0 gives every pair its own channel."),
     ("RDMADEV_MAX_TENSOR_BYTES", "2G", "Bytes one tensor of a run-time shape may carry (K/M/G/T suffix): a larger one fails its step with an error naming this variable, and a peer claiming more cannot make the receiver allocate it. Set the same value on every task."),
     ("RDMADEV_CONTROL_PORT_OFFSET", "10000", "rdmadev's control service of a task listens at the task's TF port + this offset (minus it when that passes 65535), on the host of its cluster-spec address."),
     ("RDMADEV_DEVICE", "(auto)", "RDMA device for the verbs fabric (e.g. mlx5_0, rxe0); default: the first device with an ACTIVE port."),
@@ -98,15 +99,16 @@ def _number(env, name, default, kind, low, high):
     return value
 
 
-def _size(env, name, default):
-    """A byte count: digits with an optional K, M, G or T suffix (powers of 1024)."""
+def _size(env, name, default, zero=False):
+    """A byte count: digits with an optional K, M, G or T suffix (powers of 1024); 0 only
+    where `zero` (a variable for which 0 turns something off)."""
     text = env.get(name, "").strip()
     if not text:
         return default
     digits, unit = (text[:-1], _SIZE_SUFFIXES[text[-1].upper()]) \
         if text[-1].upper() in _SIZE_SUFFIXES else (text, 1)
-    if not digits.isdigit() or int(digits) == 0:
-        raise ConfigError(f"{name}={text!r} is not a positive byte count",
+    if not digits.isdigit() or (int(digits) == 0 and not zero):
+        raise ConfigError(f"{name}={text!r} is not a {'' if zero else 'positive '}byte count",
                           hint=f"set {name} to a number of bytes, e.g. 8G or 8589934592")
     return int(digits) * unit
 
@@ -147,6 +149,8 @@ class Config:
     # None: the planner's default (graph_pass.plan.DEFAULT_ZERO_COPY_MIN_BYTES, where it is
     # explained; not imported here, which would load the planner with every Config).
     zero_copy_min_bytes: object = None
+    # None: the planner's default (graph_pass.plan.DEFAULT_BUNDLE_BELOW_BYTES).
+    bundle_below_bytes: object = None
 
     @classmethod
     def from_env(cls, env=None):
@@ -202,8 +206,9 @@ class Config:
             dynamic_capacity=_size(env, "RDMADEV_DYNAMIC_CAPACITY", DEFAULT_DYNAMIC_CAPACITY),
             max_tensor_bytes=_size(env, "RDMADEV_MAX_TENSOR_BYTES", DEFAULT_MAX_TENSOR_BYTES),
             stage_below_slot_bytes=_size(env, "RDMADEV_STAGE_BELOW_SLOT_BYTES",
-                                         DEFAULT_STAGE_BELOW_SLOT_BYTES),
+                                         DEFAULT_STAGE_BELOW_SLOT_BYTES, zero=True),
             zero_copy_min_bytes=_size(env, "RDMADEV_ZERO_COPY_MIN_BYTES", None),
+            bundle_below_bytes=_size(env, "RDMADEV_BUNDLE_BELOW_BYTES", None, zero=True),
         )
 
     def fabric_options(self):

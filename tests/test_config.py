@@ -22,6 +22,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ({"RDMADEV_TCP_ADDR": "nohostport"}, "RDMADEV_TCP_ADDR='nohostport' is not host:port"),
     ({"RDMADEV_SECRET_FILE": "/nonexistent/secret"}, "cannot be read"),
     ({"RDMADEV_SECRET": "a", "RDMADEV_SECRET_FILE": "/x"}, "both"),
+    ({"RDMADEV_DYNAMIC_CAPACITY": "0"}, "RDMADEV_DYNAMIC_CAPACITY='0' is not a positive byte count"),
+    ({"RDMADEV_BUNDLE_BELOW_BYTES": "-1"}, "RDMADEV_BUNDLE_BELOW_BYTES='-1' is not a byte count"),
 ])
 def test_bad_environment_names_the_variable_and_the_fix(env, match):
     with pytest.raises(rdmadev.ConfigError) as e:
@@ -36,6 +38,12 @@ def test_environment_values_are_read(tmp_path):
                                    "RDMADEV_SECRET_FILE": str(secret),
                                    "RDMADEV_TCP_ADDR": "127.0.0.1:0"})
     assert (cfg.fabric, cfg.slots, cfg.secret) == ("tcp", 4, b"from-a-file")
+    # 0 turns these off, and the planner takes the bundles' threshold from here
+    off = rdmadev.Config.from_env({"RDMADEV_BUNDLE_BELOW_BYTES": "0", "RDMADEV_STAGE_BELOW_SLOT_BYTES": "0"})
+    assert (off.bundle_below_bytes, off.stage_below_slot_bytes) == (0, 0)
+    from rdmadev.tf.bridge import plan_config
+    assert plan_config(off).bundle_below_bytes == 0
+    assert plan_config(rdmadev.Config.from_env({"RDMADEV_BUNDLE_BELOW_BYTES": "4K"})).bundle_below_bytes == 4096
 
 
 def test_readme_documents_every_variable_with_its_default():

@@ -17,6 +17,8 @@
 // session's OpSegment until the session's graphs are deregistered; they hold their half in
 // the registry, and the last one destroyed unbinds it (rdmadev.cluster.channels: the halves
 // meet by channel key, which graphs and sessions of the same pair share).
+#include <vector>
+
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -73,5 +75,49 @@ REGISTER_OP("RdmadevRecv")
          "that came in one slot aliases it (the slot goes back to the sender when the tensor is freed). An owned kernel (a "
          "half pair) holds its half of the channel while it lives; the last one destroyed "
          "unbinds it.");
+
+// A bundle (graph_pass.bundles): the small static tensors of a step between two devices in one
+// channel, each at its planned offset in the slot's payload. Same kernels as RdmadevSend and
+// RdmadevRecv (send_op.cc, recv_op.cc), with one write and one wait for all of them.
+REGISTER_OP("RdmadevSendBundle")
+    .Input("xs: T")
+    .Attr("T: list(type)")
+    .Attr("offsets: list(int)")
+    .Attr("channel: string")
+    .Attr("timeout_s: float")
+    .Attr("max_bytes: int = 0")
+    .Attr("owned: bool = false")
+    .SetIsStateful()
+    .SetIsDistributedCommunication()
+    .SetShapeFn(tensorflow::shape_inference::NoOutputs)
+    .Doc("Copies each of xs into the next slot of rdmadev channel `channel` at its offset "
+         "(bytes into the payload; the bytes between them zeroed) and writes the slot with "
+         "one signal.");
+
+REGISTER_OP("RdmadevRecvBundle")
+    .Output("ys: dtypes")
+    .Attr("dtypes: list(type)")
+    .Attr("shapes: list(shape)")
+    .Attr("offsets: list(int)")
+    .Attr("channel: string")
+    .Attr("timeout_s: float")
+    .Attr("max_bytes: int = 0")
+    .Attr("owned: bool = false")
+    .Attr("zero_copy: bool = false")
+    .Attr("zero_copy_min_bytes: int = 0")
+    .SetIsStateful()
+    .SetIsDistributedCommunication()
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      std::vector<tensorflow::PartialTensorShape> shapes;
+      TF_RETURN_IF_ERROR(c->GetAttr("shapes", &shapes));
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        tensorflow::shape_inference::ShapeHandle out;
+        TF_RETURN_IF_ERROR(c->MakeShapeFromPartialTensorShape(shapes[i], &out));
+        c->set_output(static_cast<int>(i), out);
+      }
+      return absl::OkStatus();
+    })
+    .Doc("Waits for the next transfer on rdmadev channel `channel` and outputs each of its "
+         "tensors (dtypes[i] of shapes[i], at offsets[i] in the payload), copied out of the slot.");
 
 }  // namespace rdmadev_tf

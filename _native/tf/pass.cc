@@ -1,7 +1,8 @@
 // The POST_PARTITIONING pass: finds every cross-task _Send/_Recv pair TensorFlow made for a
 // function, asks the planner (graph_pass, through rdmadev.tf.bridge in this process's Python)
 // which pairs to swap and for what channels, and replaces each planned _Send by RdmadevSend
-// and each planned _Recv by RdmadevRecv, or, for a pair whose tensor may be dead (in a branch
+// and each planned _Recv by RdmadevRecv (the pairs of a bundle: all of its _Send nodes by one
+// RdmadevSendBundle, its _Recv nodes by one RdmadevRecvBundle; ApplyBundle), or, for a pair whose tensor may be dead (in a branch
 // of a conditional, in a while loop), labels TF's own nodes for the same kernels
 // (ApplyLabelled) and runs the loops around such nodes one iteration at a time
 // (RunIterationsInOrder). Everything else is left as TF made it. The passes before it decide
@@ -147,6 +148,66 @@ absl::Status Apply(Graph* g, Node* old, const Rewrite& r) {
   return absl::OkStatus();
 }
 
+// Replaces the _Send (or _Recv) nodes of a bundle's members in `g` by one RdmadevSendBundle
+// (RdmadevRecvBundle) whose input (output) i is member i's: it takes every edge of theirs,
+// their control edges once each. The planner made sure no member waits for another's
+// arrival (graph_pass.bundles), so the merged node closes no cycle.
+absl::Status ApplyBundle(Graph* g, const std::map<std::string, Node*>& nodes, const Rewrite& r) {
+  const bool send = r.kind == "send";
+  std::vector<Node*> olds;
+  for (const auto& m : r.members) {
+    auto it = nodes.find(m.node);
+    if (it == nodes.end()) return absl::InternalError("rdmadev bundle names unknown node " + m.node + " on " + r.device);
+    olds.push_back(it->second);
+  }
+  tensorflow::NodeBuilder b("rdmadev_" + r.kind + "_bundle_" + Sanitized(r.channel),
+                            send ? "RdmadevSendBundle" : "RdmadevRecvBundle");
+  std::vector<int64_t> offsets;
+  std::vector<tensorflow::DataType> dtypes;
+  std::vector<tensorflow::PartialTensorShape> shapes;
+  std::vector<tensorflow::NodeBuilder::NodeOut> inputs;
+  for (size_t i = 0; i < olds.size(); ++i) {
+    const BundleMember& m = r.members[i];
+    offsets.push_back(m.offset);
+    dtypes.push_back(static_cast<tensorflow::DataType>(m.dtype));
+    tensorflow::PartialTensorShape shape;
+    TF_RETURN_IF_ERROR(tensorflow::PartialTensorShape::BuildPartialTensorShape(m.shape, &shape));
+    shapes.push_back(shape);
+    if (!send) continue;
+    const tensorflow::Edge* data = nullptr;
+    for (const auto* e : olds[i]->in_edges()) if (!e->IsControlEdge()) data = e;
+    if (!data) return absl::InternalError("_Send " + olds[i]->name() + " has no data input");
+    inputs.emplace_back(data->src(), data->src_output());
+  }
+  if (send) {
+    b.Input(inputs);
+  } else {
+    b.Attr("dtypes", dtypes);
+    b.Attr("shapes", shapes);
+  }
+  b.Attr("offsets", offsets);
+  b.Attr("channel", r.channel);
+  b.Attr("timeout_s", static_cast<float>(r.timeout_s));
+  b.Device(olds[0]->requested_device());
+  Node* fresh = nullptr;
+  TF_RETURN_IF_ERROR(b.Finalize(g, &fresh));
+  fresh->set_assigned_device_name(olds[0]->assigned_device_name());
+  std::set<Node*> before, after;
+  for (size_t i = 0; i < olds.size(); ++i) {
+    std::vector<const tensorflow::Edge*> in(olds[i]->in_edges().begin(), olds[i]->in_edges().end());
+    std::vector<const tensorflow::Edge*> outs(olds[i]->out_edges().begin(), olds[i]->out_edges().end());
+    for (const auto* e : in) if (e->IsControlEdge()) before.insert(e->src());
+    for (const auto* e : outs) {
+      if (e->IsControlEdge()) after.insert(e->dst());
+      else g->AddEdge(fresh, static_cast<int>(i), e->dst(), e->dst_input());
+    }
+  }
+  for (Node* n : before) g->AddControlEdge(n, fresh);
+  for (Node* n : after) g->AddControlEdge(fresh, n);
+  for (Node* old : olds) g->RemoveNode(old);
+  return absl::OkStatus();
+}
+
 class RdmadevPass : public tensorflow::GraphOptimizationPass {
  public:
   absl::Status Run(const tensorflow::GraphOptimizationPassOptions& options) override {
@@ -184,6 +245,12 @@ class RdmadevPass : public tensorflow::GraphOptimizationPass {
       auto it = parts->find(r.device);
       if (it == parts->end()) return absl::InternalError("rdmadev plan names unknown partition " + r.device);
       Graph* g = it->second.get();
+      if (!r.members.empty()) {
+        std::map<std::string, Node*> nodes;
+        for (Node* n : g->op_nodes()) nodes[n->name()] = n;
+        TF_RETURN_IF_ERROR(ApplyBundle(g, nodes, r));
+        continue;
+      }
       Node* old = nullptr;
       for (Node* n : g->op_nodes()) if (n->name() == r.node) { old = n; break; }
       if (!old) return absl::InternalError("rdmadev plan names unknown node " + r.node + " on " + r.device);

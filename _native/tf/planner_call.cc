@@ -26,6 +26,17 @@ std::string PyErrorText() {
   return text;
 }
 
+// The ints of the Python sequence `seq` (a shape); false with a Python error set if it is none.
+bool Dims(PyObject* seq, std::vector<int64_t>* out) {
+  const Py_ssize_t n = PySequence_Size(seq);
+  for (Py_ssize_t j = 0; j < n; ++j) {
+    PyObject* d = PySequence_GetItem(seq, j);
+    out->push_back(d ? PyLong_AsLongLong(d) : -1);
+    Py_XDECREF(d);
+  }
+  return n >= 0 && !PyErr_Occurred();
+}
+
 }  // namespace
 
 bool CallPlanner(const std::map<std::string, std::string>& parts, const std::string& function,
@@ -61,21 +72,34 @@ bool CallPlanner(const std::map<std::string, std::string>& parts, const std::str
       const char *kind, *device, *node, *channel;
       int dtype, zero_copy, owned, dead, loop;
       double timeout_s;
-      PyObject* shape;
+      PyObject *shape, *members;
       long long max_bytes, zero_copy_min_bytes;
-      if (!PyArg_ParseTuple(t, "ssssiOpLdLppp", &kind, &device, &node, &channel, &dtype, &shape,
+      if (!PyArg_ParseTuple(t, "ssssiOpLdLpppO", &kind, &device, &node, &channel, &dtype, &shape,
                             &zero_copy, &zero_copy_min_bytes, &timeout_s, &max_bytes, &owned,
-                            &dead, &loop)) {
+                            &dead, &loop, &members)) {
         ok = false;
         break;
       }
       Rewrite r{kind, device, node, channel, dtype, {}, shape == Py_None, zero_copy != 0,
-                zero_copy_min_bytes, timeout_s, max_bytes, owned != 0, dead != 0, loop != 0};
-      for (Py_ssize_t j = 0; !r.unknown_rank && j < PySequence_Size(shape); ++j) {
-        PyObject* d = PySequence_GetItem(shape, j);
-        r.shape.push_back(PyLong_AsLongLong(d));
-        Py_XDECREF(d);
+                zero_copy_min_bytes, timeout_s, max_bytes, owned != 0, dead != 0, loop != 0, {}};
+      if (!r.unknown_rank) ok = Dims(shape, &r.shape);
+      ok = ok && PySequence_Check(members);
+      for (Py_ssize_t j = 0; ok && j < PySequence_Size(members); ++j) {
+        PyObject* m = PySequence_GetItem(members, j);
+        const char* member_node;
+        PyObject* member_shape;
+        BundleMember b;
+        long long offset = 0;
+        ok = m && PyArg_ParseTuple(m, "siOL", &member_node, &b.dtype, &member_shape, &offset) &&
+             Dims(member_shape, &b.shape);
+        if (ok) {
+          b.node = member_node;
+          b.offset = offset;
+          r.members.push_back(std::move(b));
+        }
+        Py_XDECREF(m);
       }
+      if (!ok) break;
       out->push_back(std::move(r));
     }
   }

@@ -9,11 +9,20 @@
 
 namespace rdmadev_tf {
 
-// One half of a swapped pair, as the planner gave it (rdmadev/tf/bridge.py builds the tuple).
+// One tensor of a bundle's half: its node, dtype, shape and offset in the slot's payload.
+struct BundleMember {
+  std::string node;
+  int dtype = 0;
+  std::vector<int64_t> shape;
+  int64_t offset = 0;
+};
+
+// One half of a swapped pair, or of a bundle of them (`members`), as the planner gave it
+// (rdmadev/tf/bridge.py builds the tuple).
 struct Rewrite {
   std::string kind;    // "send" or "recv"
   std::string device;  // partition key
-  std::string node;    // the _Send/_Recv node's name
+  std::string node;    // the _Send/_Recv node's name; "" for a bundle
   std::string channel;
   int dtype = 0;
   std::vector<int64_t> shape;  // -1: a dim the sender's shape block carries
@@ -25,6 +34,7 @@ struct Rewrite {
   bool owned = false;  // a half pair's op: its kernel holds the half while it lives
   bool dead = false;   // its tensor may be dead (a branch, a loop): TF's node, labelled (ApplyLabelled)
   bool loop = false;   // in a while loop's frame: the frame runs in order (RunIterationsInOrder)
+  std::vector<BundleMember> members;  // a bundle's tensors, in its order (ApplyBundle); else empty
 };
 
 // Calls rdmadev.tf.bridge.rewrites({device: GraphDef bytes}, function, [marked names]) with

@@ -207,6 +207,26 @@ tensorflow::Status RecvOp::Receive::Deliver(const rdmadev::Slot& slot, const Ten
   return s;
 }
 
+// A bundle's slot: each tensor copied out of it into its own output, then the slot released.
+tensorflow::Status RecvOp::Receive::DeliverBundle(const rdmadev::Slot& slot) {
+  const RecvOp& op = *op_;
+  tensorflow::Status s;
+  if (slot.length != static_cast<uint64_t>(op.static_shape_.num_elements())) {
+    s = tensorflow::errors::InvalidArgument("rdmadev bundle ", op.channel_, " delivered ", slot.length,
+                                            " bytes where its tensors span ", op.static_shape_.num_elements(),
+                                            ": the sender's tensors do not match the plan");
+  }
+  for (size_t i = 0; s.ok() && i < op.bundle_.size(); ++i) {
+    const BundleMember& m = op.bundle_[i];
+    Tensor* out = nullptr;
+    s = ctx_->allocate_output(static_cast<int>(i), m.shape, &out);
+    if (s.ok() && m.bytes) CopyOut(const_cast<char*>(out->tensor_data().data()), slot.data + m.offset, m.bytes);
+  }
+  if (s.ok()) Count(slot.length);
+  r_.ring->Release(slot.seq, rdmadev::Deadline::After(60));
+  return s;
+}
+
 // The output of a receive that copies, `bytes` at *dst: in one of the kernel's warm
 // buffers from kWarmMinBytes on where it keeps them (warm.h), else in TF's memory.
 tensorflow::Status RecvOp::Receive::Output(const TensorShape& shape, uint64_t bytes, char** dst) {

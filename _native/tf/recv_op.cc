@@ -28,12 +28,16 @@ constexpr double kHeldSlotGraceS = 5.0;
 
 RecvOp::RecvOp(OpKernelConstruction* c) : AsyncOpKernel(c), transfer_node_(IsTransferNode(c)) {
   OP_REQUIRES_OK(c, c->GetAttr(Setting(c, "channel"), &channel_));
-  OP_REQUIRES_OK(c, c->GetAttr(transfer_node_ ? "tensor_type" : "dtype", &dtype_));
+  if (c->def().op() == "RdmadevRecvBundle") {
+    OP_REQUIRES_OK(c, ReadBundle(c));
+  } else {
+    OP_REQUIRES_OK(c, c->GetAttr(transfer_node_ ? "tensor_type" : "dtype", &dtype_));
+    OP_REQUIRES_OK(c, c->GetAttr(Setting(c, "shape"), &shape_));
+  }
   OP_REQUIRES_OK(c, c->GetAttr(Setting(c, "timeout_s"), &timeout_s_));
   OP_REQUIRES_OK(c, c->GetAttr(Setting(c, "zero_copy"), &zero_copy_));
   OP_REQUIRES_OK(c, c->GetAttr(Setting(c, "zero_copy_min_bytes"), &zero_copy_min_bytes_));
   OP_REQUIRES_OK(c, c->GetAttr(Setting(c, "max_bytes"), &max_bytes_));
-  OP_REQUIRES_OK(c, c->GetAttr(Setting(c, "shape"), &shape_));
   OP_REQUIRES_OK(c, c->GetAttr(Setting(c, "owned"), &owned_));
   if (owned_) rdmadev::ChannelRegistry::Global().Hold(channel_, rdmadev::ChannelRegistry::kRecv);
   fully_defined_ = shape_.AsTensorShape(&static_shape_);
@@ -44,6 +48,38 @@ RecvOp::RecvOp(OpKernelConstruction* c) : AsyncOpKernel(c), transfer_node_(IsTra
               tensorflow::errors::InvalidArgument("rdmadev channel ", channel_,
                                                   " cannot carry ",
                                                   tensorflow::DataTypeString(dtype_)));
+}
+
+// A bundle's tensors (RdmadevRecvBundle): each of static shape at its offset, in order, the
+// whole payload one uint8 tensor as far as the wait is concerned.
+absl::Status RecvOp::ReadBundle(OpKernelConstruction* c) {
+  std::vector<DataType> dtypes;
+  std::vector<tensorflow::PartialTensorShape> shapes;
+  std::vector<int64_t> offsets;
+  TF_RETURN_IF_ERROR(c->GetAttr("dtypes", &dtypes));
+  TF_RETURN_IF_ERROR(c->GetAttr("shapes", &shapes));
+  TF_RETURN_IF_ERROR(c->GetAttr("offsets", &offsets));
+  if (dtypes.empty() || shapes.size() != dtypes.size() || offsets.size() != dtypes.size()) {
+    return tensorflow::errors::InvalidArgument("rdmadev bundle ", channel_, " has ", dtypes.size(), " dtypes, ",
+                                               shapes.size(), " shapes and ", offsets.size(), " offsets");
+  }
+  uint64_t end = 0;
+  for (size_t i = 0; i < dtypes.size(); ++i) {
+    BundleMember m{dtypes[i], {}, static_cast<uint64_t>(offsets[i]), 0};
+    if (!shapes[i].AsTensorShape(&m.shape) || !tensorflow::DataTypeCanUseMemcpy(dtypes[i]) ||
+        offsets[i] < 0 || m.offset < end) {
+      return tensorflow::errors::InvalidArgument(
+          "rdmadev bundle ", channel_, ": tensor ", i, " (", tensorflow::DataTypeString(dtypes[i]), " ",
+          shapes[i].DebugString(), " at ", offsets[i], ") is not a static plain-bytes tensor after the "
+          "previous one: the plan does not match the graph");
+    }
+    m.bytes = m.shape.num_elements() * tensorflow::DataTypeSize(m.dtype);
+    end = m.offset + m.bytes;
+    bundle_.push_back(m);
+  }
+  dtype_ = tensorflow::DT_UINT8;
+  shape_ = tensorflow::PartialTensorShape({static_cast<int64_t>(end)});
+  return absl::OkStatus();
 }
 
 RecvOp::~RecvOp() {
@@ -338,7 +374,8 @@ bool RecvOp::Receive::Took(const rdmadev::Status& st) {
       Finish(DeliverStaged(slot));
       return false;
     }
-    auto s = slot.shape ? DeliverDynamic(slot) : Deliver(slot, op_->static_shape_);
+    auto s = slot.shape ? DeliverDynamic(slot)
+             : op_->bundle_.empty() ? Deliver(slot, op_->static_shape_) : DeliverBundle(slot);
     if (!s.ok() || !gathering_) {
       Finish(s);
       return false;
@@ -360,6 +397,7 @@ void RecvOp::Receive::Finish(const tensorflow::Status& s) {
 }
 
 REGISTER_KERNEL_BUILDER(Name("RdmadevRecv").Device(tensorflow::DEVICE_CPU), RecvOp);
+REGISTER_KERNEL_BUILDER(Name("RdmadevRecvBundle").Device(tensorflow::DEVICE_CPU), RecvOp);
 REGISTER_KERNEL_BUILDER(Name("_Recv").Device(tensorflow::DEVICE_CPU).Label(kTransferLabel), RecvOp);
 REGISTER_KERNEL_BUILDER(Name("_HostRecv").Device(tensorflow::DEVICE_CPU).Label(kTransferLabel), RecvOp);
 

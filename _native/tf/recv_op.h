@@ -1,4 +1,5 @@
-// RecvOp: the RdmadevRecv kernel (and TF's own _Recv/_HostRecv of a pair the pass labelled).
+// RecvOp: the RdmadevRecv kernel (and TF's own _Recv/_HostRecv of a pair the pass labelled,
+// and RdmadevRecvBundle, which outputs each tensor of a bundle's slot).
 // It waits for the next transfer of its step on a channel and outputs it, aliasing the slot
 // (zero-copy) or copied out of it, read from the sender's stage, or gathered from chunks;
 // transfers a failed step left behind are discarded. ops.cc says which kernels own their
@@ -12,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "tensorflow/core/framework/cancellation.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -68,6 +70,7 @@ class RecvOp : public AsyncOpKernel {
     tensorflow::Status DeliverStaged(const rdmadev::Slot& slot);
     tensorflow::Status Gather(const rdmadev::Slot& slot);
     tensorflow::Status Deliver(const rdmadev::Slot& slot, const TensorShape& shape);
+    tensorflow::Status DeliverBundle(const rdmadev::Slot& slot);
     tensorflow::Status Output(const TensorShape& shape, uint64_t bytes, char** dst);
     void CopyOut(char* dst, const uint8_t* src, uint64_t n);
     void Count(uint64_t bytes);
@@ -96,8 +99,17 @@ class RecvOp : public AsyncOpKernel {
     uint64_t received_ = 0, chunks_ = 0;
   };
 
+  // One tensor of a bundle (RdmadevRecvBundle): output i, `bytes` at `offset` in the payload.
+  struct BundleMember {
+    DataType dtype;
+    TensorShape shape;
+    uint64_t offset, bytes;
+  };
+  absl::Status ReadBundle(OpKernelConstruction* c);
+
   std::string channel_;
-  DataType dtype_;
+  std::vector<BundleMember> bundle_;  // a bundle's tensors, in output order; else empty
+  DataType dtype_;  // a bundle's: uint8, its payload
   tensorflow::PartialTensorShape shape_;  // what the plan knows; a dynamic channel carries the rest
   TensorShape static_shape_;              // shape_ when fully defined
   bool fully_defined_ = false;

@@ -1,4 +1,5 @@
-// The RdmadevSend kernel (and TF's own _Send/_HostSend of a pair the pass labelled): writes a
+// The RdmadevSend kernel (and TF's own _Send/_HostSend of a pair the pass labelled, and
+// RdmadevSendBundle, whose tensors it copies into one buffer first): writes a
 // tensor into the peer's slot with a one-sided write, staged or in chunks when a dynamic
 // channel's tensor is larger than a slot, waiting for credits on the domain's progress
 // thread. ops.cc says which kernels own their channels and why.
@@ -83,6 +84,12 @@ class SendOp : public AsyncOpKernel {
     OP_REQUIRES_OK(c, c->GetAttr(Setting(c, "timeout_s"), &timeout_s_));
     OP_REQUIRES_OK(c, c->GetAttr(Setting(c, "max_bytes"), &max_bytes_));
     OP_REQUIRES_OK(c, c->GetAttr(Setting(c, "owned"), &owned_));
+    if (c->def().op() == "RdmadevSendBundle") {
+      OP_REQUIRES_OK(c, c->GetAttr("offsets", &offsets_));
+      OP_REQUIRES(c, static_cast<int>(offsets_.size()) == c->num_inputs() && !offsets_.empty(),
+                  tensorflow::errors::InvalidArgument("rdmadev bundle ", channel_, " has ", offsets_.size(),
+                                                      " offsets for ", c->num_inputs(), " tensors"));
+    }
     if (owned_) rdmadev::ChannelRegistry::Global().Hold(channel_, rdmadev::ChannelRegistry::kSend);
   }
   ~SendOp() override {
@@ -90,7 +97,12 @@ class SendOp : public AsyncOpKernel {
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
-    const Tensor x = ctx->input(0);  // holds a reference until the write is done
+    Tensor x;  // holds a reference until the write is done
+    if (offsets_.empty()) {
+      x = ctx->input(0);
+    } else {
+      OP_REQUIRES_OK_ASYNC(ctx, Bundled(ctx, &x), done);
+    }
     // Only a transfer node runs with a dead input (kTransferLabel): it sends the deadness.
     const bool dead = ctx->is_input_dead();
     OP_REQUIRES_ASYNC(ctx, dead || tensorflow::DataTypeCanUseMemcpy(x.dtype()),
@@ -316,12 +328,42 @@ class SendOp : public AsyncOpKernel {
     uint64_t chunks_ = 0;
   };
 
+  // A bundle's tensors at their offsets in one buffer, which goes as one static transfer (the
+  // ring refuses more bytes than its slots hold). The bytes between them are zeroed: a slot
+  // never carries this process's stale memory.
+  absl::Status Bundled(OpKernelContext* ctx, Tensor* out) const {
+    uint64_t end = 0;
+    for (int i = 0; i < ctx->num_inputs(); ++i) {
+      const Tensor& x = ctx->input(i);
+      if (!tensorflow::DataTypeCanUseMemcpy(x.dtype()) || offsets_[i] < 0 ||
+          static_cast<uint64_t>(offsets_[i]) < end) {
+        return tensorflow::errors::InvalidArgument(
+            "rdmadev bundle ", channel_, ": tensor ", i, " (", tensorflow::DataTypeString(x.dtype()), " ",
+            x.shape().DebugString(), ") cannot go at offset ", offsets_[i], " after ", end,
+            " bytes: the plan does not match the graph");
+      }
+      end = offsets_[i] + x.tensor_data().size();
+    }
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(tensorflow::DT_UINT8, TensorShape({static_cast<int64_t>(end)}), out));
+    char* base = const_cast<char*>(out->tensor_data().data());
+    uint64_t filled = 0;
+    for (int i = 0; i < ctx->num_inputs(); ++i) {
+      const auto data = ctx->input(i).tensor_data();
+      std::memset(base + filled, 0, offsets_[i] - filled);
+      std::memcpy(base + offsets_[i], data.data(), data.size());
+      filled = offsets_[i] + data.size();
+    }
+    return absl::OkStatus();
+  }
+
   std::string channel_;
   float timeout_s_ = 0;  // always set from the attr (the plan's deadline)
   int64_t max_bytes_ = 0;
   bool owned_ = false;  // a half pair's kernel: holds its half while it lives
+  std::vector<int64_t> offsets_;  // a bundle's (RdmadevSendBundle): where each input goes
 };
 
+REGISTER_KERNEL_BUILDER(Name("RdmadevSendBundle").Device(tensorflow::DEVICE_CPU), SendOp);
 REGISTER_KERNEL_BUILDER(Name("RdmadevSend").Device(tensorflow::DEVICE_CPU), SendOp);
 REGISTER_KERNEL_BUILDER(Name("_Send").Device(tensorflow::DEVICE_CPU).Label(kTransferLabel), SendOp);
 REGISTER_KERNEL_BUILDER(Name("_HostSend").Device(tensorflow::DEVICE_CPU).Label(kTransferLabel), SendOp);

@@ -7,7 +7,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -64,54 +63,72 @@ bool Elements(const Dims& dims, int64_t* n) {
   return true;
 }
 
-// The ops whose output size depends on their inputs' values (TF's shape functions leave that
-// dim unknown) and that BoundOfValueSizedOutput bounds: where a function has none, no pair of
-// it can get a bound.
-bool ValueSized(const Node* n) {
-  static const std::set<std::string> ops{"Unique", "UniqueWithCounts", "UniqueV2", "UniqueWithCountsV2",
-                                         "ListDiff", "Where", "DynamicPartition"};
-  return ops.count(n->type_string()) > 0;
+// Bounds of the outputs of the ops whose output size depends on their inputs' values (TF's
+// shape functions leave that dim unknown), from the fully known shape `x` of input 0 (and,
+// for DynamicPartition, of input 1): true with `dims` set for the outputs each bounds. Each
+// holds for every value: unique ids, the indices of true elements, a partition's rows and the
+// elements of a set difference are at most their input's.
+using BoundFn = bool (*)(InferenceContext* c, int index, const Dims& x, Dims* dims);
+
+bool BoundOfUnique(InferenceContext*, int index, const Dims& x, Dims* dims) {
+  // y of a 1-D x (UniqueWithCounts: output 2, count, too): at most x's length. idx (output 1)
+  // has x's shape, which TF's function already says.
+  if (x.size() != 1 || index == 1) return false;
+  *dims = x;
+  return true;
 }
 
-// A bound on output `index` of `n`, one of the ops whose output size depends on its inputs'
-// values (ValueSized), from its inputs' shapes; false for every other op and output. Each bound holds for every value: unique ids, the indices of
-// true elements, a partition's rows and the elements of a set difference are at most their
-// input's.
-bool BoundOfValueSizedOutput(const Node* n, InferenceContext* c, int index, Dims* dims) {
-  const std::string& op = n->type_string();
-  Dims x;
-  if (!ValueSized(n) || c->num_inputs() == 0 || !FullDims(c, c->input(0), &x)) return false;
-  if (op == "Unique" || op == "UniqueWithCounts" || op == "ListDiff") {
-    // y (UniqueWithCounts: and count; ListDiff: out and idx) of a 1-D x: at most x's length.
-    // Unique's and UniqueWithCounts' idx has x's shape, which TF's function already says.
-    bool sized = op == "ListDiff" ? index <= 1 : index == 0 || (op == "UniqueWithCounts" && index == 2);
-    if (!sized || x.size() != 1) return false;
-    *dims = x;
-    return true;
-  }
-  if (op == "UniqueV2" || op == "UniqueWithCountsV2") {
-    // y: x with the unique axis at most as long as x's; count: at most x's longest dim.
-    if (index == 0) *dims = x;
-    else if (index == 2 && !x.empty()) *dims = {*std::max_element(x.begin(), x.end())};
-    else return false;
-    return true;
-  }
+bool BoundOfListDiff(InferenceContext*, int index, const Dims& x, Dims* dims) {
+  if (x.size() != 1 || index > 1) return false;  // out and idx: at most x's elements
+  *dims = x;
+  return true;
+}
+
+bool BoundOfUniqueV2(InferenceContext*, int index, const Dims& x, Dims* dims) {
+  // y: x with the unique axis at most as long as x's; count: at most x's longest dim.
+  if (index == 0) *dims = x;
+  else if (index == 2 && !x.empty()) *dims = {*std::max_element(x.begin(), x.end())};
+  else return false;
+  return true;
+}
+
+bool BoundOfWhere(InferenceContext*, int, const Dims& x, Dims* dims) {
+  int64_t rows = 0;  // one row of coordinates per true element
+  if (!Elements(x, &rows)) return false;
+  *dims = {rows, static_cast<int64_t>(x.size())};
+  return true;
+}
+
+bool BoundOfDynamicPartition(InferenceContext* c, int, const Dims& x, Dims* dims) {
+  Dims partitions;  // each part: at most every row of data
   int64_t rows = 0;
-  if (op == "Where") {  // one row of coordinates per true element
-    if (!Elements(x, &rows)) return false;
-    *dims = {rows, static_cast<int64_t>(x.size())};
-    return true;
-  }
-  if (op == "DynamicPartition") {  // each part: at most every row of data
-    Dims partitions;
-    if (c->num_inputs() < 2 || !FullDims(c, c->input(1), &partitions) || partitions.size() > x.size() ||
-        !Elements(partitions, &rows))
-      return false;
-    *dims = {rows};
-    dims->insert(dims->end(), x.begin() + partitions.size(), x.end());
-    return true;
-  }
-  return false;
+  if (c->num_inputs() < 2 || !FullDims(c, c->input(1), &partitions) || partitions.size() > x.size() ||
+      !Elements(partitions, &rows))
+    return false;
+  *dims = {rows};
+  dims->insert(dims->end(), x.begin() + partitions.size(), x.end());
+  return true;
+}
+
+// The value-sized ops this file bounds: where a function has none, no pair of it can get a
+// bound.
+const std::map<std::string, BoundFn>& ValueSizedOps() {
+  static const std::map<std::string, BoundFn> ops{
+      {"Unique", BoundOfUnique}, {"UniqueWithCounts", BoundOfUnique}, {"ListDiff", BoundOfListDiff},
+      {"UniqueV2", BoundOfUniqueV2}, {"UniqueWithCountsV2", BoundOfUniqueV2}, {"Where", BoundOfWhere},
+      {"DynamicPartition", BoundOfDynamicPartition}};
+  return ops;
+}
+
+bool ValueSized(const Node* n) { return ValueSizedOps().count(n->type_string()) > 0; }
+
+// A bound on output `index` of `n` from its inputs' shapes; false for every op ValueSizedOps
+// does not list, and for the outputs it does not bound.
+bool BoundOfValueSizedOutput(const Node* n, InferenceContext* c, int index, Dims* dims) {
+  auto it = ValueSizedOps().find(n->type_string());
+  Dims x;
+  return it != ValueSizedOps().end() && c->num_inputs() > 0 && FullDims(c, c->input(0), &x) &&
+         it->second(c, index, x, dims);
 }
 
 // One run of TF's shape functions over `g`: each _Recv takes the shape `fed` has for its pair

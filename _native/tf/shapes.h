@@ -10,7 +10,7 @@
 //
 // Bounds start at the ops whose output size depends on their inputs' values, sized by their
 // inputs (tf.unique's ids by its input's length, tf.where's indices by its input's elements,
-// tf.dynamic_partition's parts by its data, tf.setdiff1d's by its x: BoundOfValueSizedOutput
+// tf.dynamic_partition's parts by its data, tf.setdiff1d's by its x: ValueSizedOps
 // in shapes.cc) and go on through every other op with TF's own shape functions, as the exact
 // shapes do, across partitions too (ids bounded on a worker bound the rows gathered on the
 // ps). A bound sizes slots only: a larger tensor still moves (staged or in chunks) and the

@@ -64,7 +64,8 @@ def open_channels(call, instance, transfers, region_bytes, function="", marked=(
     Args:
         call: ``call(task, request) -> result`` (``Runtime.call``).
         instance: the instantiation id (prefix of region labels).
-        transfers: the graph_pass Transfers decided "swap".
+        transfers: the graph_pass Transfers decided "swap" (the members of a bundle set up
+            its channel once).
         region_bytes: ``{region id: bytes}`` of the plan's regions.
         function: the name of the function instantiated, and `marked` the optimized functions
             it is or calls (releases follow them: instances.py).
@@ -74,6 +75,7 @@ def open_channels(call, instance, transfers, region_bytes, function="", marked=(
     Raises:
         ProtocolError: naming the receiving task, and the sender and channel where known.
     """
+    transfers = list({t.channel_key: t for t in transfers}.values())  # a bundle's share one channel
     pairs = {}  # recv task -> send task -> [transfer]
     for t in transfers:
         pairs.setdefault(t.recv_task, {}).setdefault(t.send_task, []).append(t)

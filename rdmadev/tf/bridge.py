@@ -5,7 +5,9 @@ tasks' control services (rdmadev.cluster.channels), records a report, and tells 
 side what to replace.
 
 Each rewrite is a tuple (kind, partition, node, channel, dtype enum, shape, zero_copy,
-zero_copy_min_bytes, timeout_s, max_bytes, owned) with kind "send" or "recv"; shape has -1 for
+zero_copy_min_bytes, timeout_s, max_bytes, owned, dead, loop, members) with kind "send" or
+"recv"; members is empty but for a bundle's half (node ""), where it lists each pair's (node,
+dtype enum, shape, offset in the slot's payload) in offset order; shape has -1 for
 a dim known only at run time and is None when the rank is too (a dynamic channel's slots carry
 the shape); the receive aliases a tensor of at least zero_copy_min_bytes when zero_copy; owned is
 True for a half pair, whose kernels hold their half while they live (the last one destroyed
@@ -59,11 +61,11 @@ def plan_config(config, halves=False):
     """The planner's settings for this process's rdmadev ``Config``; `halves`: whether half
     pairs are swapped (as dynamic channels of RDMADEV_DYNAMIC_CAPACITY), else kept."""
     carries = dict(OPS_CARRY, half_pairs=OPS_CARRY["half_pairs"] and halves)
-    zero_copy = {} if config.zero_copy_min_bytes is None else \
-        {"zero_copy_min_bytes": config.zero_copy_min_bytes}
+    chosen = {name: getattr(config, name) for name in ("zero_copy_min_bytes", "bundle_below_bytes")
+              if getattr(config, name) is not None}  # else the planner's defaults
     return PlanConfig(slots=config.slots, deadline_s=config.deadline_s, carries=carries,
                       default_dynamic_capacity=config.dynamic_capacity,
-                      half_pair_capacity=config.dynamic_capacity if halves else None, **zero_copy)
+                      half_pair_capacity=config.dynamic_capacity if halves else None, **chosen)
 
 
 def check_wire_layout(plan):
@@ -112,7 +114,7 @@ def rewrites(partitions, function="", marked=()):
     fabrics, registered = open_channels(rt.call, instance, [t for t in swap if t.halves == "both"],
                                         {r.region_id: r.bytes for r in plan.regions}, function,
                                         marked, lineage_scope(function))
-    out, swapped, kept, capacities = [], [], [], {}
+    out, swapped, kept, capacities, bundles = [], [], [], {}, {}
     timeout, limit = plan.config.deadline_s, rt.config.max_tensor_bytes
     for t in plan.transfers:
         route = f"{t.send_task} -> {t.recv_task}"
@@ -125,20 +127,27 @@ def rewrites(partitions, function="", marked=()):
         # May carry a dead tensor (a branch, a loop's exit iteration): TF's nodes, labelled;
         # in a loop, its frame runs one iteration at a time (pass.cc).
         dead, loop = bool(t.in_cond or t.in_loop), bool(t.in_loop)
-        if t.halves in ("both", "send"):
-            out.append(("send", t.send_device, t.send_node, t.channel_key, dtype, [], False, 0,
-                        timeout, limit, owned, dead, loop))
-        if t.halves in ("both", "recv"):
-            out.append(("recv", t.recv_device, t.recv_node, t.channel_key, dtype, shape,
-                        bool(t.zero_copy), plan.config.zero_copy_min_bytes, timeout, limit, owned,
-                        dead, loop))
+        if t.bundle:
+            bundles.setdefault(t.channel_key, []).append(t)
+        else:
+            if t.halves in ("both", "send"):
+                out.append(("send", t.send_device, t.send_node, t.channel_key, dtype, [], False, 0,
+                            timeout, limit, owned, dead, loop, []))
+            if t.halves in ("both", "recv"):
+                out.append(("recv", t.recv_device, t.recv_node, t.channel_key, dtype, shape,
+                            bool(t.zero_copy), plan.config.zero_copy_min_bytes, timeout, limit, owned,
+                            dead, loop, []))
         fabric = fabrics.get(t.channel_key, f"{t.halves} half") + ("+zc" if t.zero_copy else "")
+        if t.bundle:
+            fabric += f" bundle {t.bundle[:6]}"
         if t.kind == "control":  # TF's dummy tensor for a control edge: a signal, no data
             swapped.append((t.tensor_name, route, reports.CONTROL, 0, fabric))
         else:
             swapped.append((t.tensor_name, route, t.dtype, t.bytes, fabric))
             if t.bytes is None and t.halves != "recv":  # a receiving half's slots: what its sender says
                 capacities[t.tensor_name] = [t.capacity_bytes, t.capacity_bytes == t.bound_bytes]
+    for key, members in bundles.items():
+        out.extend(_bundle_rewrites(key, sorted(members, key=lambda t: t.bundle_offset), timeout))
     report = reports.Report(instance, swapped, kept, registered, function=function,
                             task=rt.task or "coordinator", marked=list(marked),
                             looped=[t.tensor_name for t in swap if t.in_loop], capacities=capacities)
@@ -147,6 +156,16 @@ def rewrites(partitions, function="", marked=()):
     reports.record(report)
     log.info("%s", report)
     return out
+
+
+def _bundle_rewrites(key, members, timeout):
+    """The two rewrites of the bundle `key` (its `members` in offset order): one node replaces
+    their _Send nodes, one their _Recv nodes, each member (node, dtype, shape, offset)."""
+    first = members[0]
+    return [(kind, device, "", key, 0, [], False, 0, timeout, 0, False, False, False,
+             [(getattr(t, node), _dtype_enum(t.dtype), list(t.shape), t.bundle_offset) for t in members])
+            for kind, device, node in (("send", first.send_device, "send_node"),
+                                       ("recv", first.recv_device, "recv_node"))]
 
 
 def _meet_halves(rt, halves, report):

@@ -31,15 +31,19 @@ def test_conv_with_bias_gradient(cluster, aliased):
     """Regression: oneDNN's fused conv filter+bias gradient op has a wrong shape function
     for the bias; the channel must still get the right size (or stay on gRPC). Aliased: with
     RDMADEV_ZERO_COPY_MIN_BYTES=1 the worker's convolutions (oneDNN's forward and input
-    gradient ops) read the filter in its slot."""
+    gradient ops) read the filter in its slot (a bundle's tensors are copied: without
+    bundles). Copied: the small filters share one bundle, copied out of its slot."""
     grpc = run_driver(cluster, "grpc", "conv")
-    rdma = run_driver(cluster, "rdmadev", "conv", env={"RDMADEV_ZERO_COPY_MIN_BYTES": "1"} if aliased else {})
+    rdma = run_driver(cluster, "rdmadev", "conv", env={"RDMADEV_ZERO_COPY_MIN_BYTES": "1",
+                                                       "RDMADEV_BUNDLE_BELOW_BYTES": "0"} if aliased else {})
     assert rdma["losses"] == grpc["losses"] and rdma["bias"] == grpc["bias"]
     assert _swapped(rdma["report"])
     for conv, nbytes in (("Conv2D", 864), ("Conv2D_1", 1152)):
         read = re.search(rf"^\s*(\S+)\s.*ps/replica:0/task:0 -> \S+\s+edge_\d+_{conv}/ReadVariableOp "
                          rf"DT_FLOAT {nbytes} B$", rdma["report"], re.M)
         assert read and read.group(1) == ("shm+zc" if aliased else "shm"), rdma["report"]
+        bundle = re.search(rf"^\s*\S+\s+(bundle \w+\s+)?\S+ -> \S+\s+edge_\d+_{conv}/ReadVariableOp DT_FLOAT", rdma["report"], re.M)
+        assert bundle and bool(bundle.group(1)) != aliased, rdma["report"]
 
 
 def test_batch_norm_statistics_and_gradients_have_static_channels(cluster):

@@ -78,12 +78,12 @@ def test_config_defaults_and_errors():
         gp.Config(zero_copy_min_bytes=-1)
 
 
-def test_v2_round_trip_keeps_the_new_config():
+def test_the_round_trip_keeps_the_v2_config():
     ps, (w,) = B.ps_worker_step()
     cfg = gp.Config(zero_copy_min_bytes=1024, deadline_s=12.5, carries={"dynamic_shapes": True})
     plan = gp.plan_partitions(B.partitions(ps, w), cfg, instance_id="v2")
     data = json.loads(plan.to_json())
-    assert data["version"] == 2 == gp.PLAN_VERSION
+    assert data["version"] == 3 == gp.PLAN_VERSION
     assert data["config"]["zero_copy_min_bytes"] == 1024 and data["config"]["deadline_s"] == 12.5
     assert data["config"]["carries"] == {"dynamic_shapes": True, "half_pairs": False, "dead_tensors": False,
                                          "loops": False}
@@ -91,14 +91,13 @@ def test_v2_round_trip_keeps_the_new_config():
     assert again == plan and again.config == cfg
 
 
-def test_v1_plans_are_refused_with_the_reason():
+def test_older_plans_are_refused_with_the_reason():
     data = json.loads(gp.plan_partitions(B.partitions(*[B.Partition(PS)])).to_json())
-    data["version"] = 1
-    for key in ("zero_copy_min_bytes", "deadline_s", "carries"):
-        data["config"].pop(key)
-    with pytest.raises(gp.PlanFormatError, match=r"plan version 1 is not supported .*version 2, which added "
-                                                 r"config.zero_copy_min_bytes, deadline_s and carries.*re-plan"):
-        gp.Plan.from_dict(data)
+    for version in (1, 2):
+        data["version"] = version
+        with pytest.raises(gp.PlanFormatError, match=rf"plan version {version} is not supported .*version 3, "
+                                                     r"which added bundles.*re-plan"):
+            gp.Plan.from_dict(data)
 
 
 def _zero_copy_plan(shape, threshold):

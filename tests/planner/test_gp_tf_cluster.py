@@ -92,13 +92,20 @@ def test_matmul_relu_step_with_variables_on_ps(devices):
         ("add/ReadVariableOp", task(ps), task(w0)): ([8], 32),
         ("Relu", task(w0), task(w1)): ([2, 8], 64)}
     assert {t.reason for t in plan.kept()} == {"client_task"}  # x in, the sum out, the returned Identity
+    # both reads of ps go to worker 0 at the same level: one bundle, one channel
+    reads = [t for t in plan.swapped() if task(t.send_device) == task(ps)]
+    assert reads[0].bundle and {t.channel_key for t in reads} == {f"{reads[0].bundle}@mm"}
+    first, second = sorted(reads, key=lambda t: t.bundle_offset)
+    assert (first.bundle_offset, second.bundle_offset) == (0, -(-first.bytes // 64) * 64)
+    assert {t.capacity_bytes for t in reads} == {second.bundle_offset + second.bytes}
     # the same plan from the serialized run metadata (graph_pass's own proto subset)
     (from_bytes,) = [s for s in gp.partition_sets(md.SerializeToString()) if len(s) == 4]
     assert gp.plan_partitions(annotate(from_bytes), instance_id="mm").to_json() == plan.to_json()
     # TF1-style: each partition planned alone gives the same channel identities
     for gd in parts:
         for t in gp.plan_partitions([gd]).transfers:
-            assert plan.transfer(t.channel_id).channel_key == f"{t.channel_id}@mm"
+            planned = plan.transfer(t.channel_id)
+            assert planned.channel_key == f"{planned.bundle or t.channel_id}@mm"
 
 
 def test_gradient_step_writes_updates_back_to_ps(devices):

@@ -1,0 +1,140 @@
+"""Bundles: small swapped tensors of one step between the same two devices share one channel.
+
+Each pair of a step costs rdmadev ~11-19 µs beyond the first (a kernel on each side, a write,
+a signal, a wait; BENCHMARKS.md, "What each extra pair of a step costs"), whatever it carries.
+A bundle is one channel whose slot holds several static tensors at planned offsets: one
+``RdmadevSendBundle`` copies them into the slot and writes it with one signal, one
+``RdmadevRecvBundle`` waits once and outputs each of them (pass.cc, send_op.cc, recv_op.cc).
+
+Merging pairs into one node may deadlock a step when one member's tensor depends on another's
+arrival: the bundle's write would wait for a tensor that only its own wait lets be computed.
+So members share a *level*, and a bundle never joins two tensors one of which may depend on
+the other. ``level(n)`` of a node is the most pair receives on any path to it, counting the
+node itself if it receives: ``1 + max(level(pred))`` for a receive (its pair's send is one of
+its preds), ``max(level(pred))`` otherwise. A pair's level is its receive's minus one: at least
+the level of its send and of every other input of its receive. Any path from a bundle's
+outputs to an input of another pair's send or receive passes a receive of the bundle, so that
+pair's level is higher: a bundle's two nodes never sit on a cycle, and neither do several
+bundles (levels only rise along the graph's edges). The graph must be acyclic for that: a
+function with a while loop (its NextIteration edges close cycles) gets no bundles.
+
+Members: swapped pairs with both halves planned, of static shape and below
+``Config.bundle_below_bytes``, outside conditionals and loops, whose send has no output edge
+but its pair's. Members of a (send device, receive device, level) group are taken in channel-id
+order into bundles of at most ``BUNDLE_MAX_BYTES``; a group of one stays a channel of its own.
+"""
+
+import hashlib
+import logging
+from collections import defaultdict
+
+import networkx as nx
+
+from . import layout
+from .attrs import attr
+from .find_transfers import RENDEZVOUS_ATTRS
+from .load import NS, RECV_OPS, SEND_OPS
+from .plan import DEFAULT_BUNDLE_BELOW_BYTES
+
+__all__ = ["BUNDLE_MAX_BYTES", "DEFAULT_BUNDLE_BELOW_BYTES", "bundle_transfers", "bundle_id", "levels"]
+
+log = logging.getLogger(__name__)
+log.addHandler(logging.NullHandler())
+
+#: Most payload bytes one bundle carries: its sender copies them into one buffer, and its
+#: receiver outputs none of them before the last has arrived. 256 KiB keeps that copy near
+#: 20 µs; a group with more bytes is split into several bundles.
+BUNDLE_MAX_BYTES = 256 << 10
+
+
+def bundle_id(channel_ids):
+    """The id of the bundle of the pairs `channel_ids` (16 hex digits, BLAKE2b of the sorted
+    ids, one per line): the same on every task that plans the same pairs."""
+    text = "\n".join(sorted(channel_ids))
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=8).hexdigest()
+
+
+def levels(graph):
+    """``{node key: level}`` over every node of `graph` (module docstring), or None when the
+    graph has a cycle (a while loop). A pair whose halves are on one task (two devices of it)
+    is a dependency too, though find_transfers gives it no edge: it is added here."""
+    deps = nx.DiGraph()
+    deps.add_nodes_from(graph)
+    deps.add_edges_from(graph.edges())
+    sends = {_rendezvous(data): key for key, data in graph.nodes(data=True) if data["op"] in SEND_OPS}
+    for key, data in graph.nodes(data=True):
+        if data["op"] in RECV_OPS and sends.get(_rendezvous(data)) is not None:
+            deps.add_edge(sends[_rendezvous(data)], key)
+    try:
+        order = list(nx.topological_sort(deps))
+    except nx.NetworkXUnfeasible:
+        return None
+    level = {}
+    for key in order:
+        up = max((level[p] for p in deps.predecessors(key)), default=0)
+        level[key] = up + 1 if graph.nodes[key]["op"] in RECV_OPS else up
+    return level
+
+
+def _rendezvous(data):
+    return tuple(attr(data["node_def"], a) for a in RENDEZVOUS_ATTRS)
+
+
+def _ends(graph):
+    """``{(channel id, "send" | "recv"): node key}`` of the pair nodes find_transfers marked."""
+    return {(data[NS]["channel_id"], data[NS]["end"]): key for key, data in graph.nodes(data=True)
+            if "channel_id" in data.get(NS, {})}
+
+
+def _eligible(t, config, graph, ends):
+    if not (t.decision == "swap" and t.halves == "both" and t.kind == "data" and t.bytes is not None
+            and 0 < t.bytes < config.bundle_below_bytes and not t.in_cond and not t.in_loop):
+        return False
+    send, recv = ends.get((t.channel_id, "send")), ends.get((t.channel_id, "recv"))
+    return send is not None and recv is not None and all(dst == recv for _, dst in graph.out_edges(send))
+
+
+def bundle_transfers(transfers, config, graph):
+    """Groups the small swapped `transfers` of `graph` into bundles: sets ``bundle`` (its id)
+    and ``bundle_offset`` (where the tensor starts in the slot's payload) on each member, and
+    returns ``{bundle id: payload bytes}``. Nothing is bundled when ``bundle_below_bytes`` is 0,
+    without a graph, or when the graph has a cycle."""
+    if not config.bundle_below_bytes or graph is None:
+        return {}
+    ends = _ends(graph)
+    candidates = [t for t in transfers if _eligible(t, config, graph, ends)]
+    if len(candidates) < 2:
+        return {}
+    level = levels(graph)
+    if level is None:
+        log.debug("bundles: the graph has a cycle (a while loop); no pair is bundled")
+        return {}
+    groups = defaultdict(list)
+    for t in candidates:
+        groups[(t.send_device, t.recv_device, level[ends[(t.channel_id, "recv")]] - 1)].append(t)
+    sizes = {}
+    for key in sorted(groups):
+        bundle, used = [], 0
+        for t in sorted(groups[key], key=lambda t: t.channel_id):
+            start = layout.round_up(used, layout.ALIGNMENT)
+            if bundle and start + t.bytes > BUNDLE_MAX_BYTES:
+                _close(bundle, sizes)
+                bundle, start = [], 0
+            bundle.append(t)
+            used = start + t.bytes
+        _close(bundle, sizes)
+    log.debug("bundled %d of %d small pairs into %d bundles", sum(1 for t in candidates if t.bundle),
+              len(candidates), len(sizes))
+    return sizes
+
+
+def _close(bundle, sizes):
+    """Makes `bundle` (two or more transfers) one: their offsets laid out in order."""
+    if len(bundle) < 2:
+        return
+    bid = bundle_id(t.channel_id for t in bundle)
+    used = 0
+    for t in bundle:
+        t.bundle, t.bundle_offset = bid, layout.round_up(used, layout.ALIGNMENT)
+        used = t.bundle_offset + t.bytes
+    sizes[bid] = used
