@@ -80,6 +80,9 @@ def parse_args(argv=None):
                          "tf_cnn_benchmarks' parameter_server mode (benchmarks/cnn_between_graph.py)")
     ap.add_argument("--window_s", type=float, default=10.0,
                     help="--between_graph: seconds of each measurement window")
+    ap.add_argument("--compare_bundles", action="store_true",
+                    help="add rdmadev_1ch: rdmadev with every pair on a channel of its own "
+                         "(RDMADEV_BUNDLE_BELOW_BYTES=0), alternated with the rest")
     ap.add_argument("--json", help="write the result as JSON here")
     ap.add_argument("--no_progress", action="store_true")
     args = ap.parse_args(argv)
@@ -272,6 +275,7 @@ def run(args):
     import rdmadev
     from graph_pass.devices import task_name
     from rdmadev.testing import launch
+    from rdmadev.testing.timing import planned_with
     from models import MODELS, Params
 
     env = {"RDMADEV_SECRET": os.environ["RDMADEV_SECRET"]}
@@ -311,6 +315,8 @@ def run(args):
             variants["grpc"] = tf.function(step)
         if args.server_protocol in ("rdmadev", "both"):
             variants["rdmadev"] = rdmadev.optimize(tf.function(step))
+        if args.compare_bundles:
+            variants["rdmadev_1ch"] = rdmadev.optimize(tf.function(step))
         if args.reference:
             local = [params_on([w]) for w in workers]
             variants["local"] = tf.function(build_step(
@@ -324,7 +330,10 @@ def run(args):
         t_setup = time.perf_counter()
         for name, fn in variants.items():  # trace, partition, plan, instantiate
             t0 = time.perf_counter()
-            float(fn())
+            if name == "rdmadev_1ch":
+                planned_with(fn, bundle_below_bytes=0)
+            else:
+                float(fn())
             if name == "rdmadev":  # before other functions plan: reports are per process
                 report = summarize_reports(fn.reports)
             print(f"{name}: first step (trace + instantiate) {time.perf_counter() - t0:.1f} s",

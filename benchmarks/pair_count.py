@@ -6,9 +6,10 @@ variable holding all N (one pair, the same bytes), gRPC and rdmadev alike.
 
 1 ps + 1 worker (`rdmadev serve`) on 127.0.0.1, this process the coordinator. For each N:
 `local` (N variables on the worker: the ops without any pair), `grpc` and `rdmadev` (N
-variables on the ps, each read by the worker: N pairs), and `grpc 1x` / `rdmadev 1x` (one
-variable of N x --floats on the ps: one pair of the same bytes, what coalescing the N pairs
-into one would leave). Variants alternate round by round; each figure is the median ms per
+variables on the ps, each read by the worker: N pairs; rdmadev moves them in one bundle,
+`rdmadev 1ch` in N channels of their own, RDMADEV_BUNDLE_BELOW_BYTES=0), and `grpc 1x` /
+`rdmadev 1x` (one variable of N x --floats on the ps: one pair of the same bytes, the floor
+that bundling the N pairs into one approaches). Variants alternate round by round; each figure is the median ms per
 call over the rounds, with the rounds' range. The per-pair cost is the slope over N of
 (variant - local). Every process started here is stopped at the end.
 """
@@ -34,7 +35,7 @@ def main(argv=None):
 
     import rdmadev
     from rdmadev.testing import launch
-    from rdmadev.testing.timing import ms_per_call
+    from rdmadev.testing.timing import ms_per_call, planned_with
 
     ps, worker = "/job:ps/replica:0/task:0", "/job:worker/replica:0/task:0"
     with launch.coordinated(num_ps=1, num_workers=1):
@@ -53,6 +54,8 @@ def main(argv=None):
             variants[(n, "local")] = tf.function(lambda vs=local: read(vs))
             variants[(n, "grpc")] = tf.function(lambda vs=remote: read(vs))
             variants[(n, "rdmadev")] = rdmadev.optimize(tf.function(lambda vs=remote: read(vs)))
+            variants[(n, "rdmadev 1ch")] = planned_with(
+                rdmadev.optimize(tf.function(lambda vs=remote: read(vs))), bundle_below_bytes=0)
             variants[(n, "grpc 1x")] = tf.function(lambda vs=whole: read(vs))
             variants[(n, "rdmadev 1x")] = rdmadev.optimize(tf.function(lambda vs=whole: read(vs)))
         # The functions hold the variables from here on: all of them die with `variants`, which
@@ -71,7 +74,7 @@ def main(argv=None):
               f"{med[(n, name)] - med[(n, 'local')]:8.3f}")
     lo, hi = min(args.counts), max(args.counts)
     if hi > lo:
-        for name in ("grpc", "rdmadev"):
+        for name in ("grpc", "rdmadev", "rdmadev 1ch"):
             slope = ((med[(hi, name)] - med[(hi, "local")]) - (med[(lo, name)] - med[(lo, "local")])) / (hi - lo)
             print(f"  per extra pair above local, {name}: {slope * 1e3:.1f} us")
     return 0

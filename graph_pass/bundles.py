@@ -19,8 +19,9 @@ bundles (levels only rise along the graph's edges). The graph must be acyclic fo
 function with a while loop (its NextIteration edges close cycles) gets no bundles.
 
 Members: swapped pairs with both halves planned, of static shape and below
-``Config.bundle_below_bytes``, outside conditionals and loops, whose send has no output edge
-but its pair's. Members of a (send device, receive device, level) group are taken in channel-id
+``Config.bundle_below_bytes`` (a control edge's empty tensor too: the signal of an ordering
+comes with the bundle's), outside conditionals and loops, whose send has no output edge but
+its pair's. Members of a (send device, receive device, level) group are taken in channel-id
 order into bundles of at most ``BUNDLE_MAX_BYTES``; a group of one stays a channel of its own.
 """
 
@@ -36,7 +37,7 @@ from .find_transfers import RENDEZVOUS_ATTRS
 from .load import NS, RECV_OPS, SEND_OPS
 from .plan import DEFAULT_BUNDLE_BELOW_BYTES
 
-__all__ = ["BUNDLE_MAX_BYTES", "DEFAULT_BUNDLE_BELOW_BYTES", "bundle_transfers", "bundle_id", "levels"]
+__all__ = ["BUNDLE_ID_SHOWN", "BUNDLE_MAX_BYTES", "DEFAULT_BUNDLE_BELOW_BYTES", "bundle_transfers", "bundle_id", "levels"]
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
@@ -45,6 +46,8 @@ log.addHandler(logging.NullHandler())
 #: receiver outputs none of them before the last has arrived. 256 KiB keeps that copy near
 #: 20 µs; a group with more bytes is split into several bundles.
 BUNDLE_MAX_BYTES = 256 << 10
+#: Hex digits of a bundle's id that tables and reports show: enough to tell a step's bundles apart.
+BUNDLE_ID_SHOWN = 6
 
 
 def bundle_id(channel_ids):
@@ -58,13 +61,13 @@ def levels(graph):
     """``{node key: level}`` over every node of `graph` (module docstring), or None when the
     graph has a cycle (a while loop). A pair whose halves are on one task (two devices of it)
     is a dependency too, though find_transfers gives it no edge: it is added here."""
-    deps = nx.DiGraph()
-    deps.add_nodes_from(graph)
-    deps.add_edges_from(graph.edges())
     sends = {_rendezvous(data): key for key, data in graph.nodes(data=True) if data["op"] in SEND_OPS}
-    for key, data in graph.nodes(data=True):
-        if data["op"] in RECV_OPS and sends.get(_rendezvous(data)) is not None:
-            deps.add_edge(sends[_rendezvous(data)], key)
+    unseen = [(sends[rv], key) for key, data in graph.nodes(data=True) if data["op"] in RECV_OPS
+              for rv in [_rendezvous(data)] if rv in sends and not graph.has_edge(sends[rv], key)]
+    deps = graph
+    if unseen:  # a copy, to leave the caller's graph as it was
+        deps = nx.DiGraph(graph)
+        deps.add_edges_from(unseen)
     try:
         order = list(nx.topological_sort(deps))
     except nx.NetworkXUnfeasible:
@@ -87,8 +90,8 @@ def _ends(graph):
 
 
 def _eligible(t, config, graph, ends):
-    if not (t.decision == "swap" and t.halves == "both" and t.kind == "data" and t.bytes is not None
-            and 0 < t.bytes < config.bundle_below_bytes and not t.in_cond and not t.in_loop):
+    if not (t.decision == "swap" and t.halves == "both" and t.bytes is not None
+            and t.bytes < config.bundle_below_bytes and not t.in_cond and not t.in_loop):
         return False
     send, recv = ends.get((t.channel_id, "send")), ends.get((t.channel_id, "recv"))
     return send is not None and recv is not None and all(dst == recv for _, dst in graph.out_edges(send))

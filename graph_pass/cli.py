@@ -64,6 +64,9 @@ def build_parser(prog="rdmadev plan"):
                    help="smallest transfer the receiver may alias (default %(default)s)")
     p.add_argument("--deadline-s", type=float, default=Config.deadline_s,
                    help="seconds every wait of a planned channel may take (default %(default)s)")
+    p.add_argument("--bundle-below-bytes", type=int, default=Config.bundle_below_bytes,
+                   help="static tensors below this share a channel with the other small ones of their step "
+                        "between the same two devices; 0: none (default %(default)s)")
     p.add_argument("--carry", action="append", default=[], choices=CARRIES,
                    help="plan as if the ops could carry this too (repeatable; default: static shapes, both halves)")
     p.add_argument("--instance-id", default="plan", help="instance id in channel keys (default %(default)r)")
@@ -155,7 +158,7 @@ def main(argv=None):
                         default_dynamic_capacity=args.default_dynamic_capacity,
                         half_pair_capacity=args.half_pair_capacity,
                         zero_copy_min_bytes=args.zero_copy_min_bytes, deadline_s=args.deadline_s,
-                        carries={k: k in args.carry for k in CARRIES})
+                        bundle_below_bytes=args.bundle_below_bytes, carries={k: k in args.carry for k in CARRIES})
         if args.graphdef:
             sets = [[as_graph_def(Path(f).read_bytes(), f) for f in args.graphdef]]
         elif args.run_metadata:

@@ -10,6 +10,7 @@ import logging
 import math
 from collections import Counter, defaultdict
 
+from .bundles import BUNDLE_ID_SHOWN
 from .devices import parse_device
 from .plan import DYNAMIC_SLOTS, STATIC_SLOTS
 
@@ -64,7 +65,8 @@ def format_table(plan):
     Returns:
         A multi-line string: one row per transfer (transfer, from -> to, kind, dtype, shape, bytes,
         decision, reason, region, offset; a run-time shape as ``?`` dims, or ``<=[...]`` within
-        its bound), then totals per decision and per receiving task.
+        its bound; a bundle's member as ``static bundle <id>`` at its channel's offset ``+`` its
+        own in the payload), then totals per decision and per receiving task.
     """
     head = ("transfer", "from -> to", "kind", "dtype", "shape", "bytes", "decision", "reason", "region", "offset")
     rows = []
@@ -76,7 +78,9 @@ def format_table(plan):
         region = "" if t.region is None else f"{short_task(t.recv_task)}<-{short_task(t.send_task)}"
         rows.append((_clip(t.label, LABEL_WIDTH), f"{short_task(t.send_task)} -> {short_task(t.recv_task)}",
                      t.kind, t.dtype.replace("DT_", "").lower(), shape, str(size), t.decision or "-",
-                     t.reason or "-", region, "" if t.task_offset is None else str(t.task_offset)))
+                     (t.reason or "-") + (f" bundle {t.bundle[:BUNDLE_ID_SHOWN]}" if t.bundle else ""), region,
+                     "" if t.task_offset is None else str(t.task_offset) +
+                     (f"+{t.bundle_offset}" if t.bundle else "")))
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(head)]
     fmt = "  ".join(f"{{:{'>' if i in (5, 9) else '<'}{w}}}" for i, w in enumerate(widths))
     lines = [fmt.format(*head), fmt.format(*("-" * w for w in widths))] + [fmt.format(*r) for r in rows]
@@ -92,7 +96,12 @@ def format_table(plan):
     slots = (f"{cfg.slots} slots" if cfg.slots is not None
              else f"{STATIC_SLOTS} slot per static channel, {DYNAMIC_SLOTS} per dynamic one")
     lines.append(f"  config: {slots}, zero-copy from {human_bytes(cfg.zero_copy_min_bytes)}, deadline "
-                 f"{cfg.deadline_s:g} s, ops carry static shapes{''.join(' + ' + k for k in carried)}")
+                 f"{cfg.deadline_s:g} s, bundles below {human_bytes(cfg.bundle_below_bytes)}, ops carry "
+                 f"static shapes{''.join(' + ' + k for k in carried)}")
+    bundles = Counter(t.bundle for t in swapped if t.bundle)
+    if bundles:
+        lines.append(f"  {sum(bundles.values())} small tensors share {len(bundles)} bundle(s): "
+                     f"{len({t.channel_key for t in swapped})} channels for {len(swapped)} swapped transfers")
     for b in plan.tasks:
         lines.append(f"  {short_task(b.task)} registers {human_bytes(b.total_bytes)} ({b.total_bytes} B) in "
                      f"{len(b.regions)} region(s)")

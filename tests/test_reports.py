@@ -1,4 +1,6 @@
 """Reports say what moved where, and what each receiving task registered for it."""
+import dataclasses
+
 from rdmadev.cluster.reports import CONTROL, Report
 
 PS, W = "/job:ps/replica:0/task:0", "/job:worker/replica:0/task:0"
@@ -39,3 +41,15 @@ def test_a_task_that_registered_for_signals_only_moves_no_bytes():
     lines = str(r).splitlines()
     assert f"  shm      {W} -> {PS}  edge_9_ctl control edge (orders execution, carries no data)" in lines
     assert f"  registered on {PS}: 4096 B for 0 B a step" in lines
+
+
+def test_a_bundles_tensors_say_which_bundle_carries_them():
+    r = Report("1.3", swapped=[("edge_1_a", f"{PS} -> {W}", "DT_FLOAT", 128, "shm"),
+                               ("edge_2_b", f"{PS} -> {W}", "DT_INT32", 32, "shm"),
+                               ("edge_3_c", f"{PS} -> {W}", "DT_FLOAT", 65536, "shm+zc")],
+               kept=[], registered={W: 4096}, bundled={"edge_1_a": "d42aaa", "edge_2_b": "d42aaa"})
+    lines = str(r).splitlines()
+    assert f"  shm bundle d42aaa {PS} -> {W}  edge_2_b DT_INT32 32 B" in lines
+    assert f"  shm+zc   {PS} -> {W}  edge_3_c DT_FLOAT 65536 B" in lines
+    assert "  2 small tensors share 1 bundle(s): one write and one wait move each bundle" in lines
+    assert Report.from_dict(dataclasses.asdict(r)).bundled == r.bundled

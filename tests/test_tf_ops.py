@@ -64,6 +64,45 @@ def test_values_arrive_identical(channel, dtype, shape):
         np.testing.assert_array_equal(x.numpy(), y.numpy())
 
 
+BUNDLE = [(tf.float32, [4, 8]), (tf.bool, [5]), (tf.float16, [3]), (tf.int64, [2]), (tf.int32, [0])]
+BUNDLE_OFFSETS = [0, 128, 192, 256, 320]  # each 64-aligned after the one before
+BUNDLE_BYTES = 320  # the int64s end at 272, the empty int32 is at 320
+
+
+def test_a_bundle_moves_its_tensors_in_one_slot(channel):
+    key, tx, rx = channel("bundle", BUNDLE_BYTES, slots=1)
+    for step in range(4):
+        xs = [tf.cast(tf.random.stateless_uniform(shape, [step, i]) * 100 - 50, dtype)
+              for i, (dtype, shape) in enumerate(BUNDLE)]
+        ops.send_bundle(xs, BUNDLE_OFFSETS, key)
+        ys = ops.recv_bundle([d for d, _ in BUNDLE], [s for _, s in BUNDLE], BUNDLE_OFFSETS, key)
+        assert len(ys) == len(xs) and rx.held == 0  # copied out, the slot given back
+        for x, y in zip(xs, ys):
+            assert y.dtype == x.dtype and y.shape == x.shape
+            np.testing.assert_array_equal(x.numpy(), y.numpy())
+
+
+def test_a_bundles_gaps_carry_zeros_not_the_senders_memory(channel):
+    key, _, _ = channel("gaps", 128 + 4, slots=1)
+    ops.send_bundle([tf.fill([3], 7.0), tf.constant([1], tf.int32)], [0, 128], key)
+    raw = ops.recv(tf.uint8, [132], key).numpy()
+    assert raw[:12].view(np.float32).tolist() == [7.0] * 3 and raw[128:].view(np.int32).tolist() == [1]
+    assert not raw[12:128].any()
+
+
+def test_a_bundle_that_does_not_match_the_plan_is_a_clear_error(channel):
+    key, _, _ = channel("mismatch", BUNDLE_BYTES, slots=1)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="cannot go at offset 0 after 128 bytes"):
+        ops.send_bundle([tf.ones([32]), tf.ones([4])], [0, 0], key)  # overlapping
+    with pytest.raises(tf.errors.InvalidArgumentError, match="exceed the channel's planned slot capacity"):
+        ops.send_bundle([tf.ones([32]), tf.ones([100])], [0, 128], key)  # more than the slot holds
+    ops.send_bundle([tf.ones([32]), tf.ones([4])], [0, 128], key)  # 144 of the 320 B planned
+    with pytest.raises(tf.errors.InvalidArgumentError, match="delivered 144 bytes where its tensors span 320"):
+        ops.recv_bundle([d for d, _ in BUNDLE], [s for _, s in BUNDLE], BUNDLE_OFFSETS, key)
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="not a static plain-bytes tensor"):
+        ops.recv_bundle([tf.float32], [[None]], [0], key)
+
+
 @pytest.mark.parametrize("shape", [[1024, 1024], [4]])
 def test_zero_copy_tensor_aliases_its_slot_until_released(channel, shape):
     """zero_copy is the planner's decision (its size threshold is in the plan config): the

@@ -38,6 +38,8 @@ class Report:
     #: swapped tensor name of run-time shape -> [payload bytes its slots start with, whether
     #: that is the bound TF's shapes give it (else RDMADEV_DYNAMIC_CAPACITY or a hint)]
     capacities: dict = dataclasses.field(default_factory=dict)
+    #: swapped tensor name -> the bundle (graph_pass.bundles) it shares a channel with, short id
+    bundled: dict = dataclasses.field(default_factory=dict)
     error: str = ""      # set when the report could not be read (see unreachable)
 
     @classmethod
@@ -73,7 +75,12 @@ class Report:
                 dtype, what = "control edge", "(orders execution, carries no data)"
             if name in looped:
                 what += " each loop iteration"
+            if name in self.bundled:
+                fabric += f" bundle {self.bundled[name]}"
             lines.append(f"  {fabric:<8} {route}  {name} {dtype} {what}")
+        if self.bundled:
+            lines.append(f"  {len(self.bundled)} small tensors share {len(set(self.bundled.values()))} "
+                         f"bundle(s): one write and one wait move each bundle")
         if looped:
             lines.append(f"  {len(looped)} swapped in while loops: their loops run one iteration at a "
                          f"time on each task that sends or receives them")

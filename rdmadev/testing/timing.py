@@ -3,7 +3,7 @@ for a condition with a bound, for tests."""
 
 import time
 
-__all__ = ["ms_per_call", "wait_until"]
+__all__ = ["ms_per_call", "planned_with", "wait_until"]
 
 
 def ms_per_call(variants, rounds, calls, on_round=None):
@@ -35,6 +35,28 @@ def ms_per_call(variants, rounds, calls, on_round=None):
         if on_round is not None:
             on_round(r + 1)
     return ms
+
+
+def planned_with(fn, **settings):
+    """`fn` (an rdmadev.optimize'd function taking no arguments) called once, so traced,
+    partitioned and planned, with this process's rdmadev settings changed by `settings`
+    (rdmadev.Config fields, e.g. ``bundle_below_bytes=0``) for that call only: a variant whose
+    channels keep the plan those settings gave, to time against one planned as configured.
+
+    Returns:
+        `fn`.
+    """
+    import dataclasses
+
+    from ..cluster import runtime
+    rt = runtime.current()
+    before = rt.config
+    rt.config = dataclasses.replace(before, **settings)
+    try:
+        fn()
+    finally:
+        rt.config = before
+    return fn
 
 
 def wait_until(predicate, within, every=0.05):

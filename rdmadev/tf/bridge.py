@@ -25,6 +25,7 @@ import os
 import re
 
 import graph_pass
+from graph_pass.bundles import BUNDLE_ID_SHOWN
 from graph_pass.plan import Config as PlanConfig
 
 from .. import _core
@@ -138,8 +139,6 @@ def rewrites(partitions, function="", marked=()):
                             bool(t.zero_copy), plan.config.zero_copy_min_bytes, timeout, limit, owned,
                             dead, loop, []))
         fabric = fabrics.get(t.channel_key, f"{t.halves} half") + ("+zc" if t.zero_copy else "")
-        if t.bundle:
-            fabric += f" bundle {t.bundle[:6]}"
         if t.kind == "control":  # TF's dummy tensor for a control edge: a signal, no data
             swapped.append((t.tensor_name, route, reports.CONTROL, 0, fabric))
         else:
@@ -150,7 +149,8 @@ def rewrites(partitions, function="", marked=()):
         out.extend(_bundle_rewrites(key, sorted(members, key=lambda t: t.bundle_offset), timeout))
     report = reports.Report(instance, swapped, kept, registered, function=function,
                             task=rt.task or "coordinator", marked=list(marked),
-                            looped=[t.tensor_name for t in swap if t.in_loop], capacities=capacities)
+                            looped=[t.tensor_name for t in swap if t.in_loop], capacities=capacities,
+                            bundled={t.tensor_name: t.bundle[:BUNDLE_ID_SHOWN] for t in swap if t.bundle})
     if halves:
         _meet_halves(rt, [t for t in swap if t.halves != "both"], report)
     reports.record(report)

@@ -14,7 +14,7 @@ import os
 from ..config import Config
 from ..errors import ConfigError
 
-__all__ = ["load", "check_built", "send", "recv", "library_path"]
+__all__ = ["load", "check_built", "send", "recv", "send_bundle", "recv_bundle", "library_path"]
 
 
 def library_path():
@@ -88,3 +88,19 @@ def recv(dtype, shape, channel, timeout_s=None, zero_copy=False, max_bytes=0, ze
     return load().rdmadev_recv(dtype=dtype, shape=shape, channel=channel, timeout_s=_deadline(timeout_s),
                                zero_copy=zero_copy, zero_copy_min_bytes=zero_copy_min_bytes,
                                max_bytes=max_bytes)
+
+
+def send_bundle(xs, offsets, channel, timeout_s=None):
+    """Writes the tensors `xs` into the next slot of `channel`, each at its byte offset in
+    the payload (ascending, non-overlapping; the bytes between them are zeroed), with one
+    signal: a bundle (graph_pass.bundles). The slot must hold them all."""
+    return load().rdmadev_send_bundle(xs, offsets=list(offsets), channel=channel,
+                                      timeout_s=_deadline(timeout_s))
+
+
+def recv_bundle(dtypes, shapes, offsets, channel, timeout_s=None):
+    """Waits for the next slot of `channel` and returns its tensors: dtypes[i] of static
+    shapes[i] at offsets[i], each copied out; refused when the slot carries other bytes than
+    they span."""
+    return load().rdmadev_recv_bundle(dtypes=list(dtypes), shapes=list(shapes), offsets=list(offsets),
+                                      channel=channel, timeout_s=_deadline(timeout_s))

@@ -391,6 +391,39 @@ def mixed(mode):
     return {"values": values, "report": fn.report if mode == "rdmadev" else ""}
 
 
+def bundles(mode):
+    """Small tensors of five dtypes ps -> worker in one step, a 16 KiB one next to them, and a
+    round trip that depends on them: the worker sends back what it computed from the first
+    reads, ps sends back what it computed from that. The first reads share one bundle; the
+    tensors each round trip waits for cannot join it (graph_pass.bundles)."""
+    with tf.device(PS):
+        f = tf.Variable(tf.random.stateless_normal([4, 8], [1, 2]))
+        h = tf.Variable(tf.cast(tf.range(6), tf.float16))
+        n = tf.Variable(tf.range(8, dtype=tf.int32))
+        k = tf.Variable(tf.constant([3, -4], tf.int64))
+        flags = tf.Variable(tf.constant([True, False, True]))
+        big = tf.Variable(tf.random.stateless_normal([64, 64], [3, 4]))  # 16 KiB: a channel of its own
+
+    def step(i):
+        with tf.device(W0):
+            x = tf.cast(i, tf.float32)
+            first = (tf.reduce_sum(f * x) + tf.reduce_sum(tf.cast(h, tf.float32)) +
+                     tf.cast(tf.reduce_sum(n) + tf.cast(tf.reduce_sum(k), tf.int32), tf.float32) +
+                     tf.reduce_sum(tf.cast(flags, tf.float32)) + tf.reduce_mean(big))
+        with tf.device(PS):
+            f.assign_add(tf.fill([4, 8], first * 1e-3))  # worker -> ps
+            n.assign_add(tf.ones([8], tf.int32))
+            flags.assign(tf.logical_not(flags))
+            answer = tf.stack([first, first * 2.0])  # depends on the first reads' arrival
+        with tf.device(W0):
+            return answer * 3.0 + tf.reduce_sum(f)  # ps -> worker again, after the updates
+
+    fn = rdmadev.optimize(tf.function(step)) if mode == "rdmadev" else tf.function(step)
+    values = [fn(tf.constant(i, tf.int64)).numpy().tolist() for i in range(5)]
+    return {"values": values, "f": f.numpy().tolist(), "n": n.numpy().tolist(),
+            "flags": flags.numpy().tolist(), "report": fn.report if mode == "rdmadev" else ""}
+
+
 def batch_norm(mode):
     """Conv + fused batch norm in training, as resnet50 has 53 of: the worker sends the batch
     statistics (oneDNN's batch norm, outputs 1 and 2) and the scale and offset gradients
@@ -830,7 +863,7 @@ def main():
                   "train_until_killed": train_until_killed, "mixed": mixed,
                   "conv": conv, "sparse": sparse, "overlapping": overlapping, "cond": cond, "growing": growing, "underbound": underbound, "loop": loop,
                   "loop_until_killed": loop_until_killed,
-                  "batch_norm": batch_norm, "views": views}[scenario](mode)
+                  "batch_norm": batch_norm, "views": views, "bundles": bundles}[scenario](mode)
     print("RESULT " + json.dumps(result))
 
 

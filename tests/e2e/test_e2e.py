@@ -54,7 +54,8 @@ def test_batch_norm_statistics_and_gradients_have_static_channels(cluster):
     rdma = run_driver(cluster, "rdmadev", "batch_norm")
     assert rdma["losses"] == grpc["losses"] and rdma["state"] == grpc["state"]
     report = rdma["report"]
-    to_ps = re.findall(r"^\s*\S+\s+/job:worker/replica:0/task:0 -> /job:ps/replica:0/task:0  (\S+) DT_FLOAT (.+)$",
+    to_ps = re.findall(r"^\s*\S+(?: bundle \w+)?\s+/job:worker/replica:0/task:0 -> /job:ps/replica:0/task:0  (\S+) "
+                       r"DT_FLOAT (.+)$",
                        report, re.M)
     assert len(to_ps) == 5 and "run-time shape" not in report, report  # the filter's gradient and four [8]
     assert sorted(size for _, size in to_ps) == ["32 B"] * 4 + ["864 B"], report
@@ -278,6 +279,25 @@ def test_calls_from_two_threads_at_once_give_grpcs_values(cluster):
     assert rdma["values"] == grpc["values"] and [len(v) for v in rdma["values"]] == [12, 12]
     assert re.search(r"^\s*shm\+zc\s.*ReadVariableOp DT_FLOAT 262144 B$", rdma["report"], re.M), \
         rdma["report"]
+
+
+def test_small_tensors_of_a_step_share_a_bundle_and_give_grpcs_values(cluster):
+    grpc = run_driver(cluster, "grpc", "bundles")
+    rdma = run_driver(cluster, "rdmadev", "bundles")
+    for key in ("values", "f", "n", "flags"):
+        assert rdma[key] == grpc[key], key
+    rows = re.findall(r"^\s*shm\s+(?:bundle (\w+)\s+)?(\S+) -> (\S+)\s+(\S+) (DT_\w+) (\d+) B$",
+                      rdma["report"], re.M)
+    to_worker = [(bundle, name, dtype, int(size)) for bundle, frm, to, name, dtype, size in rows
+                 if "ps" in frm and "worker" in to]
+    # the round trip's answer comes at level 2, with the read of f after its update
+    (later,) = {bundle for bundle, name, _, _ in to_worker if "stack" in name}
+    first = {bundle for bundle, _, _, size in to_worker if bundle and bundle != later}
+    assert later and len(first) == 1, rdma["report"]
+    members = [(dtype, size) for bundle, _, dtype, size in to_worker if bundle in first]
+    assert sorted(members) == [("DT_BOOL", 3), ("DT_FLOAT", 128), ("DT_HALF", 12), ("DT_INT32", 32),
+                               ("DT_INT64", 16)], rdma["report"]
+    assert [bundle for bundle, _, _, size in to_worker if size == 16384] == [""], rdma["report"]  # its own
 
 
 def test_strings_stay_on_grpc_and_dynamic_shapes_move(cluster):

@@ -137,3 +137,56 @@ def test_validate_refuses_a_broken_bundle():
 def test_config_refuses_a_negative_threshold():
     with pytest.raises(gp.ConfigError, match="bundle_below_bytes=-1"):
         gp.Config(bundle_below_bytes=-1)
+
+
+def test_rdmadev_plan_shows_the_bundles_and_can_turn_them_off(tmp_path, capsys):
+    from graph_pass import cli
+    files = []
+    for name, part in zip(("ps.pb", "w.pb"), _reads(3)):
+        files.append(tmp_path / name)
+        files[-1].write_bytes(part.gd.SerializeToString())
+    assert cli.main(["--graphdef", *map(str, files)]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.startswith("edge_")]
+    assert len(rows) == 3 and {r[9:11] == ["static", "bundle"] for r in rows} == {True}, out
+    assert "3 small tensors share 1 bundle(s): 1 channels for 3 swapped transfers" in out, out
+    assert cli.main(["--graphdef", *map(str, files), "--bundle-below-bytes", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "bundle" not in out.replace("bundles below 0 B", ""), out
+
+
+def test_a_control_edges_signal_comes_with_the_bundle_of_its_level():
+    ps, w = _reads(2)
+    ps.node("ready", "NoOp")
+    B.control_pair(ps, w, "edge_7_ready", "ready", "after_ready")
+    plan = gp.plan_partitions(B.partitions(ps, w), instance_id="c")
+    control = next(t for t in plan.swapped() if t.kind == "control")
+    assert control.bytes == 0 and control.bundle
+    assert {t.bundle for t in plan.swapped()} == {control.bundle}
+
+
+def test_a_dependency_through_two_devices_of_one_task_keeps_tensors_apart():
+    # x goes ps -> worker and y back, so a (read after y) is at level 2. a reaches the worker's
+    # second device through a pair within the task, whose result goes to ps (b), from which ps
+    # computes c for the worker: c waits for a. find_transfers gives the pair within the task
+    # no edge; levels must add it, or c would land at a's level (the chain restarting at the
+    # second device) and share a's bundle.
+    ps, w, w1 = B.Partition(PS), B.Partition(W0), B.Partition(B.dev("worker", 0, number=1))
+    for name in ("v", "u"):
+        ps.var(name, (4,))
+    B.pair(ps, w, "edge_1_x", "v/read", recv_name="x/_recv", shape=(4,))
+    w.node("y", "Neg", ["x/_recv"], T=("type", B.FLOAT))
+    B.pair(w, ps, "edge_2_y", "y", recv_name="y/_recv", shape=(4,))
+    ps.node("a", "Neg", ["y/_recv"], T=("type", B.FLOAT))
+    B.pair(ps, w, "edge_3_a", "a", recv_name="a/_recv", shape=(4,))
+    B.pair(w, w1, "edge_4_hop", "a/_recv", recv_name="hop/_recv", shape=(4,))
+    w1.node("b", "Neg", ["hop/_recv"], T=("type", B.FLOAT))
+    B.pair(w1, ps, "edge_5_b", "b", recv_name="b/_recv", shape=(4,))
+    ps.node("c", "Neg", ["b/_recv"], T=("type", B.FLOAT))
+    B.pair(ps, w, "edge_6_c", "c", recv_name="c/_recv", shape=(4,))
+    w.node("out", "Add", ["c/_recv", "a/_recv"], T=("type", B.FLOAT))
+    plan, graph = gp.plan_partitions(B.partitions(ps, w, w1), instance_id="t", return_graph=True)
+    level = levels(graph)
+    assert level[(W0, "a/_recv")] == 3 and level[(w1.device, "hop/_recv")] == 4
+    bundle = {t.tensor_name: t.bundle for t in plan.swapped()}
+    assert bundle["edge_3_a"] is None or bundle["edge_3_a"] != bundle["edge_6_c"]
