@@ -252,7 +252,9 @@ def summarize_reports(reports):
             "fabrics": sorted({s[4] for s in swapped}),
             "kept_reasons": sorted({k[2] for k in kept}),
             "registered_bytes": {t: b for r in reports for t, b in r.registered.items()},
-            "moved_bytes_per_step": moved}
+            "moved_bytes_per_step": moved,
+            "bundled": sum(len(r.bundled) for r in reports),
+            "bundles": len({(r.instance, b) for r in reports for b in r.bundled.values()})}
 
 
 def run(args):
@@ -408,7 +410,8 @@ def print_result(r):
         print(f"  rdmadev report: {rep['swapped']} transfers swapped "
               f"({rep['swapped_bytes_per_step'] / 2**20:.1f} MiB per step, fabric "
               f"{','.join(rep['fabrics']) or '-'}), {rep['kept']} stayed on gRPC "
-              f"({'; '.join(rep['kept_reasons']) or '-'})")
+              f"({'; '.join(rep['kept_reasons']) or '-'}); {rep.get('bundled', 0)} of the swapped "
+              f"in {rep.get('bundles', 0)} bundles")
         from graph_pass.explain import short_task
         moved = rep.get("moved_bytes_per_step", {})
         print("  registered: " + ", ".join(

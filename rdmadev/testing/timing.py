@@ -48,8 +48,8 @@ def planned_with(fn, **settings):
     """
     import dataclasses
 
-    from ..cluster import runtime
-    rt = runtime.current()
+    from ..tf import serving
+    rt = serving.coordinator(None)  # the one fn's first call would start: of the cluster connected to
     before = rt.config
     rt.config = dataclasses.replace(before, **settings)
     try:

@@ -146,7 +146,7 @@ def rewrites(partitions, function="", marked=()):
             if t.bytes is None and t.halves != "recv":  # a receiving half's slots: what its sender says
                 capacities[t.tensor_name] = [t.capacity_bytes, t.capacity_bytes == t.bound_bytes]
     for key, members in bundles.items():
-        out.extend(_bundle_rewrites(key, sorted(members, key=lambda t: t.bundle_offset), timeout))
+        out.extend(_bundle_rewrites(key, members, timeout))
     report = reports.Report(instance, swapped, kept, registered, function=function,
                             task=rt.task or "coordinator", marked=list(marked),
                             looped=[t.tensor_name for t in swap if t.in_loop], capacities=capacities,
@@ -159,8 +159,10 @@ def rewrites(partitions, function="", marked=()):
 
 
 def _bundle_rewrites(key, members, timeout):
-    """The two rewrites of the bundle `key` (its `members` in offset order): one node replaces
-    their _Send nodes, one their _Recv nodes, each member (node, dtype, shape, offset)."""
+    """The two rewrites of the bundle `key` of `members`: one node replaces their _Send nodes,
+    one their _Recv nodes, each member (node, dtype, shape, offset) in the order of their bytes
+    in the slot (an empty tensor, a control edge's, before one that starts where it does)."""
+    members = sorted(members, key=lambda t: (t.bundle_offset, t.bytes))
     first = members[0]
     return [(kind, device, "", key, 0, [], False, 0, timeout, 0, False, False, False,
              [(getattr(t, node), _dtype_enum(t.dtype), list(t.shape), t.bundle_offset) for t in members])
