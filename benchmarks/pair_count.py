@@ -54,6 +54,7 @@ def main(argv=None):
             variants[(n, "local")] = tf.function(lambda vs=local: read(vs))
             variants[(n, "grpc")] = tf.function(lambda vs=remote: read(vs))
             variants[(n, "rdmadev")] = rdmadev.optimize(tf.function(lambda vs=remote: read(vs)))
+            variants[(n, "rdmadev")]()  # starts this process's rdmadev runtime, for planned_with
             variants[(n, "rdmadev 1ch")] = planned_with(
                 rdmadev.optimize(tf.function(lambda vs=remote: read(vs))), bundle_below_bytes=0)
             variants[(n, "grpc 1x")] = tf.function(lambda vs=whole: read(vs))

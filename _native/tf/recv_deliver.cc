@@ -216,13 +216,15 @@ tensorflow::Status RecvOp::Receive::DeliverBundle(const rdmadev::Slot& slot) {
                                             " bytes where its tensors span ", op.static_shape_.num_elements(),
                                             ": the sender's tensors do not match the plan");
   }
+  uint64_t carried = 0;  // the tensors' bytes, without the gaps between them
   for (size_t i = 0; s.ok() && i < op.bundle_.size(); ++i) {
     const BundleMember& m = op.bundle_[i];
     Tensor* out = nullptr;
     s = ctx_->allocate_output(static_cast<int>(i), m.shape, &out);
     if (s.ok() && m.bytes) CopyOut(const_cast<char*>(out->tensor_data().data()), slot.data + m.offset, m.bytes);
+    carried += m.bytes;
   }
-  if (s.ok()) Count(slot.length);
+  if (s.ok()) Count(carried);
   r_.ring->Release(slot.seq, rdmadev::Deadline::After(60));
   return s;
 }

@@ -146,8 +146,11 @@ class SendOp : public AsyncOpKernel {
                         done);
       block = ShapeBlock(x.shape());
     }
+    // What the trace says moved: the tensors' bytes (a bundle's without the gaps between them).
+    uint64_t carried = 0;
+    for (int i = 0; i < ctx->num_inputs(); ++i) carried += ctx->input(i).tensor_data().size();
     std::make_shared<Sending>(ctx, x, dead, std::move(s), std::move(moving_from), deadline,
-                              std::move(done), StepTagOf(ctx), std::move(block), channel_)
+                              std::move(done), StepTagOf(ctx), std::move(block), channel_, carried)
         ->Next();
   }
 
@@ -162,10 +165,10 @@ class SendOp : public AsyncOpKernel {
     Sending(OpKernelContext* ctx, Tensor x, bool dead, rdmadev::ChannelRegistry::Sender s,
             rdmadev::ChannelRegistry::Sender moving_from, rdmadev::Deadline deadline,
             DoneCallback done, uint32_t tag, std::vector<uint64_t> block,
-            const std::string& channel)
+            const std::string& channel, uint64_t carried)
         : ctx_(ctx), x_(std::move(x)), dead_(dead), s_(std::move(s)), from_(std::move(moving_from)),
           deadline_(deadline), done_(std::move(done)), tag_(tag), block_(std::move(block)),
-          channel_(channel) {
+          channel_(channel), carried_(carried) {
       trace_.Begin();
     }
 
@@ -261,7 +264,7 @@ class SendOp : public AsyncOpKernel {
     }
 
     void Done() {
-      trace_.End("rdmadev.send", channel_, s_.peer, x_.tensor_data().size(), chunks_);
+      trace_.End("rdmadev.send", channel_, s_.peer, carried_, chunks_);
       if (!ctx_->status().ok()) FailedSteps::Global().Add(tag_);
       done_();
     }
@@ -320,6 +323,7 @@ class SendOp : public AsyncOpKernel {
     const uint32_t tag_;
     const std::vector<uint64_t> block_;  // the shape block (dynamic channels), else empty
     const std::string channel_;
+    const uint64_t carried_;  // the tensors' bytes, for the trace
     uint64_t sent_ = 0;
     bool started_ = false;
     bool chunking_ = false;  // the stage was refused: this tensor goes in chunks

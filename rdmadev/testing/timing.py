@@ -39,7 +39,8 @@ def ms_per_call(variants, rounds, calls, on_round=None):
 
 def planned_with(fn, **settings):
     """`fn` (an rdmadev.optimize'd function taking no arguments) called once, so traced,
-    partitioned and planned, with this process's rdmadev settings changed by `settings`
+    partitioned and planned, with this process's rdmadev settings (its runtime's, started by
+    the first call of an optimized function) changed by `settings`
     (rdmadev.Config fields, e.g. ``bundle_below_bytes=0``) for that call only: a variant whose
     channels keep the plan those settings gave, to time against one planned as configured.
 
@@ -48,8 +49,12 @@ def planned_with(fn, **settings):
     """
     import dataclasses
 
-    from ..tf import serving
-    rt = serving.coordinator(None)  # the one fn's first call would start: of the cluster connected to
+    from ..cluster import runtime
+    from ..errors import ConfigError
+    rt = runtime.current()
+    if rt is None:
+        raise ConfigError("planned_with needs this process's rdmadev runtime",
+                          hint="call an rdmadev.optimize'd function once first: its first call starts it")
     before = rt.config
     rt.config = dataclasses.replace(before, **settings)
     try:

@@ -104,7 +104,8 @@ def test_slots_by_kind_of_channel_unless_the_config_sets_them():
     B.pair(ps, w, "edge_1_v", "v/read", shape=(1000,))
     B.pair(ps, w, "edge_2_ids", "v/read", shape=(-1,))
     B.control_pair(ps, w, "edge_3_ctrl", "v/read", "after")
-    cfg = dict(default_dynamic_capacity=4096, carries={"dynamic_shapes": True})
+    # every channel its own: the static tensor and the signal would share a bundle
+    cfg = dict(default_dynamic_capacity=4096, carries={"dynamic_shapes": True}, bundle_below_bytes=0)
     plan = gp.plan_partitions(B.partitions(ps, w), gp.Config(**cfg), instance_id="i")
     assert {t.tensor_name: (t.reason, t.slots) for t in plan.transfers} == {
         "edge_1_v": ("static", 1), "edge_2_ids": ("dynamic_bounded", 2), "edge_3_ctrl": ("control_signal", 1)}

@@ -18,7 +18,9 @@ def good():
     client = B.Partition("/job:localhost/replica:0/task:0/device:CPU:0")
     client.node("arg", "_Arg", T=("type", B.FLOAT), _output_shapes=("shapes", [(3,)]), index=0)
     B.pair(client, w1, "edge_91_arg", "arg")
-    plan, graph = gp.plan_partitions(B.partitions(ps, w0, w1, client), instance_id="inst", return_graph=True)
+    # a channel per pair: bundles' own invariants are test_gp_bundles.py's
+    plan, graph = gp.plan_partitions(B.partitions(ps, w0, w1, client), gp.Config(bundle_below_bytes=0),
+                                     instance_id="inst", return_graph=True)
     return plan, graph
 
 
