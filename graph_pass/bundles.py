@@ -61,22 +61,31 @@ def levels(graph):
     """``{node key: level}`` over every node of `graph` (module docstring), or None when the
     graph has a cycle (a while loop). A pair whose halves are on one task (two devices of it)
     is a dependency too, though find_transfers gives it no edge: it is added here."""
-    sends = {_rendezvous(data): key for key, data in graph.nodes(data=True) if data["op"] in SEND_OPS}
-    unseen = [(sends[rv], key) for key, data in graph.nodes(data=True) if data["op"] in RECV_OPS
-              for rv in [_rendezvous(data)] if rv in sends and not graph.has_edge(sends[rv], key)]
     deps = graph
-    if unseen:  # a copy, to leave the caller's graph as it was
-        deps = nx.DiGraph(graph)
-        deps.add_edges_from(unseen)
-    try:
-        order = list(nx.topological_sort(deps))
-    except nx.NetworkXUnfeasible:
-        return None
-    level = {}
-    for key in order:
-        up = max((level[p] for p in deps.predecessors(key)), default=0)
-        level[key] = up + 1 if graph.nodes[key]["op"] in RECV_OPS else up
-    return level
+    if graph.graph.get(NS, {}).get("same_task_pairs", 1):  # find_transfers counted them
+        sends = {_rendezvous(data): key for key, data in graph.nodes(data=True) if data["op"] in SEND_OPS}
+        unseen = [(sends[rv], key) for key, data in graph.nodes(data=True) if data["op"] in RECV_OPS
+                  for rv in [_rendezvous(data)] if rv in sends and not graph.has_edge(sends[rv], key)]
+        if unseen:  # a copy, to leave the caller's graph as it was
+            deps = nx.DiGraph(graph)
+            deps.add_edges_from(unseen)
+    # Kahn's order: a node is done once all of its predecessors are, its level theirs at most
+    # (plus one for a receive); nodes never done are on a cycle.
+    waiting = {key: len(deps.pred[key]) for key in deps}
+    level = dict.fromkeys(deps, 0)
+    ready = [key for key, n in waiting.items() if n == 0]
+    done = 0
+    while ready:
+        key = ready.pop()
+        done += 1
+        if graph.nodes[key]["op"] in RECV_OPS:
+            level[key] += 1
+        for succ in deps.succ[key]:
+            level[succ] = max(level[succ], level[key])
+            waiting[succ] -= 1
+            if waiting[succ] == 0:
+                ready.append(succ)
+    return level if done == len(waiting) else None
 
 
 def _rendezvous(data):
