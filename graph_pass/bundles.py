@@ -32,8 +32,7 @@ from collections import defaultdict
 import networkx as nx
 
 from . import layout
-from .attrs import attr
-from .find_transfers import RENDEZVOUS_ATTRS
+from .find_transfers import _rendezvous  # the pair key find_transfers matches halves by
 from .load import NS, RECV_OPS, SEND_OPS
 from .plan import DEFAULT_BUNDLE_BELOW_BYTES
 
@@ -63,9 +62,9 @@ def levels(graph):
     is a dependency too, though find_transfers gives it no edge: it is added here."""
     deps = graph
     if graph.graph.get(NS, {}).get("same_task_pairs", 1):  # find_transfers counted them
-        sends = {_rendezvous(data): key for key, data in graph.nodes(data=True) if data["op"] in SEND_OPS}
+        sends = {_rendezvous(key, data): key for key, data in graph.nodes(data=True) if data["op"] in SEND_OPS}
         unseen = [(sends[rv], key) for key, data in graph.nodes(data=True) if data["op"] in RECV_OPS
-                  for rv in [_rendezvous(data)] if rv in sends and not graph.has_edge(sends[rv], key)]
+                  for rv in [_rendezvous(key, data)] if rv in sends and not graph.has_edge(sends[rv], key)]
         if unseen:  # a copy, to leave the caller's graph as it was
             deps = nx.DiGraph(graph)
             deps.add_edges_from(unseen)
@@ -86,10 +85,6 @@ def levels(graph):
             if waiting[succ] == 0:
                 ready.append(succ)
     return level if done == len(waiting) else None
-
-
-def _rendezvous(data):
-    return tuple(attr(data["node_def"], a) for a in RENDEZVOUS_ATTRS)
 
 
 def _ends(graph):
