@@ -64,16 +64,16 @@ def plan_regions(transfers, config=None, instance_id=None, graph=None):
     planned = [dataclasses.replace(t) for t in transfers]
     if instance_id is None and any(t.halves == "both" for t in planned):
         instance_id = new_instance_id()
-    capacities = {}
-    for t in planned:
-        t.decision, t.reason, t.detail, cap, rank_cap = decide(t, config)
-        capacities[id(t)] = (cap, rank_cap)
-    bundles = bundle_transfers(planned, config, graph)
+    decisions = [decide(t, config) for t in planned]
+    for t, decision in zip(planned, decisions):
+        t.decision, t.reason, t.detail = decision[:3]
+    bundles = bundle_transfers(planned, config, graph)  # needs every decision
     groups = defaultdict(lambda: defaultdict(list))  # (recv, send task) -> channel key -> transfers
-    for t in planned:
+    for t, (*_, cap, rank_cap) in zip(planned, decisions):
         t.channel_key = channel_key(t.bundle or t.channel_id, instance_id if t.halves == "both" else None)
         if t.decision == "swap":
-            cap, rank_cap = (bundles[t.bundle], None) if t.bundle else capacities[id(t)]
+            if t.bundle:
+                cap, rank_cap = bundles[t.bundle], None
             t.slots, t.capacity_bytes, t.rank_capacity = config.slots_for(rank_cap), cap, rank_cap
             t.slot_bytes, t.payload_offset = layout.slot_bytes(cap, rank_cap)
             groups[(t.recv_task, t.send_task)][t.channel_key].append(t)
