@@ -11,13 +11,31 @@ SUBNET = "10.231.77"
 CLONE_NEWNET = 0x40000000
 
 
-def unavailable_reason():
-    """Why namespaces cannot be made here ("" if they can)."""
+#: Debian's package of each tool the namespace tests use.
+PACKAGES = {"ip": "iproute2", "ss": "iproute2", "nft": "nftables", "unshare": "util-linux"}
+
+
+def unavailable_reason(*tools):
+    """Why namespaces (and `tools`, besides `ip`) cannot be used here ("" if they can)."""
     if os.geteuid() != 0:
         return "creating network namespaces needs root"
-    if not shutil.which("ip"):
-        return "iproute2's `ip` is not installed (apt-get install iproute2)"
+    for tool in ("ip",) + tools:
+        if not shutil.which(tool):
+            return f"`{tool}` is not installed (apt-get install {PACKAGES.get(tool, tool)})"
     return ""
+
+
+def require(*tools):
+    """Skips the calling test when namespaces or `tools` are unavailable, saying why; fails it
+    instead under RDMADEV_REQUIRE_NETNS=1 (set by .ci/run), as RDMADEV_REQUIRE_VERBS=1 does for
+    verbs, so that CI cannot pass by skipping."""
+    import pytest
+    reason = unavailable_reason(*tools)
+    if not reason:
+        return
+    if os.environ.get("RDMADEV_REQUIRE_NETNS") == "1":
+        pytest.fail(f"{reason}, and RDMADEV_REQUIRE_NETNS=1 says it must be there")
+    pytest.skip(reason)
 
 
 def enter(name):

@@ -8,7 +8,6 @@ once on a gRPC cluster and once on a grpc+rdmadev cluster, compared bitwise."""
 import json
 import re
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -17,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import netns
 import tf_cluster
 from graph_pass.devices import task_name
 from rdmadev.cluster import half_pairs
@@ -448,8 +448,6 @@ def test_monitored_training_session_recovers_from_a_killed_ps(monitored_on_grpc)
 
 
 @pytest.mark.tf
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ss"),
-                    reason="resetting a connection (ss -K) needs root and iproute2")
 def test_monitored_training_session_trains_on_through_a_connection_cut_mid_step(
         monitored_on_grpc):
     """worker:0's rdmadev connection to ps 0 is reset while a run is in flight, both tasks
@@ -457,6 +455,7 @@ def test_monitored_training_session_trains_on_through_a_connection_cut_mid_step(
     session (whose halves are offered while the old ones are met again: one setup at a time;
     the chief initializes every variable again: no checkpoint), and the job trains to
     LAST_STEP over rdmadev, ending where an uninterrupted job ends."""
+    netns.require("ss")
     ours, output = _monitored(protocol.PROTOCOL, cut_after=12)
     assert ours["step"] == LAST_STEP and ours["trained"] > LAST_STEP, output[-4000:]
     assert all(ours["transfers"].values()), f"a task moved nothing over rdmadev: {ours['transfers']}"
@@ -535,8 +534,6 @@ print("RESULT " + json.dumps(out), flush=True)
 
 
 @pytest.mark.tf
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ss"),
-                    reason="resetting a connection (ss -K) needs root and iproute2")
 def test_a_session_whose_connection_to_the_ps_was_cut_trains_on_over_rdmadev():
     """The half pairs of a session whose rdmadev connection broke, both tasks running on, are
     met again (each by its receiving task), and the same session's next steps run on them.
@@ -544,6 +541,7 @@ def test_a_session_whose_connection_to_the_ps_was_cut_trains_on_over_rdmadev():
     gives in numpy; cut mid-step, the steps it hit fail as transient (Unavailable or
     Aborted), the later ones move over rdmadev, and the variable holds exactly the
     applications of the steps that ran (a failed one may have been applied on the ps)."""
+    netns.require("ss")
     env = {**ENV, "RDMADEV_FABRIC": "tcp"}
     cluster = tf_cluster.Cluster(num_ps=1, num_workers=1, env=env,
                                  launcher=tf_cluster.protocol_launcher(protocol.PROTOCOL))

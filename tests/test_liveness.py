@@ -7,7 +7,6 @@ ps:0 is a `tests/control_task.py` process; this test process is worker:1 (it pla
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from rdmadev.testing.timing import wait_until
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import control_task  # noqa: E402
+import netns  # noqa: E402
 from test_channel_setup import exchange, plan  # noqa: E402
 
 FABRICS = [f for f in rdmadev.viable_fabrics() if f != "verbs"]
@@ -112,13 +112,12 @@ def test_a_peer_that_answers_stays_heard_through_a_long_wait(pair):
     assert rt.table.counters()["silent_peers"] == []
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("nft"),
-                    reason="dropping one connection's packets needs root and nftables' `nft`")
 @pytest.mark.parametrize("pair", ["tcp"], indirect=True)
 def test_a_peer_stays_heard_while_one_heartbeat_connection_is_stalled(pair):
     """A ping whose packets are lost waits for TCP's retransmissions and holds its connection's
     next pings behind it; the other lane keeps the peer heard. Real loss: nftables drops every
     packet of one lane's connection on loopback (that port only) for 4 x RDMADEV_LIVENESS_S."""
+    netns.require("nft")
     rt, _ = pair
     _, swap, regions = plan([(PS, W1)])
     channels.open_channels(rt.call, "lanes", swap, regions)  # an endpoint: the ps is watched

@@ -8,13 +8,11 @@ import netns
 from remote import RemotePeer
 
 pytestmark = pytest.mark.netns
-REASON = netns.unavailable_reason()
 
 
 @pytest.fixture
 def hosts(secret):
-    if REASON:
-        pytest.skip(REASON)
+    netns.require()
     with netns.VethPair(f"rdt{os.getpid() % 10000}-") as net:
         a = RemotePeer("tcp", secret, name="host:a", tcp_addr=f"{net.addresses[0]}:0", netns=net.names[0])
         b = RemotePeer("tcp", secret, name="host:b", tcp_addr=f"{net.addresses[1]}:0", netns=net.names[1])

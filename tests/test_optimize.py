@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-tf = pytest.importorskip("tensorflow")
+import tensorflow as tf
 import rdmadev  # noqa: E402
 from rdmadev.tf import api, serving  # noqa: E402
 

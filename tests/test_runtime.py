@@ -2,7 +2,6 @@
 import json
 import logging
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -11,6 +10,7 @@ import time
 
 import pytest
 
+import netns
 import rdmadev
 from rdmadev.cluster.control import ControlClient, ControlServer, control_address
 from rdmadev.cluster.spec import parse_cluster
@@ -308,13 +308,12 @@ rt.close()
 """
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("ip"),
-                    reason="needs root, unshare and iproute2 for a private network namespace")
 def test_a_tasks_own_listeners_never_take_its_tf_port():
     """A task's TF port inside the kernel's ephemeral range could be taken by the runtime's
     own listeners (port 0) before TF binds it. In a private namespace whose ephemeral range is
     two ports, the task's TF port the one a bind of port 0 picks first (Linux prefers odd ports
     for bind), the runtime holds it while it opens them: rdmadev takes the other."""
+    netns.require("unshare")
     low, port = 20000, 20001
     setup = (f"ip link set lo up && echo '{low} {port}' > /proc/sys/net/ipv4/ip_local_port_range"
              f' && exec {sys.executable} -c "$0" {port}')

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-tf = pytest.importorskip("tensorflow")
+import tensorflow as tf
 
 import rdmadev  # noqa: E402
 from rdmadev import _core  # noqa: E402

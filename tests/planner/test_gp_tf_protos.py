@@ -5,7 +5,7 @@ import pytest
 from graph_pass import _proto
 from graph_pass.dtypes import DTYPES, dtype_size
 
-tf = pytest.importorskip("tensorflow")
+import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, graph_pb2, node_def_pb2, tensor_pb2, tensor_shape_pb2  # noqa: E402
 from tensorflow.core.framework import types_pb2  # noqa: E402
 from tensorflow.core.protobuf import config_pb2  # noqa: E402
