@@ -13,7 +13,10 @@ working size. Over the samples after it the table gives first, last and the leas
 slope per 1,000 steps, and the verdict:
 
 - fds, channels, registered bytes, memfd maps: flat means constant (a leak of any of these
-  is whole units per step or per setup);
+  is whole units per step or per setup). A task's fds are judged without its control
+  connections (`control_fds`, from its counters), which grow to the most calls once in flight
+  at once between two tasks and so with the machine's load, not with steps: flat means no
+  more than CONTROL_SLACK above the first sample after warm-up;
 - threads: flat means no more than THREAD_SLACK above the first sample after warm-up, and a
   slope below it per 1,000 steps (TF's gRPC and executor pools start threads on demand);
 - RSS: flat means a slope below RSS_SLOPE_BOUND per 1,000 steps, or a fitted growth over the
@@ -47,10 +50,15 @@ RSS_SLOPE_BOUND = 1 << 20
 RSS_JITTER = 8 << 20
 #: Threads above the first sample after warm-up still called flat (on-demand pools).
 THREAD_SLACK = 4
+#: A task's control connections above the first sample after warm-up still called flat: one
+#: more call in flight at once to each of its peers (runtime.Runtime._give_back).
+CONTROL_SLACK = 4
 #: rdmadev.counters() fields sampled per task.
 COUNTED = ("channels", "registered_bytes", "memfd_maps")
-#: What must not change at all after warm-up.
+#: What must not change at all after warm-up (a task's fds: those outside control connections).
 CONSTANT = ("fds", "channels", "registered_bytes", "memfd_maps")
+#: Judged with a slack above the first sample after warm-up.
+SLACK = {"threads": THREAD_SLACK, "control_fds": CONTROL_SLACK}
 
 
 def proc_sample(pid):
@@ -71,6 +79,8 @@ def sample(rdmadev, pids, steps):
         s = proc_sample(pid)
         if name in counters:
             s.update({k: counters[name][k] for k in COUNTED})
+            s["control_fds"] = sum(counters[name]["control_connections"].values())
+            s["fds"] -= s["control_fds"]
         out["processes"][name] = s
     return out
 
@@ -88,8 +98,8 @@ def verdicts(samples):
             slope = float(np.polyfit(steps, values, 1)[0] * 1000) if len(kept) > 1 else 0.0
             if q in CONSTANT:
                 flat = bool((values == values[0]).all())
-            elif q == "threads":
-                flat = bool(values.max() <= values[0] + THREAD_SLACK and slope < THREAD_SLACK)
+            elif q in SLACK:
+                flat = bool(values.max() <= values[0] + SLACK[q] and slope < SLACK[q])
             else:  # rss
                 growth = slope * (steps[-1] - steps[0]) / 1000
                 flat = bool(slope < RSS_SLOPE_BOUND or growth <= RSS_JITTER)

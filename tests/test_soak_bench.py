@@ -33,8 +33,8 @@ def test_a_short_soak_is_flat(tmp_path):
     for name in tasks:  # rdmadev really carried the steps, and its resources are sampled
         assert verdicts[name]["channels"]["first"] > 0
         assert verdicts[name]["registered_bytes"]["first"] > 0
-        assert set(verdicts[name]) == {"rss", "threads", "fds", "channels", "registered_bytes",
-                                       "memfd_maps"}
+        assert set(verdicts[name]) == {"rss", "threads", "fds", "control_fds", "channels",
+                                       "registered_bytes", "memfd_maps"}
     assert all(v["flat"] for qs in verdicts.values() for v in qs.values())
 
 
