@@ -1,8 +1,10 @@
 """Runs one training scenario as the coordinator of a running cluster and prints JSON.
 
     python driver.py CLUSTER_JSON MODE SCENARIO      (MODE: grpc | rdmadev)
+    python driver.py CLUSTER_JSON runs '[["grpc", "train"], ["rdmadev", "train"]]'
 
-Each run is its own process: TF keeps one remote context per process.
+`runs` runs several (mode, scenario) one after the other in one process (one TF import and
+one remote context for the runs a test compares) and prints their results as a list.
 """
 import hashlib
 import json
@@ -165,7 +167,18 @@ def _set_task_pass_mode(cluster, auto):
             rt.call(task_name(job, i), {"op": "pass_mode", "auto": auto})
 
 
+_strategies = {}
+
+
 def _pss_strategy(cluster, workers):
+    """A ParameterServerStrategy over `workers` workers and its ClusterCoordinator, made once
+    per process (both paths of a scenario use the same one)."""
+    if workers not in _strategies:
+        _strategies[workers] = _new_pss_strategy(cluster, workers)
+    return _strategies[workers]
+
+
+def _new_pss_strategy(cluster, workers):
     from rdmadev.testing import launch
     spec = {"ps": cluster["ps"], "worker": cluster["worker"][:workers],
             "chief": [f"127.0.0.1:{launch.free_ports(1)[0]}"]}
@@ -268,7 +281,8 @@ def keras_fit(mode, cluster, optimize=False, steps_per_execution=1):
     `optimize` the model's train_step wrapped by rdmadev.optimize (tasks not in AUTO). With
     `steps_per_execution` > 1 the train function runs that many steps in a while loop."""
     _set_task_pass_mode(cluster, mode == "rdmadev" and not optimize)
-    tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster))
+    _connect(cluster)
+    tf.keras.backend.clear_session()  # names as in a fresh process (sgd, not sgd_1)
     tf.keras.utils.set_random_seed(7)
     x = np.random.default_rng(0).standard_normal((256, 20)).astype("float32")
     y = (x @ np.random.default_rng(1).standard_normal((20, 1))).astype("float32")
@@ -313,6 +327,7 @@ def keras2_fit(mode, cluster):
 
     import tf_keras as keras
     strategy, _ = _pss_strategy(cluster, 1)
+    keras.backend.clear_session()  # names as in a fresh process
     keras.utils.set_random_seed(7)
     x = np.random.default_rng(0).standard_normal((256, 20)).astype("float32")
     y = (x @ np.random.default_rng(1).standard_normal((20, 1))).astype("float32")
@@ -841,29 +856,47 @@ def tf1_session(mode, cluster):
     return {"values": values, "reports": reports}
 
 
-def main():
-    cluster, mode, scenario = parse_cluster(sys.argv[1]), sys.argv[2], sys.argv[3]
+def run(scenario, mode, cluster):
+    """Runs `scenario` on `mode`'s path; returns its result."""
     if scenario.startswith("pss"):
-        result = pss(mode, cluster, workers=int(scenario[3:] or 1))
-    elif scenario == "tf_function":
-        result = as_tf_function(mode, cluster)
-    elif scenario == "keras2":
-        result = keras2_fit(mode, cluster)
-    elif scenario.startswith("keras"):
-        result = keras_fit(mode, cluster, optimize=scenario == "keras_optimize",
-                           steps_per_execution=4 if scenario == "keras_loop" else 1)
-    elif scenario == "profile":
+        return pss(mode, cluster, workers=int(scenario[3:] or 1))
+    if scenario == "tf_function":
+        return as_tf_function(mode, cluster)
+    if scenario == "keras2":
+        return keras2_fit(mode, cluster)
+    if scenario.startswith("keras"):
+        return keras_fit(mode, cluster, optimize=scenario == "keras_optimize",
+                         steps_per_execution=4 if scenario == "keras_loop" else 1)
+    if scenario == "tf1":
+        return tf1_session(mode, cluster)
+    _connect(cluster)
+    if scenario == "profile":
+        return profile(mode, cluster)
+    return {"train": train, "noop": noop, "big": big, "retrace": retrace,
+            "train_until_killed": train_until_killed, "mixed": mixed,
+            "conv": conv, "sparse": sparse, "overlapping": overlapping, "cond": cond,
+            "growing": growing, "underbound": underbound, "loop": loop,
+            "loop_until_killed": loop_until_killed,
+            "batch_norm": batch_norm, "views": views, "bundles": bundles}[scenario](mode)
+
+
+_connected = []
+
+
+def _connect(cluster):
+    """This process becomes the cluster's coordinator, once: connecting again would replace
+    the remote context (and invalidate what a scenario run before created)."""
+    if not _connected:
         tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster))
-        result = profile(mode, cluster)
-    elif scenario == "tf1":
-        result = tf1_session(mode, cluster)
+        _connected.append(cluster)
+
+
+def main():
+    cluster, mode = parse_cluster(sys.argv[1]), sys.argv[2]
+    if mode == "runs":  # [[mode, scenario], ...] one after the other in this one process
+        result = [run(scenario, m, cluster) for m, scenario in json.loads(sys.argv[3])]
     else:
-        tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster))
-        result = {"train": train, "noop": noop, "big": big, "retrace": retrace,
-                  "train_until_killed": train_until_killed, "mixed": mixed,
-                  "conv": conv, "sparse": sparse, "overlapping": overlapping, "cond": cond, "growing": growing, "underbound": underbound, "loop": loop,
-                  "loop_until_killed": loop_until_killed,
-                  "batch_norm": batch_norm, "views": views, "bundles": bundles}[scenario](mode)
+        result = run(sys.argv[3], mode, cluster)
     print("RESULT " + json.dumps(result))
 
 

@@ -1,5 +1,6 @@
 """Helpers of the e2e tests: the `rdmadev serve` launcher for tests/tf_cluster.py and a
-runner for tests/e2e/driver.py scenarios (each in its own coordinator process)."""
+runner for tests/e2e/driver.py scenarios (each in its own coordinator process, or several
+one after the other in one: run_many)."""
 import json
 import os
 import subprocess
@@ -14,6 +15,13 @@ SECRET = "rdmadev-e2e-secret"
 ENV = {"RDMADEV_SECRET": SECRET, "RDMADEV_DEADLINE_S": "60", "RDMADEV_FABRIC": "auto"}
 # A coordinator process: TF import + connect + tracing + 30 steps, on a loaded 2-core box.
 DRIVER_TIMEOUT_S = 300
+
+
+def run_many(cluster, runs, env=None):
+    """Runs [(mode, scenario), ...] one after the other in one coordinator process; returns
+    their results. `env` applies to the whole process: only rdmadev reads its RDMADEV_*
+    settings, once per process (its runtime's Config)."""
+    return run_driver(cluster, "runs", json.dumps([list(r) for r in runs]), env=env)
 
 
 def run_driver(cluster, mode, scenario, env=None, expect_ok=True):
