@@ -8,6 +8,23 @@
 
 #include <cstring>
 
+// In an AddressSanitizer build (the fuzz targets of tests/fuzz/; never the shipped library) a
+// region's mapping sits between two guard pages, and ASan is told that its bytes past `size`
+// (up to a page of slack) and both guard pages are off limits: any access outside the region
+// is reported where it happens, even one that lands in mapped memory, which would otherwise
+// go unseen unless it reached an unmapped page.
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define RDMADEV_ASAN_REGIONS 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) && !defined(RDMADEV_ASAN_REGIONS)
+#define RDMADEV_ASAN_REGIONS 1
+#endif
+#ifdef RDMADEV_ASAN_REGIONS
+#include <sanitizer/asan_interface.h>
+#endif
+
 namespace rdmadev {
 
 const char kAnyPeer[] = "*";
@@ -102,9 +119,26 @@ std::shared_ptr<Region> Region::Allocate(uint64_t id, uint64_t size, const std::
                                        " bytes for region", errno,
                "free memory, or plan smaller regions");
   }
+#ifdef RDMADEV_ASAN_REGIONS
+  void* span = mmap(nullptr, r->mapped_ + 2 * kPageSize, PROT_NONE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (span == MAP_FAILED) ThrowErrno(ErrorKind::kRegion, "Failed to reserve region", errno);
+  void* p = mmap(static_cast<uint8_t*>(span) + kPageSize, r->mapped_, PROT_READ | PROT_WRITE,
+                 MAP_SHARED | MAP_POPULATE | MAP_FIXED, r->fd_, 0);
+  if (p == MAP_FAILED) {
+    int err = errno;  // for the ThrowErrno below
+    munmap(span, r->mapped_ + 2 * kPageSize);
+    errno = err;
+  }
+#else
   void* p = mmap(nullptr, r->mapped_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, r->fd_, 0);
+#endif
   if (p == MAP_FAILED) ThrowErrno(ErrorKind::kRegion, "Failed to map region", errno);
   r->base_ = static_cast<uint8_t*>(p);
+#ifdef RDMADEV_ASAN_REGIONS
+  ASAN_POISON_MEMORY_REGION(r->base_ - kPageSize, kPageSize);
+  ASAN_POISON_MEMORY_REGION(r->base_ + size, r->mapped_ - size + kPageSize);
+#endif
   struct stat st;
   if (fstat(r->fd_, &st) != 0) ThrowErrno(ErrorKind::kRegion, "Failed to stat region memfd", errno);
   r->desc_.id = id;
@@ -118,7 +152,14 @@ std::shared_ptr<Region> Region::Allocate(uint64_t id, uint64_t size, const std::
 }
 
 Region::~Region() {
+#ifdef RDMADEV_ASAN_REGIONS
+  if (base_) {
+    ASAN_UNPOISON_MEMORY_REGION(base_ - kPageSize, mapped_ + 2 * kPageSize);
+    munmap(base_ - kPageSize, mapped_ + 2 * kPageSize);
+  }
+#else
   if (base_) munmap(base_, mapped_);
+#endif
   if (fd_ >= 0) close(fd_);
 }
 

@@ -85,7 +85,12 @@ def _recv(sock):
     (n,) = struct.unpack("<I", _recv_exact(sock, 4))
     if n > MAX_MESSAGE_BYTES:
         raise ProtocolError(f"control message of {n} bytes exceeds {MAX_MESSAGE_BYTES}")
-    return json.loads(_recv_exact(sock, n))
+    data = _recv_exact(sock, n)
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, or nested too deep
+        raise ProtocolError(f"control message of {n} bytes is not valid JSON: "
+                            f"{type(e).__name__}: {str(e)[:200]}") from None
 
 
 #: Lines a peer can cause at will (failed authentication, malformed requests, refused
@@ -200,37 +205,42 @@ class _Handler(socketserver.BaseRequestHandler):
         if not server.admit(sock, authenticated):
             return
         try:
-            self._serve(sock, where)
+            _serve_connection(sock, where, server.handler, server.budgets["requests"])
         finally:
             server.leave()
 
-    def _serve(self, sock, where):
-        server = self.server
-        _serving.session = Session(where)  # one thread per connection
-        try:
-            while True:
+
+def _serve_connection(sock, where, handler, malformed):
+    """Serves the requests of one authenticated control connection until the peer leaves or
+    breaks the protocol: each request (a length-prefixed JSON object with a string 'op') is
+    answered with `handler(request)`'s result or its error; anything else is answered with a
+    ProtocolError. What the connection held (Session) is released when it ends. `malformed`
+    (a _LogBudget) logs refused requests. Returns when the connection ends: nothing the peer
+    sends makes it raise (tests/fuzz/fuzz_control.py fuzzes it)."""
+    _serving.session = Session(where)  # one thread per connection
+    try:
+        while True:
+            try:
+                request = _recv(sock)
+            except PeerLostError:
+                return
+            if not isinstance(request, dict) or not isinstance(request.get("op"), str):
+                reply = {"ok": False, "error": "ProtocolError: a control request is a JSON "
+                                               "object with a string 'op'"}
+                malformed.warning("control: peer %s sent a request that is not an object with "
+                                  "an 'op'; refused", where)
+            else:
                 try:
-                    request = _recv(sock)
-                except PeerLostError:
-                    return
-                if not isinstance(request, dict) or not isinstance(request.get("op"), str):
-                    reply = {"ok": False, "error": "ProtocolError: a control request is a JSON "
-                                                   "object with a string 'op'"}
-                    server.budgets["requests"].warning(
-                        "control: peer %s sent a request that is not an object with an 'op'; "
-                        "refused", where)
-                else:
-                    try:
-                        reply = {"ok": True, "result": server.handler(request)}
-                    except Exception as e:  # reported to the caller, who raises it
-                        log.exception("control: request %r failed", request["op"])
-                        reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
-                _send(sock, reply)
-        except (OSError, ProtocolError, ValueError) as e:
-            log.info("control: connection from %s ended: %s", self.client_address, e)
-        finally:
-            held, _serving.session = _serving.session, None
-            held.close()
+                    reply = {"ok": True, "result": handler(request)}
+                except Exception as e:  # reported to the caller, who raises it
+                    log.exception("control: request %r failed", request["op"])
+                    reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+            _send(sock, reply)
+    except (OSError, ProtocolError, ValueError) as e:
+        log.info("control: connection from %s ended: %s", where, e)
+    finally:
+        held, _serving.session = _serving.session, None
+        held.close()
 
 
 class ControlServer(socketserver.ThreadingTCPServer):
@@ -366,6 +376,10 @@ class ControlClient:
             try:
                 _send(self.sock, request)
                 reply = _recv(self.sock)
+                if not isinstance(reply, dict) or "ok" not in reply or \
+                        (reply["ok"] and "result" not in reply):
+                    raise ProtocolError(f"malformed control reply to {request.get('op')}: "
+                                        f"{reply!r:.200}")
             except BaseException as e:
                 self.broken = _failure(e)
                 self.close()
