@@ -37,12 +37,30 @@ def domain(fabric):
     dom.close()
 
 
+@pytest.fixture(scope="module")
+def _peers():
+    """The peer processes of a module, by fabric (see peer)."""
+    peers = {}
+    yield peers
+    for p in peers.values():
+        p.close()
+
+
 @pytest.fixture
-def peer(fabric):
-    """A peer process with its own Domain on `fabric`."""
-    p = RemotePeer(fabric, SECRET)
+def peer(fabric, _peers):
+    """A peer process with its own Domain on `fabric`. One process serves a module's tests
+    (starting one costs a second here and 10-20 s in the Soft-RoCE guest): what a test made in
+    it is dropped before the next, and a test that killed it, or left it unable to answer,
+    gets a new one for the next."""
+    p = _peers.get(fabric)
+    if p is not None and (p.pending or not p.proc.is_alive()):
+        p.kill()  # a test ended while the peer was still running a call for it, or killed it
+        p = None
+    if p is not None:
+        p.call("reset", timeout=30)
+    else:
+        p = _peers[fabric] = RemotePeer(fabric, SECRET)
     yield p
-    p.close()
 
 
 @pytest.fixture

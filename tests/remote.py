@@ -45,6 +45,7 @@ class RemotePeer:
                  timeout=60.0):
         self.proc, self.conn = pair.spawn(_main, name, fabric, secret, tcp_addr, netns)
         self.timeout = timeout
+        self.pending = 0  # send()s whose result() was not collected
         self.address = pair.recv(self.conn, timeout, self.proc)
 
     @property
@@ -62,9 +63,11 @@ class RemotePeer:
     def send(self, fn, *args):
         """Starts remote_ops.fn without waiting; collect with result()."""
         self.conn.send((fn, args))
+        self.pending += 1
 
     def result(self, timeout=None):
         status, value = pair.recv(self.conn, timeout or self.timeout, self.proc)
+        self.pending -= 1
         if status == "err":
             raise value
         return value

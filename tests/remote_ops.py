@@ -102,3 +102,19 @@ def matches_bytes(state, key, offset, expected):
 
 def close_region(state, key):
     state["regions"][key].close()
+
+
+def reset(state):
+    """Drops every ring, remote region, endpoint and region this peer made, so the next test
+    given the same peer process (conftest.peer) starts from a Domain alone."""
+    for ring in state.pop("rings", {}).values():
+        close = getattr(ring, "close", None)
+        if close:
+            close()
+    state["remotes"].clear()
+    for ep in state["endpoints"].values():
+        ep.close()
+    state["endpoints"].clear()
+    for r in state["regions"].values():
+        r.close()
+    state["regions"].clear()

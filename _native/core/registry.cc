@@ -54,7 +54,12 @@ std::chrono::steady_clock::time_point After(double s) {
 
 void ChannelRegistry::Bind(const std::string& key, Sender s) {
   Equip(s);
-  // A rebound key's previous half is parked (Unbind), or goes after unlocking.
+  // A rebound key's previous half is parked (Unbind), or goes after unlocking. A sending
+  // half is bound again only when its receiver set the pair up anew (open_pairs; reopen after
+  // a connection broke, recovery.py), its own half replaced by then: no receive starts on the
+  // old ring any more, so it is parked for kReleasedGraceS, as after the receiver's release
+  // notice. (For kParkedGraceS, a pair set up twice after one break, once by each task that
+  // saw it, kept the first new ring's memory for a minute.)
   std::vector<std::shared_ptr<void>> graveyard;
   Sender old;
   {
@@ -63,7 +68,7 @@ void ChannelRegistry::Bind(const std::string& key, Sender s) {
     old = std::move(slot);
     if (old.ring && old.ring != s.ring) {
       old.ring->MarkUnbound();  // its waits give up
-      RetireLocked(key, std::move(old), kParkedGraceS, &graveyard);
+      RetireLocked(key, std::move(old), kReleasedGraceS, &graveyard);
     }
     slot = std::move(s);
     failed_.erase({key, kSend});

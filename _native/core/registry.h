@@ -47,7 +47,8 @@ constexpr int kFindPollMs = 100;
 //   first): a receive may yet start and take the transfer. The largest staged read
 //   (RDMADEV_MAX_TENSOR_BYTES, 2 GiB by default) takes ~10 s at 200 MB/s.
 // - kReleasedGraceS once the receiving task says its half is unbound (its release notice,
-//   channels.py): no receive starts any more, and one already reading is in its last copy.
+//   channels.py), or has set the pair up anew (the sending half bound again: Bind): no
+//   receive starts any more, and one already reading is in its last copy.
 constexpr double kParkedGraceS = 60;
 constexpr double kReleasedGraceS = 5;
 // How long a receiving half unbound while its sender may still write stays retired, its
