@@ -4,13 +4,15 @@ task's GraphMgr runs the pass on its own partition) and the halves meet through 
 
 The job is a user's TF1 script run unchanged (tests/between_graph_client.py: replica_device_setter,
 MonitoredTrainingSession, one client per worker, both workers at once) on real TF servers:
-once on a gRPC cluster and once on a grpc+rdmadev cluster, compared bitwise."""
+once on a gRPC cluster and once on a grpc+rdmadev cluster, compared bitwise. The module's
+tests share those clusters (Shared)."""
 import json
 import re
 import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +21,9 @@ import pytest
 import netns
 import tf_cluster
 from graph_pass.devices import task_name
-from rdmadev.cluster import half_pairs
+from rdmadev import Config
+from rdmadev.cluster import half_pairs, runtime
+from rdmadev.cluster.reports import Report
 from rdmadev.tf import protocol
 
 HERE = Path(__file__).resolve().parent
@@ -32,23 +36,73 @@ W0 = task_name("worker", 0)
 WORKERS = 2
 
 
-# Polls every task's counters until no channel half is bound and no region registered (the
-# sessions closed: their kernels unbound their halves), for up to RELEASE_WAIT_S; prints them.
-RELEASED = """
-import json, sys, time
-import rdmadev
-cluster = json.loads(sys.argv[1])
-deadline = time.monotonic() + float(sys.argv[2])
-while True:
-    c = rdmadev.counters(cluster)
-    if all(v["channels"] == 0 and v["registered_bytes"] == 0 for v in c.values()) or \
-            time.monotonic() > deadline:
-        break
-    time.sleep(0.5)
-print("COUNTERS " + json.dumps(c))
-"""
 # Deregistering a closed session's graphs on every task, on a loaded machine.
 RELEASE_WAIT_S = 60
+
+
+class Shared:
+    """The clusters this module's tests share, by protocol and fabric: 2 ps + 2 workers (2 ps
+    + 1 worker on tcp), each started at its first use, and for rdmadev's a control runtime of
+    this process that reads what its tasks hold and planned. A test gives its clients a part
+    of one (`spec`) and judges what changed while they ran, never totals; tests that kill a
+    task start a cluster of their own. Each client script names its variables apart, as they
+    live on the ps across sessions."""
+
+    def __init__(self):
+        self.clusters, self.runtimes = {}, {}
+
+    def cluster(self, rpc_layer, tcp=False):
+        key = (rpc_layer, tcp)
+        if key not in self.clusters:
+            env = {**ENV, "RDMADEV_FABRIC": "tcp"} if tcp else ENV
+            self.clusters[key] = tf_cluster.Cluster(
+                num_ps=2, num_workers=1 if tcp else 2, env=env,
+                launcher=tf_cluster.protocol_launcher(rpc_layer)).start()
+        return self.clusters[key]
+
+    def runtime(self, cluster):
+        if cluster not in self.runtimes:
+            self.runtimes[cluster] = runtime.Runtime(cluster.spec, config=Config(secret=SECRET.encode()))
+        return self.runtimes[cluster]
+
+    def counters(self, cluster, spec):
+        rt = self.runtime(cluster)
+        return {t: rt.call(t, {"op": "counters"}) for t in _tasks(spec)}
+
+    def reports(self, cluster, spec):
+        """{task: [report text]} of the tasks of `spec`, oldest first."""
+        rt = self.runtime(cluster)
+        return {t: [str(Report.from_dict(d)) for d in rt.call(t, {"op": "reports"})]
+                for t in _tasks(spec)}
+
+    def close(self):
+        for rt in self.runtimes.values():
+            rt.close()
+        for c in self.clusters.values():
+            c.stop()
+
+
+@pytest.fixture(scope="module")
+def shared():
+    s = Shared()
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def _tasks(spec):
+    return [task_name(job, i) for job, addresses in sorted(spec.items()) for i in range(len(addresses))]
+
+
+def _spec(cluster, ps, workers):
+    """The part of `cluster` a job uses: its first `ps` ps and `workers` workers."""
+    return {"ps": cluster.spec["ps"][:ps], "worker": cluster.spec["worker"][:workers]}
+
+
+def _new_reports(before, after):
+    """What each task reported after `before` (Shared.reports) was read."""
+    return {t: lines[len(before.get(t, [])):] for t, lines in after.items()}
 
 
 def _printed(returncode, output, prefix):
@@ -59,25 +113,27 @@ def _printed(returncode, output, prefix):
     return json.loads(lines[-1][len(prefix):])
 
 
-def _client_result(script, rpc_layer, *args):
-    """Runs the client `script` (argv: the cluster spec, then `args`) against a fresh 1 ps +
-    1 worker cluster serving `rpc_layer`; returns its RESULT."""
-    cluster = tf_cluster.Cluster(num_ps=1, num_workers=1, env=ENV,
-                                 launcher=tf_cluster.protocol_launcher(rpc_layer))
-    cluster.start()
-    try:
-        p = subprocess.run([sys.executable, "-c", script, json.dumps(cluster.spec), *args],
-                           capture_output=True, text=True, timeout=CLIENT_TIMEOUT_S,
-                           env={**os.environ, **ENV})
-    finally:
-        cluster.stop()
-    return _printed(p.returncode, p.stdout + p.stderr, "RESULT ")
+def _client_result(shared, script, rpc_layer, *args):
+    """Runs the client `script` (argv: the cluster spec, then `args`) against 1 ps + 1 worker of
+    the shared cluster serving `rpc_layer`; returns its RESULT, with (rdmadev) the reports its
+    tasks made meanwhile under "reports"."""
+    cluster = shared.cluster(rpc_layer)
+    spec = _spec(cluster, 1, 1)
+    ours = rpc_layer == protocol.PROTOCOL
+    before = shared.reports(cluster, spec) if ours else {}
+    p = subprocess.run([sys.executable, "-c", script, json.dumps(spec), *args],
+                       capture_output=True, text=True, timeout=CLIENT_TIMEOUT_S,
+                       env={**os.environ, **ENV})
+    result = _printed(p.returncode, p.stdout + p.stderr, "RESULT ")
+    if ours:
+        result["reports"] = _new_reports(before, shared.reports(cluster, spec))
+    return result
 
 
-def _clients(cluster, workers, env=None):
+def _clients(spec, workers, env=None):
     """Runs the clients of `workers` at once; returns each one's CompletedProcess."""
     procs = [subprocess.Popen(
-        [sys.executable, str(HERE / "between_graph_client.py"), json.dumps(cluster.spec), str(i)],
+        [sys.executable, str(HERE / "between_graph_client.py"), json.dumps(spec), str(i)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, **ENV, **(env or {})}) for i in workers]
     done = []
@@ -91,31 +147,45 @@ def _clients(cluster, workers, env=None):
     return done
 
 
-def _job(rpc_layer):
-    """Runs both workers' clients at once on a fresh 1 ps + 2 worker cluster serving
-    `rpc_layer`; returns each client's RESULT, by worker index, and then (rdmadev only) the
-    tasks' counters once the sessions closed."""
-    cluster = tf_cluster.Cluster(num_ps=1, num_workers=WORKERS, env=ENV,
-                                 launcher=tf_cluster.protocol_launcher(rpc_layer))
-    cluster.start()
-    try:
-        results = []
-        for p in _clients(cluster, range(WORKERS)):
-            results.append(_printed(p.returncode, p.stdout + p.stderr, "RESULT "))
-        if rpc_layer == protocol.PROTOCOL:
-            p = subprocess.run([sys.executable, "-c", RELEASED, json.dumps(cluster.spec),
-                                str(RELEASE_WAIT_S)], capture_output=True, text=True,
-                               timeout=RELEASE_WAIT_S + CLIENT_TIMEOUT_S, env={**os.environ, **ENV})
-            results.append(_printed(p.returncode, p.stdout + p.stderr, "COUNTERS "))
-        return results
-    finally:
-        cluster.stop()
+def _released(shared, cluster, spec):
+    """The counters of `spec`'s tasks once no channel half is bound and no region registered
+    there (the sessions closed: their kernels unbound their halves), or after RELEASE_WAIT_S."""
+    deadline = time.monotonic() + RELEASE_WAIT_S
+    while True:
+        c = shared.counters(cluster, spec)
+        if all(v["channels"] == 0 and v["registered_bytes"] == 0 for v in c.values()) or \
+                time.monotonic() > deadline:
+            return c
+        time.sleep(0.5)
+
+
+def _job(shared, rpc_layer):
+    """Runs both workers' clients at once on 1 ps + 2 workers of the shared cluster serving
+    `rpc_layer`; returns each client's RESULT, by worker index (rdmadev: the transfers and
+    reports its tasks made since the job began), and then (rdmadev only) the tasks' counters
+    once the sessions closed."""
+    cluster = shared.cluster(rpc_layer)
+    spec = _spec(cluster, 1, WORKERS)
+    ours = rpc_layer == protocol.PROTOCOL
+    if ours:
+        moved = {t: c["transfers"] for t, c in shared.counters(cluster, spec).items()}
+        reported = shared.reports(cluster, spec)
+    results = []
+    for p in _clients(spec, range(WORKERS)):
+        result = _printed(p.returncode, p.stdout + p.stderr, "RESULT ")
+        if ours:
+            result["transfers"] = {t: n - moved[t] for t, n in result["transfers"].items()}
+            result["reports"] = _new_reports(reported, result["reports"])
+        results.append(result)
+    if ours:
+        results.append(_released(shared, cluster, spec))
+    return results
 
 
 @pytest.fixture(scope="module")
-def runs():
-    ours = _job(protocol.PROTOCOL)
-    return {"grpc": _job("grpc"), "ours": ours[:WORKERS], "after": ours[WORKERS]}
+def runs(shared):
+    ours = _job(shared, protocol.PROTOCOL)
+    return {"grpc": _job(shared, "grpc"), "ours": ours[:WORKERS], "after": ours[WORKERS]}
 
 
 @pytest.mark.tf
@@ -174,7 +244,7 @@ def test_a_half_whose_peer_task_runs_without_rdmadev_fails_at_once_naming_it():
                                  launcher=_mixed_launcher)
     cluster.start()
     try:
-        (p,) = _clients(cluster, [0], env)
+        (p,) = _clients(cluster.spec, [0], env)
     finally:
         cluster.stop()
     assert p.returncode != 0, p.stdout[-2000:]
@@ -195,7 +265,8 @@ tf.compat.v1.disable_eager_execution()
 cluster = json.loads(sys.argv[1])
 with tf.Graph().as_default() as g:
     with tf.device("/job:ps/task:0"):
-        v = tf.Variable(tf.reshape(tf.range(4096, dtype=tf.float32), [64, 64]) / 9.0)
+        v = tf.Variable(tf.reshape(tf.range(4096, dtype=tf.float32), [64, 64]) / 9.0,
+                        name="two_sessions")
     with tf.device("/job:worker/task:0"):
         y = tf.reduce_sum(tf.matmul(v, v))
     with tf.device("/job:ps/task:0"):
@@ -208,15 +279,15 @@ a = [first.run(step).tobytes().hex(), second.run(step).tobytes().hex()]
 first.close()
 a.append(second.run(step).tobytes().hex())
 second.close()
-print("RESULT " + json.dumps(a))
+print("RESULT " + json.dumps({"values": a}))
 """
 
 
 @pytest.mark.tf
-def test_a_second_session_keeps_the_half_pairs_it_shares_with_a_closed_one():
-    results = {rpc_layer: _client_result(TWO_SESSIONS, rpc_layer)
+def test_a_second_session_keeps_the_half_pairs_it_shares_with_a_closed_one(shared):
+    results = {rpc_layer: _client_result(shared, TWO_SESSIONS, rpc_layer)
                for rpc_layer in ("grpc", protocol.PROTOCOL)}
-    assert results[protocol.PROTOCOL] == results["grpc"]
+    assert results[protocol.PROTOCOL]["values"] == results["grpc"]["values"]
 
 
 
@@ -238,8 +309,9 @@ for flow in ("v2", "v1"):
     (tf.compat.v1.enable_control_flow_v2 if flow == "v2" else tf.compat.v1.disable_control_flow_v2)()
     with tf.Graph().as_default() as g:
         with tf.device("/job:ps/task:0"):
-            moving = tf.Variable(tf.reshape(tf.range(256, dtype=tf.float32), [16, 16]) / 7.0)
-            w = tf.Variable(tf.ones([16, 16]))
+            moving = tf.Variable(tf.reshape(tf.range(256, dtype=tf.float32), [16, 16]) / 7.0,
+                                 name="moving")
+            w = tf.Variable(tf.ones([16, 16]), name="w")
         with tf.device("/job:worker/task:0"):
             training = tf.compat.v1.placeholder(tf.bool, [])
             x = tf.random.stateless_normal([16, 16], seed=[1, 2])
@@ -268,22 +340,18 @@ for flow in ("v2", "v1"):
         out += [s.run(picked, {index: i}).tobytes().hex() for i in (2, 0, 1, 2, 1)]
         out += [s.run(looped, {iterations: n}).tobytes().hex() for n in (3, 0, 5)]
         out.append(s.run(w).tobytes().hex())
-reports = {}
-if sys.argv[2] == "rdmadev":
-    import rdmadev
-    reports = {t: [str(r) for r in rs] for t, rs in rdmadev.task_reports(cluster).items()}
-print("RESULT " + json.dumps({"values": out, "reports": reports}))
+print("RESULT " + json.dumps({"values": out}))
 """
 
 
 @pytest.mark.tf
-def test_conditionals_and_loops_across_tasks_swap_their_halves_with_their_deadness():
+def test_conditionals_and_loops_across_tasks_swap_their_halves_with_their_deadness(shared):
     """Each task labels its own half of a pair in a branch or a while loop (TF's _Send or
     _Recv, for rdmadev's kernels, which carry a dead tensor) and runs its loops one iteration
     at a time; the halves meet as any others and give gRPC's values whichever branch runs, for
     loops of 3, 0 and 5 iterations."""
-    results = {"grpc": _client_result(CONDITIONAL, "grpc", "grpc"),
-               protocol.PROTOCOL: _client_result(CONDITIONAL, protocol.PROTOCOL, "rdmadev")}
+    results = {rpc_layer: _client_result(shared, CONDITIONAL, rpc_layer)
+               for rpc_layer in ("grpc", protocol.PROTOCOL)}
     assert results[protocol.PROTOCOL]["values"] == results["grpc"]["values"], \
         "grpc+rdmadev must compute what gRPC computes, whichever branch runs"
     for task, lines in results[protocol.PROTOCOL]["reports"].items():
@@ -312,7 +380,7 @@ import numpy as np
 import tensorflow as tf
 tf.compat.v1.disable_eager_execution()
 cluster, last_step, pace = json.loads(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
-cut_after, worker_pid = (int(a) for a in sys.argv[5:7]) if len(sys.argv) > 5 else (0, 0)
+cut_after, worker_pid = (int(a) for a in sys.argv[4:6]) if len(sys.argv) > 4 else (0, 0)
 v1 = tf.compat.v1
 if cut_after:  # the rdmadev tcp connections of worker:0 to ps:0 are reset during run cut_after
     import rdmadev
@@ -366,33 +434,36 @@ with tf.Graph().as_default():
             print("STEP", runs, flush=True)
             time.sleep(pace)
 out = {"trained": trained, "evaluated": evaluated, "step": int(final.values[0]),
-       "variables": [np.asarray(v).tobytes().hex() for v in final.values[1:]], "transfers": {}}
-if sys.argv[4] == "rdmadev":
-    import rdmadev
-    out["transfers"] = {t: c["transfers"] for t, c in rdmadev.counters(cluster).items()}
-    out["reports"] = {t: [str(r) for r in rs] for t, rs in rdmadev.task_reports(cluster).items()}
+       "variables": [np.asarray(v).tobytes().hex() for v in final.values[1:]]}
 print("RESULT " + json.dumps(out), flush=True)
 """
 LAST_STEP = 30
 
 
-def _monitored(rpc_layer, kill_ps_after=None, cut_after=None):
-    """Runs MONITORED to LAST_STEP on a fresh 2 ps + 1 worker cluster; with `kill_ps_after`,
-    kills ps 0 (SIGKILL; it holds the global step and half the table) once the client has run
-    that many times and starts it again on its address; with `cut_after` (tcp fabric), the
-    client resets worker:0's rdmadev connection to ps 0 during that run. Returns the client's
-    RESULT and its output."""
+def _monitored(shared, rpc_layer, kill_ps_after=None, cut_after=None):
+    """Runs MONITORED to LAST_STEP on 2 ps + 1 worker: of the shared cluster serving
+    `rpc_layer`, or with `cut_after` of the shared tcp one, where the client resets worker:0's
+    rdmadev connection to ps 0 during that run; with `kill_ps_after`, of a cluster of its own,
+    whose ps 0 it kills (SIGKILL; it holds the global step and half the table) once the client
+    has run that many times and starts again on its address. Returns the client's RESULT, with
+    (rdmadev) the transfers and reports of the tasks meanwhile, and its output."""
     env = {**ENV, "RDMADEV_FABRIC": "tcp"} if cut_after else ENV
-    cluster = tf_cluster.Cluster(num_ps=2, num_workers=1, env=env,
-                                 launcher=tf_cluster.protocol_launcher(rpc_layer))
-    cluster.start()
+    if kill_ps_after:
+        cluster = tf_cluster.Cluster(num_ps=2, num_workers=1, env=env,
+                                     launcher=tf_cluster.protocol_launcher(rpc_layer)).start()
+    else:
+        cluster = shared.cluster(rpc_layer, tcp=bool(cut_after))
+    spec = _spec(cluster, 2, 1)
+    ours = rpc_layer == protocol.PROTOCOL
     try:
+        if ours:
+            moved = {t: c["transfers"] for t, c in shared.counters(cluster, spec).items()}
+            reported = shared.reports(cluster, spec)
         pace = "0.05" if kill_ps_after or cut_after else "0"
-        ours = "rdmadev" if rpc_layer == protocol.PROTOCOL else "grpc"
         cut = [str(cut_after), str(cluster.pid("worker", 0))] if cut_after else []
-        p = subprocess.Popen([sys.executable, "-c", MONITORED, json.dumps(cluster.spec),
-                              str(LAST_STEP), pace, ours, *cut], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, env={**os.environ, **env})
+        p = subprocess.Popen([sys.executable, "-c", MONITORED, json.dumps(spec), str(LAST_STEP),
+                              pace, *cut], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, env={**os.environ, **env})
         timer = threading.Timer(CLIENT_TIMEOUT_S, p.kill)
         timer.start()
         lines = []
@@ -407,21 +478,28 @@ def _monitored(rpc_layer, kill_ps_after=None, cut_after=None):
             timer.cancel()
             p.kill()
         output = "".join(lines)
-        return _printed(p.returncode, output, "RESULT "), output
+        result = _printed(p.returncode, output, "RESULT ")
+        if ours:
+            # (A cluster of its own starts at 0: a restarted ps counts from 0 again.)
+            result["transfers"] = {t: c["transfers"] - moved[t]
+                                   for t, c in shared.counters(cluster, spec).items()}
+            result["reports"] = _new_reports(reported, shared.reports(cluster, spec))
+        return result, output
     finally:
-        cluster.stop()
+        if kill_ps_after:
+            cluster.stop()
 
 
 @pytest.fixture(scope="module")
-def monitored_on_grpc():
+def monitored_on_grpc(shared):
     """MONITORED's RESULT on gRPC: what an uninterrupted job trains."""
-    return _monitored("grpc")[0]
+    return _monitored(shared, "grpc")[0]
 
 
 @pytest.mark.tf
-def test_monitored_training_session_with_a_global_step_trains_as_on_grpc(monitored_on_grpc):
+def test_monitored_training_session_with_a_global_step_trains_as_on_grpc(shared, monitored_on_grpc):
     grpc = monitored_on_grpc
-    ours, _ = _monitored(protocol.PROTOCOL)
+    ours, _ = _monitored(shared, protocol.PROTOCOL)
     assert grpc["step"] == ours["step"] == ours["trained"] == LAST_STEP
     assert ours["evaluated"] == grpc["evaluated"] and ours["variables"] == grpc["variables"], \
         "grpc+rdmadev must train what gRPC trains"
@@ -435,13 +513,13 @@ def test_monitored_training_session_with_a_global_step_trains_as_on_grpc(monitor
 
 @pytest.mark.tf
 @pytest.mark.slow
-def test_monitored_training_session_recovers_from_a_killed_ps(monitored_on_grpc):
+def test_monitored_training_session_recovers_from_a_killed_ps(shared, monitored_on_grpc):
     """kill -9 of a ps mid-job, then the ps started again: MonitoredTrainingSession sees the
     run fail (rdmadev's error for a lost peer is TF's UnavailableError, which it recovers
     from), opens a new session (the chief initializes every variable again: no checkpoint)
     and trains on to LAST_STEP, swapping the new session's halves as well. The training steps
     after the restart are those of an uninterrupted run, so are the final variables."""
-    ours, output = _monitored(protocol.PROTOCOL, kill_ps_after=15)
+    ours, output = _monitored(shared, protocol.PROTOCOL, kill_ps_after=15)
     assert ours["step"] == LAST_STEP and ours["trained"] > LAST_STEP, output[-4000:]
     assert all(ours["transfers"].values()), f"a task moved nothing over rdmadev: {ours['transfers']}"
     assert ours["variables"] == monitored_on_grpc["variables"]
@@ -449,14 +527,14 @@ def test_monitored_training_session_recovers_from_a_killed_ps(monitored_on_grpc)
 
 @pytest.mark.tf
 def test_monitored_training_session_trains_on_through_a_connection_cut_mid_step(
-        monitored_on_grpc):
+        shared, monitored_on_grpc):
     """worker:0's rdmadev connection to ps 0 is reset while a run is in flight, both tasks
     running on: the run it hits fails as Unavailable, MonitoredTrainingSession opens a new
     session (whose halves are offered while the old ones are met again: one setup at a time;
     the chief initializes every variable again: no checkpoint), and the job trains to
     LAST_STEP over rdmadev, ending where an uninterrupted job ends."""
     netns.require("ss")
-    ours, output = _monitored(protocol.PROTOCOL, cut_after=12)
+    ours, output = _monitored(shared, protocol.PROTOCOL, cut_after=12)
     assert ours["step"] == LAST_STEP and ours["trained"] > LAST_STEP, output[-4000:]
     assert all(ours["transfers"].values()), f"a task moved nothing over rdmadev: {ours['transfers']}"
     assert ours["variables"] == monitored_on_grpc["variables"]
@@ -534,7 +612,7 @@ print("RESULT " + json.dumps(out), flush=True)
 
 
 @pytest.mark.tf
-def test_a_session_whose_connection_to_the_ps_was_cut_trains_on_over_rdmadev():
+def test_a_session_whose_connection_to_the_ps_was_cut_trains_on_over_rdmadev(shared):
     """The half pairs of a session whose rdmadev connection broke, both tasks running on, are
     met again (each by its receiving task), and the same session's next steps run on them.
     Cut with no step running, no step fails and every value is what the same arithmetic
@@ -542,16 +620,10 @@ def test_a_session_whose_connection_to_the_ps_was_cut_trains_on_over_rdmadev():
     Aborted), the later ones move over rdmadev, and the variable holds exactly the
     applications of the steps that ran (a failed one may have been applied on the ps)."""
     netns.require("ss")
-    env = {**ENV, "RDMADEV_FABRIC": "tcp"}
-    cluster = tf_cluster.Cluster(num_ps=1, num_workers=1, env=env,
-                                 launcher=tf_cluster.protocol_launcher(protocol.PROTOCOL))
-    cluster.start()
-    try:
-        p = subprocess.run([sys.executable, "-c", CUT, json.dumps(cluster.spec),
-                            str(cluster.pid("worker", 0))], capture_output=True, text=True,
-                           timeout=CLIENT_TIMEOUT_S, env={**os.environ, **env})
-    finally:
-        cluster.stop()
+    cluster = shared.cluster(protocol.PROTOCOL, tcp=True)
+    p = subprocess.run([sys.executable, "-c", CUT, json.dumps(_spec(cluster, 1, 1)),
+                        str(cluster.pid("worker", 0))], capture_output=True, text=True,
+                       timeout=CLIENT_TIMEOUT_S, env={**os.environ, **ENV, "RDMADEV_FABRIC": "tcp"})
     r = _printed(p.returncode, p.stdout + p.stderr, "RESULT ")
     ps = "/job:ps/replica:0/task:0"
     for when in ("idle", "running"):

@@ -32,6 +32,7 @@ from rdmadev.testing.timing import wait_until
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import control_task  # noqa: E402
+from held import other_fds  # noqa: E402
 
 #: verbs: tests/test_verbs.py, and here only in the Soft-RoCE tier (RDMADEV_REQUIRE_VERBS=1).
 FABRICS = [f for f in rdmadev.viable_fabrics()
@@ -40,6 +41,9 @@ FABRICS = [f for f in rdmadev.viable_fabrics()
 SECRET = "rdmadev-channel-setup-secret"
 PS, W0, W1 = task_name("ps", 0), task_name("worker", 0), task_name("worker", 1)
 SLOTS = 2
+#: Tests of a connection that breaks: not collected on shm, whose endpoint has none (it
+#: watches its peer's pidfd: nothing to cut; conftest.pytest_collection_modifyitems).
+with_connections = pytest.mark.breaks_connection
 
 
 @pytest.fixture(scope="module", params=FABRICS)
@@ -256,8 +260,9 @@ def test_release_frees_regions_credits_and_mappings_on_every_task(world):
         rt.call(t, {"op": "release", "keys": keys, "half": "both"})
     for t in tasks:
         after = settled(rt, t)
-        for what in ("channels", "regions", "registered_bytes", "fds", "memfd_maps"):
+        for what in ("channels", "regions", "registered_bytes", "memfd_maps"):
             assert after[what] == before[t][what], (t, what, before[t][what], after[what])
+        assert other_fds(after) == other_fds(before[t]), (t, before[t], after)
 
 
 def test_a_sending_half_released_before_its_receiver_took_its_transfer_waits_for_the_receiver(world):
@@ -364,14 +369,13 @@ def _reset_from_ps(rt):
     assert faults.reset_connections(address, os.getpid(), rt.config.fabric) >= 1
 
 
+@with_connections
 def test_channels_of_a_connection_cut_while_both_tasks_run_are_set_up_again(world):
     """The connection from this task to ps:0 (tcp's, or verbs' side channel) is reset with
     both running: both tasks set up again the pairs between them (either way), the pairs
     with worker:0 stay as they were, every channel carries exact data again, and the old
     regions are gone."""
     rt, _ = world
-    if rt.config.fabric == "shm":
-        pytest.skip("a shm endpoint has no connection that could break (its peer's pidfd)")
     _, swap, regions = plan([(PS, W1), (W1, PS), (W0, W1)])
     channels.open_channels(rt.call, "cut", swap, regions)
     for i, t in enumerate(swap):
@@ -414,12 +418,11 @@ def _given_up(use, within=60):
             raise AssertionError("a half that could not be set up again carried a transfer")
 
 
+@with_connections
 def test_channels_that_cannot_be_set_up_again_after_a_cut_fail_at_once_saying_why(world):
     """As above, but this task's registered-memory limit refuses the new ring: the receive
     here and the send on ps:0 fail with the reason at once, not at their deadline."""
     rt, _ = world
-    if rt.config.fabric == "shm":
-        pytest.skip("a shm endpoint has no connection that could break (its peer's pidfd)")
     _, swap, regions = plan([(PS, W1)], sizes=(400,))
     channels.open_channels(rt.call, "cut-refused", swap, regions)
     key = swap[0].channel_key
@@ -528,13 +531,12 @@ def test_half_pairs_meet_whichever_pass_comes_first_with_slots_the_sender_sized(
             rt.call(task, {"op": "release", "keys": [known, unknown], "half": "both"})
 
 
+@with_connections
 def test_half_pairs_met_before_their_kernels_exist_are_met_again_after_a_cut(world):
     """A connection breaking in the moment between a TF1 graph's pass (its halves offered and
     met) and TF creating its kernels (which hold their halves): the pairs are met again, as a
     running graph's are, so its kernels find them bound rather than lost for good."""
     rt, _ = world
-    if rt.config.fabric == "shm":
-        pytest.skip("a shm endpoint has no connection that could break (its peer's pidfd)")
     key = f"half-unheld-{os.getpid()}"
     met = []
     rt.table.offer_halves(PS, [{"key": key, "slots": SLOTS, "capacity_bytes": 8192,
@@ -580,6 +582,7 @@ def test_a_half_pair_past_the_memory_limit_fails_naming_that_limit(world):
         rt.call(PS, {"op": "release", "keys": [key], "half": "both"})
 
 
+@with_connections
 @pytest.mark.parametrize("cut_after", ["attach_halves", "endpoint"])
 def test_a_half_pair_whose_connection_breaks_while_it_is_first_met_is_met(world, cut_after):
     """The connection between the tasks breaks in the middle of a half pair's first setup:
@@ -589,8 +592,6 @@ def test_a_half_pair_whose_connection_breaks_while_it_is_first_met_is_met(world,
     the broken connection, including halves bound here that no kernel holds yet (before,
     a pair whose sender alone lost its half stayed torn: `attach_halves`)."""
     rt, cluster = world
-    if rt.config.fabric == "shm":
-        pytest.skip("a shm endpoint has no connection that could break (its peer's pidfd)")
     key = f"half-cut-after-{cut_after}-{os.getpid()}"
     real_call, real_endpoint, cuts = rt.table.call, rt.table._endpoint, []
 
@@ -773,13 +774,12 @@ def test_a_grown_layout_is_used_where_it_holds_what_is_planned_and_nowhere_else(
             (planned, round_up(2 * SLOTS * 4224, REGION_ALIGNMENT))
 
 
+@with_connections
 def test_a_pair_set_up_again_after_a_cut_keeps_the_slots_its_channel_grew_to(world):
     """One channel of a pair from ps:0 grew (100000 B tensors in 4096 B slots); the
     connection is cut and the pair set up again in one region holding the grown slots and the
     others' planned ones, so those tensors fit at once, with no chunks or growth again."""
     rt, _ = world
-    if rt.config.fabric == "shm":
-        pytest.skip("a shm endpoint has no connection that could break (its peer's pidfd)")
     baseline = settled(rt, W1)["registered_bytes"]
     _, swap, regions = plan([(PS, W1)])
     grows = max(swap, key=lambda t: t.capacity_bytes)
@@ -801,11 +801,10 @@ def test_a_pair_set_up_again_after_a_cut_keeps_the_slots_its_channel_grew_to(wor
     assert not any(t.channel_key in rt.table.lineage_of for t in swap)
 
 
+@with_connections
 def test_a_half_pair_met_again_after_a_cut_keeps_the_slots_its_channel_grew_to(world):
     """As above for a TF1 half pair of run-time shape (planned 8192 B)."""
     rt, _ = world
-    if rt.config.fabric == "shm":
-        pytest.skip("a shm endpoint has no connection that could break (its peer's pidfd)")
     key = f"half-grown-{os.getpid()}"
     baseline = settled(rt, W1)["registered_bytes"]
     met = []
@@ -989,13 +988,12 @@ def test_sending_halves_planned_a_deadline_ago_are_forgotten_once_their_graphs_w
         rx.close()
 
 
+@with_connections
 def test_pairs_cut_again_and_again_hold_what_they_held_after_the_first(world):
     """Four cuts in a row of the connection between this task and ps:0, pairs both ways and
     one grown channel: after each, every channel carries exact data, and both tasks hold the
     same channels, regions, bytes, mappings, descriptors and threads as after the first."""
     rt, _ = world
-    if rt.config.fabric == "shm":
-        pytest.skip("a shm endpoint has no connection that could break (its peer's pidfd)")
     _, swap, regions = plan([(PS, W1), (W1, PS)])
     grows = max((t for t in swap if t.send_task == PS), key=lambda t: t.capacity_bytes)
     big = dataclasses.replace(grows, capacity_bytes=100000)
@@ -1011,7 +1009,7 @@ def test_pairs_cut_again_and_again_hold_what_they_held_after_the_first(world):
         if control["heartbeats"] != liveness.LANES * len(c["peers"]):
             return None
         return {**{k: c[k] for k in held},
-                "other_fds": c["fds"] - sum(control.values()),
+                "other_fds": other_fds(c),
                 "other_threads": c["py_threads"] - control["served"] - control["heartbeats"]}
     now = lambda: {task: holding(task) for task in (W1, PS)}
     try:

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from held import other_fds
 from rdmadev import Config
 from rdmadev.cluster import liveness, runtime
 from rdmadev.testing import launch
@@ -40,10 +41,7 @@ def run(cluster, *args, env=None):
 
 
 def _of(counters, what):
-    """`what` of a task's counters; other_fds: its descriptors besides control connections."""
-    if what == "other_fds":
-        return counters["fds"] - sum(counters["control_connections"].values())
-    return counters[what]
+    return other_fds(counters) if what == "other_fds" else counters[what]
 
 
 def test_200_dropped_functions_leave_nothing_behind(cluster):

@@ -28,7 +28,7 @@ from .control import ControlClient, ControlServer, control_address
 from .liveness import Heartbeats
 from .spec import parse_cluster, split_address
 
-__all__ = ["Runtime", "start", "current", "register_handler", "log_to_stderr"]
+__all__ = ["Runtime", "checked", "start", "current", "register_handler", "log_to_stderr"]
 
 _current = None
 _lock = threading.Lock()
@@ -44,16 +44,33 @@ def register_handler(op, handler):
     _handlers[op] = handler
 
 
+def checked(cluster, job=None, index=None, config=None):
+    """(cluster spec, Config) of a runtime for task `job`:`index` (None: the coordinator),
+    checked before anything starts: a spec that parses and lists the task, and a Config
+    (default: from the environment) with a cluster secret. `rdmadev serve` calls it before it
+    imports TensorFlow, so a bad configuration is reported in a fraction of a second.
+
+    Raises:
+        ConfigError: naming what is wrong and the fix.
+    """
+    cluster = parse_cluster(cluster)
+    config = config or Config.from_env()
+    if not config.secret:
+        raise ConfigError("RDMADEV_SECRET is not set",
+                          hint="set the same RDMADEV_SECRET (or RDMADEV_SECRET_FILE) in every "
+                               "task and in the coordinator")
+    if job is not None and (job not in cluster or not 0 <= index < len(cluster[job])):
+        raise ConfigError(f"task {job}:{index} is not in the cluster spec {cluster}",
+                          hint="pass a --job/--task that the cluster spec lists; the "
+                               "coordinator and every task need the same spec")
+    return cluster, config
+
+
 class Runtime:
     """See the module docstring. `job`/`index` None: the coordinator."""
 
     def __init__(self, cluster, job=None, index=None, config=None):
-        self.cluster = parse_cluster(cluster)
-        self.config = config or Config.from_env()
-        if not self.config.secret:
-            raise ConfigError("RDMADEV_SECRET is not set",
-                              hint="set the same RDMADEV_SECRET (or RDMADEV_SECRET_FILE) in every "
-                                   "task and in the coordinator")
+        self.cluster, self.config = checked(cluster, job, index, config)
         self.task = None
         self.domain = None
         self.server = None
@@ -78,10 +95,7 @@ class Runtime:
                                              self._connect, self.task)
 
     def _address(self, job, index):
-        if job not in self.cluster or not 0 <= index < len(self.cluster[job]):
-            raise ConfigError(f"task {job}:{index} is not in the cluster spec {self.cluster}",
-                              hint="pass a --job/--task that the cluster spec lists; the "
-                                   "coordinator and every task need the same spec")
+        checked(self.cluster, job, index, self.config)
         return self.cluster[job][index]
 
     def handle(self, request):

@@ -17,7 +17,7 @@ import sys
 import time
 
 from ..cluster import runtime
-from ..cluster.spec import parse_cluster, tf_config_task
+from ..cluster.spec import tf_config_task
 from ..errors import ConfigError, RdmadevError
 from . import protocol
 from .startup import import_tensorflow
@@ -33,12 +33,8 @@ def main(argv=None):
     ap.add_argument("--job", help="this task's job (default: TF_CONFIG's task.type)")
     ap.add_argument("--task", type=int, help="this task's index (default: TF_CONFIG's task.index)")
     args = ap.parse_args(argv)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import_tensorflow()  # without the start-up lines that variable does not reach
-    runtime.log_to_stderr()  # e.g. a silent peer, or an open-file limit below the cluster's need
-
     job, index = args.job, args.task
-    try:
+    try:  # the configuration first: its errors come before TensorFlow's seconds of import
         if job is None or index is None:
             env_job, env_index = tf_config_task()
             job = job if job is not None else env_job
@@ -46,8 +42,15 @@ def main(argv=None):
         if job is None or index is None:
             raise ConfigError("no task given: pass --job and --task, or set TF_CONFIG's task",
                               hint="e.g. rdmadev serve --cluster '{...}' --job worker --task 0")
-        spec = parse_cluster(args.cluster)
-        rt = runtime.start(spec, job, int(index))
+        spec, config = runtime.checked(args.cluster, job, int(index))
+    except RdmadevError as e:
+        print(f"rdmadev serve: {e}", file=sys.stderr, flush=True)
+        return 2
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import_tensorflow()  # without the start-up lines that variable does not reach
+    runtime.log_to_stderr()  # e.g. a silent peer, or an open-file limit below the cluster's need
+    try:
+        rt = runtime.start(spec, job, int(index), config)
         server = protocol.start_server(spec, job, int(index), auto=rt.config.auto)
     except RdmadevError as e:
         print(f"rdmadev serve: {e}", file=sys.stderr, flush=True)

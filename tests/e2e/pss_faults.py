@@ -1,9 +1,9 @@
 """ParameterServerStrategy with rdmadev over a job's life (functions dropped, tasks dying):
-one coordinator process that owns its own loopback cluster (it kills and restarts tasks),
-prints one JSON line.
+one coordinator process that owns its own loopback cluster (it kills and restarts tasks) and
+runs the scenarios of one group on it, one after the other, with one strategy; prints a line
+per scenario, "RESULT <scenario> <json>" or "FAILED <scenario>" after its traceback.
 
-    python pss_faults.py release | restart_worker | kill_ps | cut_connection | cut_grown |
-        restart_grown
+    python pss_faults.py shm | tcp        (GROUPS: which scenarios, on which cluster)
 """
 import gc
 import json
@@ -26,12 +26,19 @@ STEPS = 40
 PS, W0, W1 = (f"/job:{job}/replica:0/task:{i}" for job, i in (("ps", 0), ("worker", 0), ("worker", 1)))
 
 
+_strategies = []
+
+
 def _strategy(cluster):
-    spec = {**cluster.spec, "chief": [f"127.0.0.1:{launch.free_ports(1)[0]}"]}
-    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-        tf.train.ClusterSpec(spec), task_type="chief", task_id=0, rpc_layer="grpc")
-    strategy = tf.distribute.ParameterServerStrategy(resolver)
-    return strategy, tf.distribute.coordinator.ClusterCoordinator(strategy)
+    """The process's ParameterServerStrategy and ClusterCoordinator, made at the first call
+    (the scenarios of a group share them, as one job's phases would)."""
+    if not _strategies:
+        spec = {**cluster.spec, "chief": [f"127.0.0.1:{launch.free_ports(1)[0]}"]}
+        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+            tf.train.ClusterSpec(spec), task_type="chief", task_id=0, rpc_layer="grpc")
+        strategy = tf.distribute.ParameterServerStrategy(resolver)
+        _strategies.append((strategy, tf.distribute.coordinator.ClusterCoordinator(strategy)))
+    return _strategies[0]
 
 
 def _model(strategy):
@@ -289,27 +296,35 @@ def _reopened():
     return {task: c["reopened"] for task, c in rdmadev.counters().items()}
 
 
-#: The environment of each scenario's cluster beyond ENV: a tcp connection, to break.
-SCENARIO_ENV = {"cut_connection": {"RDMADEV_FABRIC": "tcp"},
-                "cut_grown": {"RDMADEV_FABRIC": "tcp", "RDMADEV_DYNAMIC_CAPACITY": "256"},
-                "restart_grown": {"RDMADEV_DYNAMIC_CAPACITY": "256"}}
+#: The scenarios of each group, in the order they run on one cluster (kill_ps last: the ps
+#: stays dead), and the group's environment beyond ENV: a tcp connection to break, and
+#: 256-byte slots for the steps of run-time shapes to outgrow (the other steps' shapes are
+#: static: the setting changes nothing for them).
+GROUPS = {
+    "shm": ({"RDMADEV_DYNAMIC_CAPACITY": "256"},
+            (release, restart_worker, restart_grown, kill_ps)),
+    "tcp": ({"RDMADEV_FABRIC": "tcp", "RDMADEV_DYNAMIC_CAPACITY": "256"},
+            (cut_connection, cut_grown)),
+}
 
 
 def main():
-    scenario = sys.argv[1]
-    env = {**ENV, **SCENARIO_ENV.get(scenario, {})}
+    extra, scenarios = GROUPS[sys.argv[1]]
+    env = {**ENV, **extra}
     os.environ.update(env)
     cluster = launch.Cluster(num_ps=1, num_workers=2, env=env).start()
-    code = 1
+    code = 0
     try:
-        result = {"release": release, "restart_worker": restart_worker,
-                  "kill_ps": kill_ps, "cut_connection": cut_connection,
-                  "cut_grown": cut_grown, "restart_grown": restart_grown}[scenario](cluster)
-        print("RESULT " + json.dumps(result), flush=True)
-        code = 0
-    except BaseException:
-        import traceback
-        traceback.print_exc()
+        for scenario in scenarios:
+            try:
+                result = scenario(cluster)
+            except Exception:
+                import traceback
+                traceback.print_exc()
+                print(f"FAILED {scenario.__name__}", flush=True)
+                code = 1
+                continue
+            print(f"RESULT {scenario.__name__} {json.dumps(result)}", flush=True)
     finally:
         cluster.stop()
     os._exit(code)  # the coordinator's threads still retry the dead tasks: do not wait for them

@@ -191,40 +191,47 @@ def test_tf_keras_fit_under_parameter_server_strategy(cluster):
             assert after[task][what] == before[task][what], (task, what, before, after)
 
 
+@pytest.fixture(scope="module")
+def doomed():
+    """A cluster of `rdmadev serve` tasks whose tasks the kill tests kill (each starts its
+    victim again afterwards), apart from the one the other tests share."""
+    from e2e_util import ENV, rdmadev_launcher, tf_cluster
+    with tf_cluster.Cluster(env=ENV, launcher=rdmadev_launcher) as c:
+        yield c
+
+
 @pytest.mark.parametrize("victim, survivor, scenario", [
     (("worker", 1), ("ps", 0), "train_until_killed"), (("ps", 0), ("worker", 0), "train_until_killed"),
     (("ps", 0), ("worker", 0), "loop_until_killed")])
-def test_killing_a_task_fails_training_promptly(victim, survivor, scenario):
+def test_killing_a_task_fails_training_promptly(doomed, victim, survivor, scenario):
     """A task dies mid-training, or in the middle of a while loop whose pairs move each
     iteration: the coordinator gets an error naming it (never a hang), whichever error reached
     TF first (rdmadev's, or TF's own RPC to the task failing with "Connection reset by peer",
     which rdmadev.optimize then names), the other tasks keep serving, nothing is left in
     /dev/shm."""
-    import os
-    import signal
+    import json
     import subprocess
     import sys
-    import json
-    from e2e_util import ENV, HERE, tf_cluster, rdmadev_launcher
+    from e2e_util import ENV, HERE
     before = set(os.listdir("/dev/shm"))
-    with tf_cluster.Cluster(env=ENV, launcher=rdmadev_launcher) as c:
-        driver = subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "driver.py"), json.dumps(c.spec), "rdmadev",
-             scenario], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **ENV})
-        try:
-            for line in driver.stdout:
-                if line.startswith("STEP 5"):
-                    break
-            os.killpg(c._procs[victim][0].pid, signal.SIGKILL)
-            _, err = driver.communicate(timeout=120)  # well inside RDMADEV_DEADLINE_S=60 x 2
-        finally:
-            if driver.poll() is None:
-                driver.kill()
-        assert driver.returncode != 0
-        assert "Error" in err and f"/job:{victim[0]}/replica:0/task:{victim[1]}" in err, err[-3000:]
-        assert c._procs[survivor][0].poll() is None
-    assert set(os.listdir("/dev/shm")) == before
+    driver = subprocess.Popen(
+        [sys.executable, os.path.join(HERE, "driver.py"), json.dumps(doomed.spec), "rdmadev",
+         scenario], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **ENV})
+    try:
+        for line in driver.stdout:
+            if line.startswith("STEP 5"):
+                break
+        doomed.kill(*victim)
+        _, err = driver.communicate(timeout=120)  # well inside RDMADEV_DEADLINE_S=60 x 2
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert driver.returncode != 0
+    assert "Error" in err and f"/job:{victim[0]}/replica:0/task:{victim[1]}" in err, err[-3000:]
+    assert doomed.pid(*survivor) and doomed._procs[survivor][0].poll() is None
+    assert set(os.listdir("/dev/shm")) <= before
+    doomed.restart(*victim)
 
 
 def test_pairs_inside_while_loops_move_in_iteration_order(cluster):
