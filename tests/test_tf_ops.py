@@ -670,13 +670,15 @@ def _warm_receives(fabric, onednn):
     return json.loads(lines[-1][len("RESULT "):])
 
 
+@pytest.mark.parametrize("fabric", ["shm"])
 def test_large_copied_receives_reuse_a_kept_buffer_where_tf_allocates_with_malloc(fabric):
     """TF's plain CPU allocator (oneDNN off) is malloc, which maps and faults in every tensor
     of 32 MiB and more afresh: there a receive that copies such a tensor takes a buffer its
     kernel kept from an earlier step once TF freed it ("warm"), static, staged or in chunks.
     A tensor still held is never handed out again: one kept across two later receives stays
     as it arrived, and those receives take new buffers. With oneDNN's allocator (TF's default
-    here), which keeps large blocks itself, the kernel keeps none."""
+    here), which keeps large blocks itself, the kernel keeps none. The kept buffer is the
+    receive's, above the fabric: shm only (tcp's staged reads and chunks: the tests above)."""
     result = _warm_receives(fabric, onednn="0")
     for path, r in result.items():
         assert r["intact"] and r["same"], (path, r)
@@ -684,7 +686,5 @@ def test_large_copied_receives_reuse_a_kept_buffer_where_tf_allocates_with_mallo
     assert result["static"]["warm"] == 3  # the three receives after the others were freed
     # Tensors of 33-40 MiB: the kept buffer serves the later ones that fit it.
     assert result["staged"]["warm"] >= 2 and result["chunks"]["warm"] >= 2, result
-    if fabric == "verbs":  # which allocator TF uses is no fabric's business, and the
-        return  # Soft-RoCE guest moves these bytes slowly: it runs the malloc half only
     default = _warm_receives(fabric, onednn="1")
     assert all(r["intact"] and r["same"] and r["warm"] == 0 for r in default.values()), default
