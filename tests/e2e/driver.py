@@ -4,7 +4,8 @@
     python driver.py CLUSTER_JSON runs '[["grpc", "train"], ["rdmadev", "train"]]'
 
 `runs` runs several (mode, scenario) one after the other in one process (one TF import and
-one remote context for the runs a test compares) and prints their results as a list.
+one remote context for the runs tests compare) and prints their results as a list; a run
+that raised gives {"error": traceback} there, and the others still run.
 """
 import hashlib
 import json
@@ -891,10 +892,25 @@ def _connect(cluster):
         _connected.append(cluster)
 
 
+def run_each(cluster, runs):
+    """Results of [[mode, scenario], ...] run one after the other; a run that raised gives
+    {"error": its traceback} and the others run on (the tasks' pass mode switched off again,
+    as a scenario that switched it on would have)."""
+    import traceback
+    results = []
+    for mode, scenario in runs:
+        try:
+            results.append(run(scenario, mode, cluster))
+        except Exception:
+            results.append({"error": traceback.format_exc()})
+            _set_task_pass_mode(cluster, False)
+    return results
+
+
 def main():
     cluster, mode = parse_cluster(sys.argv[1]), sys.argv[2]
     if mode == "runs":  # [[mode, scenario], ...] one after the other in this one process
-        result = [run(scenario, m, cluster) for m, scenario in json.loads(sys.argv[3])]
+        result = run_each(cluster, json.loads(sys.argv[3]))
     else:
         result = run(sys.argv[3], mode, cluster)
     print("RESULT " + json.dumps(result))

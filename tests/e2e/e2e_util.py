@@ -17,18 +17,20 @@ ENV = {"RDMADEV_SECRET": SECRET, "RDMADEV_DEADLINE_S": "60", "RDMADEV_FABRIC": "
 DRIVER_TIMEOUT_S = 300
 
 
-def run_many(cluster, runs, env=None):
+def run_many(cluster, runs, env=None, timeout=DRIVER_TIMEOUT_S):
     """Runs [(mode, scenario), ...] one after the other in one coordinator process; returns
-    their results. `env` applies to the whole process: only rdmadev reads its RDMADEV_*
-    settings, once per process (its runtime's Config)."""
-    return run_driver(cluster, "runs", json.dumps([list(r) for r in runs]), env=env)
+    their results (a run that raised: {"error": traceback}). `env` applies to the whole
+    process: only rdmadev reads its RDMADEV_* settings, once per process (its runtime's
+    Config)."""
+    return run_driver(cluster, "runs", json.dumps([list(r) for r in runs]), env=env,
+                      timeout=timeout)
 
 
-def run_driver(cluster, mode, scenario, env=None, expect_ok=True):
+def run_driver(cluster, mode, scenario, env=None, expect_ok=True, timeout=DRIVER_TIMEOUT_S):
     """Runs one scenario; returns its JSON result (or the failed process when not expect_ok)."""
     proc = subprocess.run(
         [sys.executable, os.path.join(HERE, "driver.py"), json.dumps(cluster.spec), mode, scenario],
-        capture_output=True, text=True, timeout=DRIVER_TIMEOUT_S,
+        capture_output=True, text=True, timeout=timeout,
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **ENV, **(env or {})})
     lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
     if not expect_ok:

@@ -13,17 +13,37 @@ pytestmark = pytest.mark.tf
 #: Scenarios whose gRPC run is another's: rdmadev.optimize of the model's train_step changes
 #: nothing on TF's own path.
 SAME_ON_GRPC = {"keras_optimize": "keras"}
-_on_grpc = {}
+#: Scenarios run with rdmadev's default settings, one after the other in one coordinator
+#: process per group, gRPC's run of each first, when a test first asks for one of them: one TF
+#: import and one remote context for the group. The ParameterServerStrategy ones share the
+#: process's strategy over one worker (pss2's has two: a process of its own).
+GROUPS = (("train", "conv", "batch_norm", "noop", "big", "retrace", "loop", "cond", "overlapping",
+           "bundles", "mixed", "underbound", "tf1", "profile", "keras", "keras_optimize",
+           "keras_loop"),
+          ("pss1", "tf_function", "keras2"))
+_on_grpc, _grouped = {}, {}
+#: A group's process: TF import, connecting, and each scenario's gRPC and rdmadev runs.
+GROUP_TIMEOUT_S = 1200
 
 
 def run_both(cluster, scenario, env=None):
-    """(gRPC's result, rdmadev's) for `scenario`. TF's own path runs once per scenario in the
-    session, in the same coordinator process as the first rdmadev run: its result depends on
-    none of rdmadev's settings (`env`), so parametrizations over them share it."""
+    """(gRPC's result, rdmadev's) for `scenario`: from its group's process (GROUPS), or with
+    `env` (rdmadev's settings: one process's) in a process of its own, TF's own path run once
+    per scenario in the session (its result depends on none of those settings)."""
     baseline = SAME_ON_GRPC.get(scenario, scenario)
-    if baseline in _on_grpc:
-        return _on_grpc[baseline], run_driver(cluster, "rdmadev", scenario, env=env)
-    grpc, rdma = run_many(cluster, [("grpc", baseline), ("rdmadev", scenario)], env=env)
+    group = next((g for g in GROUPS if scenario in g), None)
+    if not env and group is not None:
+        if ("rdmadev", scenario) not in _grouped:
+            runs = list(dict.fromkeys(r for s in group
+                                      for r in (("grpc", SAME_ON_GRPC.get(s, s)), ("rdmadev", s))))
+            _grouped.update(zip(runs, run_many(cluster, runs, timeout=GROUP_TIMEOUT_S)))
+        grpc, rdma = _grouped[("grpc", baseline)], _grouped[("rdmadev", scenario)]
+    elif baseline in _on_grpc:
+        grpc, rdma = _on_grpc[baseline], run_driver(cluster, "rdmadev", scenario, env=env)
+    else:
+        grpc, rdma = run_many(cluster, [("grpc", baseline), ("rdmadev", scenario)], env=env)
+    for result in (grpc, rdma):
+        assert "error" not in result, result["error"]
     _on_grpc[baseline] = grpc
     return grpc, rdma
 
@@ -112,8 +132,8 @@ def test_tasks_started_without_rdmadev_give_a_clear_error():
     in-graph and under ParameterServerStrategy (where the worker would otherwise run the step
     on gRPC without a word)."""
     from e2e_util import tf_cluster
-    with tf_cluster.Cluster() as plain:
-        procs = [run_driver(plain, "rdmadev", scenario, expect_ok=False) for scenario in ("train", "pss1")]
+    plain = tf_cluster.shared_cluster()  # the session's plain TF servers (the planner's tests')
+    procs = [run_driver(plain, "rdmadev", scenario, expect_ok=False) for scenario in ("train", "pss1")]
     for proc in procs:
         assert proc.returncode != 0
         assert "rdmadev.optimize cannot use task" in proc.stderr and "rdmadev serve" in proc.stderr
