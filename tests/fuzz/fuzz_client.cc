@@ -10,12 +10,11 @@
 // Oracles (besides AddressSanitizer and UBSan):
 //  - READ: a READ outside the remote region throws kBounds before anything is sent; else
 //    the request the endpoint sent is the READ asked for, and Read returns only when the
-//    answer starts with a whole READ_RESPONSE header (magic, op, length) followed by `length`
-//    bytes, and then the destination holds exactly those bytes (it is allocated at exactly
-//    `length` bytes, so writing past it is caught); otherwise it throws kProtocol for a
-//    malformed header and kPeerLost for an answer cut short, nothing else. (The endpoint does
-//    not look at the response's status, its `offset` field, 0 = ok by frame.h, nor at its
-//    region: the serving side never sends another status, so that is left unchecked here.)
+//    answer starts with a whole READ_RESPONSE header (magic, op, the read's region and
+//    length, status 0: frame.h's `offset`) followed by `length` bytes, and then the
+//    destination holds exactly those bytes (it is allocated at exactly `length` bytes, so
+//    writing past it is caught); otherwise it throws kProtocol for a malformed header and
+//    kPeerLost for an answer cut short, nothing else.
 //  - Decode: only kProtocol is thrown, exactly for a record that is not 80 bytes with the
 //    magic and version; a decoded descriptor encodes back to the same bytes (the reserved
 //    ones as zeros).
@@ -80,7 +79,8 @@ void FuzzRead(const uint8_t* data, size_t size) {
     want = "bounds";  // checked before anything is sent
   } else if (size < sizeof resp) {
     want = "peer_lost";
-  } else if (resp.magic != kFrameMagic || resp.op != kOpReadResponse || resp.length != len) {
+  } else if (resp.magic != kFrameMagic || resp.op != kOpReadResponse || resp.length != len ||
+             resp.region != kRemoteId || resp.offset != 0) {
     want = "protocol";
   } else if (size < sizeof resp + len) {
     want = "peer_lost";

@@ -154,7 +154,10 @@ class TcpEndpoint : public Endpoint {
     SendFully(fd, iov, 1, deadline, reach_);
     FrameHeader resp;
     RecvFully(fd, &resp, sizeof resp, deadline, reach_);
-    if (resp.magic != kFrameMagic || resp.op != kOpReadResponse || resp.length != len) {
+    // A response answers this read: its region, its length, and status 0 (frame.h: a
+    // READ_RESPONSE's offset is its status); anything else is a peer not speaking the protocol.
+    if (resp.magic != kFrameMagic || resp.op != kOpReadResponse || resp.length != len ||
+        resp.region != src.desc.id || resp.offset != 0) {
       throw Error(ErrorKind::kProtocol, "Malformed read response from " + reach_);
     }
     RecvFully(fd, dst, len, deadline, reach_);
