@@ -3,7 +3,7 @@ shm fabric, --netns with the tcp fabric) in its own `pss.py --one` process (TF k
 cluster per process), then one table, its notes, a chart and the raw data.
 
     python benchmarks/pss.py                                   # runs this (see pss.py)
-    python benchmarks/pss.py --windows 15 --append_md BENCHMARKS.md
+    python benchmarks/pss.py --windows 15 --append_md docs/history/pss.md
 
 Writes <prefix>results.json (every run's result), <prefix>results.md (the table) and
 <prefix[:-1]>.png; --append_md appends the table with the command and date to a file.

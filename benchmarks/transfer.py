@@ -31,7 +31,7 @@ SIZES = [4, 4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20]
 def allocator_setting():
     """What selects TF's CPU allocator in the tasks (they inherit this environment): on x86
     oneDNN's pool unless TF_ENABLE_ONEDNN_OPTS=0, then glibc's malloc. Large copied receives
-    differ by up to 2x between the two (BENCHMARKS.md, "Large copied receives")."""
+    differ by up to 2x between the two (docs/history/transfer.md, "Large copied receives")."""
     value = os.environ.get("TF_ENABLE_ONEDNN_OPTS")
     return f"TF_ENABLE_ONEDNN_OPTS={value}" if value is not None else "TF_ENABLE_ONEDNN_OPTS unset"
 

@@ -24,8 +24,9 @@ log.addHandler(logging.NullHandler())
 
 FABRIC_CHOICES = ("auto", "shm", "tcp", "verbs")
 
-# (variable, default shown in docs, meaning). README's configuration table is checked
-# against this list by tests/test_config.py.
+# (variable, default shown in docs, meaning). docs/operating/configuration.md's table is
+# generated from this list (python docs/tools/env_table.py); tests/test_docs.py fails when it is
+# stale.
 VARIABLES = (
     ("RDMADEV_FABRIC", "auto", "Fabric for every peer: auto (best both ends reach: shm > verbs > tcp), shm, tcp or verbs."),
     ("RDMADEV_SLOTS", "the planner's", "Slots of every channel ring (>= 1): how many transfers may be in flight before the sender waits for a credit. By default the planner gives a static-shape channel 1 (one tensor per step, released before the next step writes) and a run-time-shape channel 2 (its chunks stream through them)."),

@@ -8,7 +8,6 @@ import sys
 import pytest
 
 import rdmadev
-from rdmadev.config import VARIABLES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -44,12 +43,6 @@ def test_environment_values_are_read(tmp_path):
     from rdmadev.tf.bridge import plan_config
     assert plan_config(off).bundle_below_bytes == 0
     assert plan_config(rdmadev.Config.from_env({"RDMADEV_BUNDLE_BELOW_BYTES": "4K"})).bundle_below_bytes == 4096
-
-
-def test_readme_documents_every_variable_with_its_default():
-    readme = open(os.path.join(ROOT, "README.md")).read()
-    rows = dict(re.findall(r"^\| `(RDMADEV_\w+)` \| `?([^|`]*)`? \|", readme, re.M))
-    assert rows == {name: default for name, default, _ in VARIABLES}
 
 
 def test_unviable_fabric_is_a_clear_error():

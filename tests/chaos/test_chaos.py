@@ -1,7 +1,7 @@
 """Faults injected at a random point of a running job (tests/chaos/chaos_driver.py: an
 in-graph step moving 1 MiB each way between the ps and each of 2 workers), through rdmadev
 and, under RDMADEV_CHAOS_FULL=1, also on TF's own gRPC path (the same function, not
-optimized) on the same cluster in the same run, which gives the README's comparison column:
+optimized) on the same cluster in the same run, which gives docs/faults/faults.md's comparison column:
 
 - kill -9 of the ps, a worker, or the coordinator; SIGSTOP then SIGCONT of the ps or a
   worker (loopback, shm);
@@ -70,7 +70,7 @@ SLACK = {"fds": 2}
 PS, W0 = task_name("ps", 0), task_name("worker", 0)
 TARGETS = {"ps": ("ps", 0), "worker": ("worker", 0)}
 #: The paths each case runs on. TF's own gRPC path (the same function, not optimized) tests
-#: TF, not rdmadev: it gives the README's comparison column, under RDMADEV_CHAOS_FULL=1
+#: TF, not rdmadev: it gives docs/faults/faults.md's comparison column, under RDMADEV_CHAOS_FULL=1
 #: (`RDMADEV_CHAOS_FULL=1 pytest -m chaos tests/chaos`).
 MODES = ["grpc", "rdmadev"] if os.environ.get("RDMADEV_CHAOS_FULL") == "1" else ["rdmadev"]
 
