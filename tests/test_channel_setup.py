@@ -215,7 +215,7 @@ def test_registered_memory_past_the_task_limit_is_refused_naming_the_setting(wor
     try:
         with pytest.raises(ProtocolError, match="past its limit.*RDMADEV_MAX_REGISTERED_BYTES"):
             channels.open_channels(rt.call, "limit", swap, regions)
-        assert rt.table.domain.region_stats[1] == registered and rt.table.reserved == 0
+        assert rt.table.domain.region_stats[1] == registered and rt.table.memory.reserved == 0
         rt.table.config = dataclasses.replace(config, max_registered_bytes=registered + sum(regions.values()))
         channels.open_channels(rt.call, "fits", swap, regions)  # exactly at the limit: allowed
         assert exchange(rt, swap[0], count=SLOTS + 1, seed=5) == []
@@ -546,10 +546,10 @@ def test_half_pairs_met_before_their_kernels_exist_are_met_again_after_a_cut(wor
     whole = lambda: f"recv:{key}" in _core.bound_channels() and \
         rt.call(PS, {"op": "bound_senders", "keys": [key]}) == [key]
     assert whole()
-    reopened = rt.table.reopened
+    reopened = rt.table.recovery.reopened
     _reset_from_ps(rt)
     try:
-        assert wait_until(lambda: rt.table.reopened > reopened, 60), rt.table.offered.get(PS)
+        assert wait_until(lambda: rt.table.recovery.reopened > reopened, 60), rt.table.halves.offered.get(PS)
         assert whole()
         assert exchange(rt, _from_ps(key, 400), 3 * SLOTS, seed=9) == []
     finally:
@@ -689,9 +689,9 @@ def test_a_channel_that_cannot_grow_keeps_its_slots_and_says_why(world, caplog):
         with caplog.at_level("WARNING", logger=channels.__name__):
             rdmadev._core.channel_want(t.channel_key, 100000)
             deadline = time.monotonic() + 30
-            while t.channel_key not in rt.table.not_grown and time.monotonic() < deadline:
+            while t.channel_key not in rt.table.growth.not_grown and time.monotonic() < deadline:
                 time.sleep(0.05)
-        assert t.channel_key in rt.table.not_grown
+        assert t.channel_key in rt.table.growth.not_grown
         warning = [r.getMessage() for r in caplog.records if t.channel_key in r.getMessage()]
         assert len(warning) == 1 and "RDMADEV_MAX_REGISTERED_BYTES" in warning[0], warning
         assert "keeps its 4096-byte slots" in warning[0]
@@ -717,9 +717,9 @@ def test_slots_grow_to_at_most_growth_max_slot(world):
         assert exchange(rt, big, count=SLOTS + 1, seed=6) == []
         rdmadev._core.channel_want(t.channel_key, 10 * growth.GROWTH_MAX_SLOT)
         deadline = time.monotonic() + 30
-        while t.channel_key not in rt.table.not_grown and time.monotonic() < deadline:
+        while t.channel_key not in rt.table.growth.not_grown and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert t.channel_key in rt.table.not_grown
+        assert t.channel_key in rt.table.growth.not_grown
         assert rt.table.counters()["grown"] == grown + 1
         assert rdmadev._core.growing_channels(rt.table.domain)[0]["capacity_bytes"] == \
             growth.GROWTH_MAX_SLOT
@@ -750,10 +750,10 @@ def _grown_to_hold(rt, t, seed):
 def _cut_and_set_up_again(rt, registered):
     """Resets this task's connections from ps:0 and waits until the pairs between them are
     set up again and this task registers `registered` bytes (nothing kept for late writes)."""
-    reopened = rt.table.reopened
+    reopened = rt.table.recovery.reopened
     _reset_from_ps(rt)
     now = rt.table.counters
-    assert wait_until(lambda: rt.table.reopened > reopened and now()["parked"] == 0
+    assert wait_until(lambda: rt.table.recovery.reopened > reopened and now()["parked"] == 0
                       and now()["retired"] == 0 and now()["registered_bytes"] == registered,
                       _core.LATE_WRITE_GRACE_S + 60, 0.1), (registered, now())
 
@@ -798,7 +798,7 @@ def test_a_pair_set_up_again_after_a_cut_keeps_the_slots_its_channel_grew_to(wor
     finally:
         for task in (PS, W1):
             rt.call(task, {"op": "release", "keys": [t.channel_key for t in swap], "half": "both"})
-    assert not any(t.channel_key in rt.table.lineage_of for t in swap)
+    assert not any(t.channel_key in rt.table.growth.lineage_of for t in swap)
 
 
 @with_connections
@@ -942,28 +942,28 @@ def test_a_half_pair_under_a_new_key_takes_the_slots_its_lineage_grew_to(world):
 
 
 def test_a_lineage_keeps_the_largest_slots_it_grew_to_and_the_most_recent_lineages(monkeypatch):
-    """ChannelTable._learn: a lineage's layout is replaced only by one that holds it (two
+    """Growth.learn: a lineage's layout is replaced only by one that holds it (two
     instantiations may grow at once), and past LEARNED_MAX lineages the least recently
     used goes first."""
-    table = channels.ChannelTable(domain=None, config=None)
+    part = channels.ChannelTable(domain=None, config=None).growth
     small = {"slots": SLOTS, "slot_bytes": 65664, "payload_offset": 128, "capacity_bytes": 65536}
     large = {**small, "slot_bytes": 131200, "capacity_bytes": 131072}
-    table.lineage_of.update({"a@1": "a", "a@2": "a"})
-    table._learn("a@1", large)
-    table._learn("a@2", small)
-    assert table.learned == {"a": large}
-    table._learn("a@2", {**large, "capacity_bytes": 262144, "slot_bytes": 262272})
-    assert table.learned["a"]["capacity_bytes"] == 262144
+    part.track([{"key": "a@1", "lineage": "a"}, {"key": "a@2", "lineage": "a"}])
+    part.learn("a@1", large)
+    part.learn("a@2", small)
+    assert part.learned == {"a": large}
+    part.learn("a@2", {**large, "capacity_bytes": 262144, "slot_bytes": 262272})
+    assert part.learned["a"]["capacity_bytes"] == 262144
     monkeypatch.setattr(growth, "LEARNED_MAX", 2)
-    table._learn("b", small)
-    table._with_learned({"sender": PS, "bytes": 0, "channels": [
+    part.learn("b", small)
+    part.with_learned({"sender": PS, "bytes": 0, "channels": [
         {"key": "a@3", "lineage": "a", **small, "offset": 0}]})  # uses a
-    table._learn("c", small)
-    assert list(table.learned) == ["a", "c"]
+    part.learn("c", small)
+    assert list(part.learned) == ["a", "c"]
 
 
 def test_sending_halves_planned_a_deadline_ago_are_forgotten_once_their_graphs_went():
-    """ChannelTable.wanted (what this task's passes planned of TF1 pairs' sending halves,
+    """HalfPairs.wanted (what this task's passes planned of TF1 pairs' sending halves,
     which their receivers ask for) does not grow with every graph a job ever had: a new plan
     forgets the halves planned more than a deadline ago that no kernel holds, not bound and
     not lost to a broken connection. A bound one stays, and so does one planned since."""
@@ -974,14 +974,14 @@ def test_sending_halves_planned_a_deadline_ago_are_forgotten_once_their_graphs_w
         bind_local(tx, rx, "wanted:bound", ring_layout(1, 64), False)
         table.want_halves({"wanted:bound": 64, "wanted:gone": None})
         table.want_halves({"wanted:recent": 8})
-        assert set(table.wanted) == {"wanted:bound", "wanted:gone", "wanted:recent"}
+        assert set(table.halves.wanted) == {"wanted:bound", "wanted:gone", "wanted:recent"}
         for key in ("wanted:bound", "wanted:gone"):  # planned a deadline and a second ago
-            table.wanted_at[key] -= 61
+            table.halves.wanted_at[key] -= 61
         table.want_halves({"wanted:next": 8})
-        assert table.wanted == {"wanted:bound": 64, "wanted:recent": 8, "wanted:next": 8}
-        assert set(table.wanted_at) == set(table.wanted)
+        assert table.halves.wanted == {"wanted:bound": 64, "wanted:recent": 8, "wanted:next": 8}
+        assert set(table.halves.wanted_at) == set(table.halves.wanted)
         table.want_halves({"wanted:gone": None})  # a later graph plans it again
-        assert table.wanted["wanted:gone"] is None
+        assert table.halves.wanted["wanted:gone"] is None
     finally:
         _core.unbind_channel("wanted:bound")
         tx.close()

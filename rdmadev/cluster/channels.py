@@ -14,106 +14,37 @@ planner's instances.py, a dead peer, or this table closing).
 A TF1 task plans only its own half of each pair; such halves meet through the receiver
 (``want_halves``/``offer_halves``: half_pairs.py), and their kernels own them. A dynamic
 channel whose tensors outgrow its slots moves to a larger ring (growth.py). The channels
-between two running tasks whose connection broke are set up again (recovery.py). Those
-three are parts of ChannelTable (its bases); its state, set up in ``__init__``, is theirs too.
+between two running tasks whose connection broke are set up again (recovery.py). Each of
+those three is a part of ChannelTable that owns its state (``halves``, ``growth``,
+``recovery``); the parts and the table talk through the few methods each documents, and
+ChannelTable.handle routes each control request to the one that serves it.
 
 Example:
     >>> fabrics, registered = open_channels(rt.call, instance, swapped, region_bytes)
 """
-import collections
-import contextlib
 import functools
 import logging
 import os
 import threading
-import time
-
-from graph_pass.layout import REGION_ALIGNMENT
 
 from .. import _core
-from ..errors import ConfigError, ProtocolError, RegionError
-from .channel_common import domain_identity, error_naming
+from ..errors import ConfigError, ProtocolError
+from .channel_common import (WATCH_INTERVAL_S, bind_halves, build_half, domain_identity,
+                             let_go, planned_bytes, ring_layout)
 from .control import session
-from .growth import Growth, channel_lineage
+from .growth import Growth
 from .half_pairs import HalfPairs
-from .opening import LAYOUT_FIELDS, in_parallel, open_channels
+from .opening import in_parallel, open_channels
 from .recovery import Recovery
+from .registered import RegisteredMemory
 
-__all__ = ["ChannelTable", "open_channels", "REQUESTS", "CREDIT_BYTES"]
-
-#: Bytes of one channel's credit line (C++ kCreditBytes in channel.h: one cache line); a
-#: pair's credit region holds one line per channel.
-CREDIT_BYTES = _core.CREDIT_BYTES
-
-#: The control requests ChannelTable serves (the runtime routes them here).
-REQUESTS = ("open_pairs", "attach_senders", "half_sizes", "attach_halves", "attach_grown",
-            "bind_grown", "release", "reopen", "bound_senders", "counters")
-
-#: Seconds between two looks for dead peers (their halves are then unbound): how long a dead
-#: task's channels, regions and mappings outlive it here (a step on them fails at once
-#: anyway: the fabric's liveness check names the peer).
-WATCH_INTERVAL_S = 0.5
-
-#: Seconds a setup that would pass RDMADEV_MAX_REGISTERED_BYTES waits for memory that unbound
-#: halves keep for their peer (_reserving): a receiving ring retired for late writes goes
-#: within LATE_WRITE_GRACE_S (verbs), a parked sending half once its receiver has credited
-#: what it sent. Checked every KEPT_POLL_S.
-KEPT_WAIT_S = _core.LATE_WRITE_GRACE_S + WATCH_INTERVAL_S
-KEPT_POLL_S = 0.1
+__all__ = ["ChannelTable", "open_channels", "REQUESTS", "WATCH_INTERVAL_S"]
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
 
-def _layout(channel):
-    """The ring layout a channel entry carries: the plan's, field for field."""
-    return _core.RingLayout(*(channel[f] for f in LAYOUT_FIELDS))
 
-
-def _planned_bytes(size, layouts, label):
-    """`size`, the bytes asked for a pair's region, if it is what the plan gives channels
-    `layouts`: their extent rounded up to REGION_ALIGNMENT (a peer cannot ask for more)."""
-    extent = max(l.offset + l.bytes for l in layouts)
-    planned = -(-extent // REGION_ALIGNMENT) * REGION_ALIGNMENT
-    if type(size) is not int or not extent <= size <= planned:
-        raise ProtocolError(f"region {label} of {size!r} bytes is not what the plan gives its "
-                            f"{len(layouts)} channel(s) ({extent} bytes, {planned} once "
-                            "aligned); nothing was allocated",
-                            hint="run the same rdmadev version in every task")
-    return size
-
-
-def _let_go(*held):
-    """Closes what a failed setup holds (regions, leases, attachments; None skipped) at once:
-    the traceback keeps the failing frame, and with it these, alive for as long as the
-    caller keeps the error."""
-    for h in held:
-        if h is not None:
-            h.close()
-
-
-def _bind_halves(channels, half, lease, peer, make, failing, successor=False):
-    """Builds (``make(i, channel)``) and binds `half` ("send" or "recv") of every channel of
-    one pair, holding `lease` (as successors: growth). On any failure the halves bound so far
-    are unbound and the error is raised with ``failing(key)`` before its message."""
-    try:
-        for i, c in enumerate(channels):
-            try:
-                h = make(i, c)
-            except Exception as e:
-                raise error_naming(e, failing(c["key"])) from None
-            if half == "send":  # the receiver alone may read what the sender stages
-                h.bind(c["key"], lease, peer=peer, successor=successor,
-                       reader=domain_identity(peer))
-            else:
-                h.bind(c["key"], lease, peer=peer, successor=successor)
-    except BaseException:
-        if not successor:  # a grown pair has one channel: nothing of it was bound
-            for c in channels:
-                _core.unbind_channel(c["key"], half)
-        raise
-
-
-class ChannelTable(HalfPairs, Growth, Recovery):
+class ChannelTable:
     """One task's side of channel setup and release: serves REQUESTS.
 
     Bound halves live in the native channel table, holding leases on the regions they use;
@@ -121,6 +52,12 @@ class ChannelTable(HalfPairs, Growth, Recovery):
     planning process once the function went: instances.py), when its peer task dies (the
     watcher thread started here sees the endpoint die), or when this table closes. TF
     kernels do not own halves: TF re-creates the kernels of functions it still runs.
+
+    The table owns its endpoints to peers, the pairs received here (``received``), the
+    registered memory being allocated, release, counters and the watcher; its parts
+    ``halves`` (HalfPairs), ``growth`` (Growth) and ``recovery`` (Recovery) own theirs. They
+    read its ``config``, ``domain``, ``task``, ``call`` and ``closing`` and use the methods
+    marked "for the parts" below.
 
     Args:
         domain: this task's Domain.
@@ -131,6 +68,9 @@ class ChannelTable(HalfPairs, Growth, Recovery):
         task: this task's name (``/job:ps/replica:0/task:0``), told to peers.
     """
 
+    #: The control requests the table serves itself (module REQUESTS: with its parts').
+    OWN_REQUESTS = ("open_pairs", "attach_senders", "release", "counters")
+
     def __init__(self, domain, config, call=None, task=None):
         self.domain = domain
         self.config = config
@@ -139,21 +79,16 @@ class ChannelTable(HalfPairs, Growth, Recovery):
         self.endpoints = {}  # peer domain address -> Endpoint
         self.peers = {}  # peer domain address -> its task name
         self.lock = threading.Lock()
-        self.reserved = 0  # bytes of regions being allocated (see _reserving)
+        self.memory = RegisteredMemory(self)  # the regions being allocated, held to the limit
         self.notices = {"sent": 0, "failed": 0}  # release requests to peers (failed setups)
-        self.reopened = 0  # pairs set up again after their connection broke (reopen)
-        self.reopening = threading.Lock()  # one reopen at a time: both tasks may ask
         self.closing = threading.Event()
         self.received = {}  # instance -> its open_pairs entries received here, until released
-        self.wanted = {}  # key -> bytes (None: run-time shape) of the sending halves planned here
-        self.wanted_at = {}  # key -> when its pass last planned it (time.monotonic)
-        self.offered = {}  # sender task -> {key: channel entry}: receiving halves offered here
-        self.meeting = threading.Lock()  # one half-pair setup at a time (_meet, reopen)
-        self.wanting = threading.Condition(self.lock)  # notified when `wanted` grows
-        self.grown = {}  # key -> (RingSender, lease, receiver): set up, not bound (growth)
-        self.not_grown = set()  # keys whose growth failed: they keep their slots
-        self.learned = collections.OrderedDict()  # lineage -> layout it grew to (LEARNED_MAX)
-        self.lineage_of = {}  # key -> lineage of the receiving halves bound here
+        self.growth = Growth(self)
+        self.halves = HalfPairs(self, self.growth)
+        self.recovery = Recovery(self, self.halves, self.growth)
+        self.serving = dict.fromkeys(self.OWN_REQUESTS, self)  # request -> who serves it
+        for part in (self.halves, self.growth, self.recovery):
+            self.serving.update(dict.fromkeys(part.REQUESTS, part))
         self.watcher = None
         if call is not None:
             self.watcher = threading.Thread(target=self._watch_peers, daemon=True,
@@ -161,8 +96,17 @@ class ChannelTable(HalfPairs, Growth, Recovery):
             self.watcher.start()
 
     def handle(self, request):
-        """Serves one of REQUESTS."""
-        return getattr(self, request["op"])(request)
+        """Serves one of REQUESTS (here, or in the part that serves it)."""
+        op = request["op"]
+        return getattr(self.serving[op], op)(request)
+
+    def want_halves(self, sizes, receivers=None):
+        """HalfPairs.want_halves: the sending halves this task's pass planned (TF1)."""
+        self.halves.want_halves(sizes, receivers)
+
+    def offer_halves(self, sender, channels, on_met=None):
+        """HalfPairs.offer_halves: the receiving halves this task's pass planned (TF1)."""
+        self.halves.offer_halves(sender, channels, on_met)
 
     def _endpoint(self, address, task):
         """The live endpoint to `task` at Domain `address`, connected if there is none (one
@@ -192,13 +136,25 @@ class ChannelTable(HalfPairs, Growth, Recovery):
             raise ConfigError(f"task {self.task} cannot set up channels: its ChannelTable has no "
                               "control client", hint="construct ChannelTable(call=Runtime.call)")
         instance = r["instance"]
-        opened = in_parallel(lambda p: self._open_as_learned(instance, p), r["pairs"])
+        opened = in_parallel(lambda p: self.growth.open_as_learned(instance, p), r["pairs"])
         with self.lock:
             self.received.setdefault(instance, []).extend(p for p, _ in opened)
         planner = session()
         if planner is not None:  # released here should the planner die before it asks
             planner.hold(("pairs", instance), functools.partial(self._release_received, instance))
         return {"pairs": [done for _, done in opened]}
+
+    def received_from(self, sender):
+        """For the parts: ``[(instance, pair)]`` of the pairs from `sender` that instantiations
+        opened here and still hold (open_pairs entries)."""
+        with self.lock:
+            return [(i, p) for i, pairs in self.received.items() for p in pairs
+                    if p["sender"] == sender]
+
+    def still_received(self, instance):
+        """For the parts: whether pairs `instance` opened here are still held (not released)."""
+        with self.lock:
+            return instance in self.received
 
     def _release_received(self, instance, notify_in_background=False):
         """Unbinds the receiving halves of the pairs `instance` opened here and tells each
@@ -212,27 +168,34 @@ class ChannelTable(HalfPairs, Growth, Recovery):
 
         def notify():
             for sender, keys in notices:
-                self._notify(sender, keys, "send")
+                self.notify(sender, keys, "send")
         if notices and notify_in_background:
             threading.Thread(target=notify, daemon=True,
                              name=f"rdmadev-release {instance}").start()
         else:
             notify()
 
-    def _open_pair(self, instance, p, attach="attach_senders"):
+    def open_pair(self, instance, p, attach="attach_senders"):
+        """For the parts: sets up pair `p` (an open_pairs entry) of `instance` as it is laid
+        out, its sender attaching with request `attach` (Growth.open_as_learned lays it out
+        with the slots its channels learned first).
+
+        Returns:
+            ``{"sender", "fabric", "registered"}``.
+        """
         grown = attach == "attach_grown"
         sender, channels = p["sender"], p["channels"]
         keys = [c["key"] for c in channels]
         label = f"{instance}/{self.task}<-{sender}"
-        layouts = [_layout(c) for c in channels]  # a bad plan fails before anything is allocated
-        size = _planned_bytes(p["bytes"], layouts, f"{label} (first channel {keys[0]})")
+        layouts = [ring_layout(c) for c in channels]  # a bad plan fails before allocating
+        size = planned_bytes(p["bytes"], layouts, f"{label} (first channel {keys[0]})")
         # growth is optional (the channel goes on in chunks) and runs on the watcher's thread
-        with self._reserving(size, f"{label} (first channel {keys[0]})", wait=not grown):
+        with self.memory.reserving(size, f"{label} (first channel {keys[0]})",
+                                    wait=not grown):
             region = self.domain.allocate(size, label=label, grant=[domain_identity(sender)])
         lease, credit = _core.RegionLease(region), None
-        if not grown:  # before the halves are bound: their growth (_learn) looks it up
-            with self.lock:
-                self.lineage_of.update((c["key"], channel_lineage(c)) for c in channels)
+        if not grown:  # before the halves are bound: their growth (Growth.learn) looks it up
+            self.growth.track(channels)
         try:
             try:
                 sent = self.call(sender, {
@@ -245,70 +208,32 @@ class ChannelTable(HalfPairs, Growth, Recovery):
             try:
                 ep = self._endpoint(sent["address"], sender)
                 credit = ep.attach(bytes.fromhex(sent["credit"]))
-                _bind_halves(
+                bind_halves(
                     channels, "recv", lease, sender,
                     lambda i, c: _core.RingReceiver(region, layouts[i], ep, credit, epoch=0,
-                                                    credit_offset=i * CREDIT_BYTES),
+                                                    credit_offset=i * _core.CREDIT_BYTES),
                     lambda key: f"receiver task {self.task} could not set up channel {key} "
                                 f"from {sender}", successor=grown)
             except BaseException:
                 if grown:
-                    self._drop_grown(sender, keys)
+                    self.growth.drop_successors(sender, keys)
                 else:
-                    self._notify(sender, keys, "send")
+                    self.notify(sender, keys, "send")
                 raise
         except BaseException:
             if not grown:
-                with self.lock:
-                    for key in keys:
-                        self.lineage_of.pop(key, None)
-            _let_go(credit, lease, region)
+                self.growth.untrack(keys)
+            let_go(credit, lease, region)
             raise
-        if grown:  # the receiving successor is bound: the sender may move
-            self.call(sender, {"op": "bind_grown", "keys": keys})
         return {"sender": sender, "fabric": sent["fabric"], "registered": p["bytes"]}
-
-    @contextlib.contextmanager
-    def _reserving(self, size, label, wait=True):
-        """Holds `size` bytes against the task's RDMADEV_MAX_REGISTERED_BYTES while a region
-        of that size is allocated (pairs are set up in parallel), or raises RegionError.
-        `wait`: memory that unbound halves still keep for their peer (parked, retired: a pair
-        set up again after its connection broke replaces a ring kept for late writes) is
-        waited for, up to KEPT_WAIT_S, before the setup is refused."""
-        limit = self.config.max_registered_bytes
-        deadline = time.monotonic() + KEPT_WAIT_S
-        while True:
-            with self.lock:
-                registered = self.domain.region_stats[1] + self.reserved
-                if registered + size <= limit:
-                    self.reserved += size
-                    break
-            kept = 0
-            if wait:
-                held = _core.channel_counts(self.domain)
-                kept = held["parked"] + held["retired"]
-            if not kept or time.monotonic() > deadline:
-                waited = (f"; {kept} unbound channel half(s) still keep theirs for their peer "
-                          f"after {KEPT_WAIT_S:g} s") if kept else ""
-                raise RegionError(
-                    f"region {label} of {size} bytes would take task {self.task}'s registered "
-                    f"memory to {registered + size} bytes, past its limit of {limit}{waited}",
-                    hint="raise RDMADEV_MAX_REGISTERED_BYTES in this task (default: half of "
-                         "RAM), or plan smaller tensors or fewer slots (RDMADEV_SLOTS)")
-            _core.release_drained()
-            time.sleep(KEPT_POLL_S)
-        try:
-            yield
-        finally:
-            with self.lock:
-                self.reserved -= size
 
     # -- sending task --
 
-    def attach_senders(self, r, grown=False):
+    def attach_senders(self, r, hold=None):
         """Binds the sending halves of one pair: attaches the receiver's region once and
-        gives every channel a line of one fresh credit region. `grown`: keeps them for
-        ``bind_grown`` instead (growth).
+        gives every channel a line of one fresh credit region. `hold` (for the parts): called
+        with ``{key: (RingSender, lease, receiver)}`` instead of binding them (Growth keeps
+        them for ``bind_grown``).
 
         Returns:
             ``{"address": this domain, "credit": descriptor hex, "fabric": name}``.
@@ -316,30 +241,25 @@ class ChannelTable(HalfPairs, Growth, Recovery):
         receiver, channels = r["receiver"], r["channels"]
         ep = self._endpoint(r["address"], receiver)
         ring = ep.attach(bytes.fromhex(r["ring"]))
-        credit = self.domain.allocate(CREDIT_BYTES * len(channels), label=f"credit<-{receiver}",
+        credit = self.domain.allocate(_core.CREDIT_BYTES * len(channels),
+                                      label=f"credit<-{receiver}",
                                       grant=[domain_identity(receiver)])
         lease = _core.RegionLease(credit)
 
         def make(i, c):
-            return _core.RingSender(ep, ring, _layout(c), credit, epoch=0,
-                                    credit_offset=i * CREDIT_BYTES)
+            return _core.RingSender(ep, ring, ring_layout(c), credit, epoch=0,
+                                    credit_offset=i * _core.CREDIT_BYTES)
 
         def failing(key):
             return f"sender task {self.task} could not set up channel {key} to {receiver}"
         try:
-            if grown:
-                made = {}
-                for i, c in enumerate(channels):
-                    try:
-                        made[c["key"]] = (make(i, c), lease, receiver)
-                    except Exception as e:
-                        raise error_naming(e, failing(c["key"])) from None
-                with self.lock:
-                    self.grown.update(made)
+            if hold is not None:  # bound later by the part holding them
+                hold({c["key"]: (build_half(make, i, c, failing), lease, receiver)
+                      for i, c in enumerate(channels)})
             else:
-                _bind_halves(channels, "send", lease, receiver, make, failing)
+                bind_halves(channels, "send", lease, receiver, make, failing)
         except BaseException:
-            _let_go(ring, lease, credit)
+            let_go(ring, lease, credit)
             raise
         return {"address": self.domain.address, "credit": credit.descriptor.hex(),
                 "fabric": ep.fabric}
@@ -357,15 +277,10 @@ class ChannelTable(HalfPairs, Growth, Recovery):
         (``[why, fix]``: their pair could not be set up again, reopen), the steps that wait
         for those halves fail with it at once; without, a reason given earlier is dropped."""
         half = r.get("half", "both")
-        with self.lock:
-            for key in r["keys"]:
-                self.not_grown.discard(key)
-                if half != "recv":
-                    self.grown.pop(key, None)
-                if half != "send":
-                    self.lineage_of.pop(key, None)
-            if half != "send" and "instance" not in r:  # the planner's: _release_received
-                released = set(r["keys"])  # pairs whose receiving halves went (reopen skips them)
+        self.growth.released(r["keys"], half)
+        if half != "send" and "instance" not in r:  # the planner's: _release_received
+            released = set(r["keys"])  # pairs whose receiving halves went (reopen skips them)
+            with self.lock:
                 for instance, pairs in list(self.received.items()):
                     kept = [p for p in pairs if not {c["key"] for c in p["channels"]} <= released]
                     if kept:
@@ -373,7 +288,7 @@ class ChannelTable(HalfPairs, Growth, Recovery):
                     else:
                         del self.received[instance]
         # A sending half its receiver may still read or credit is parked (registry.h); for
-        # less time once the receiver says it unbound its half (_notify).
+        # less time once the receiver says it unbound its half (notify).
         park_s = _core.RELEASED_GRACE_S if r.get("receiver_unbound") else _core.PARKED_GRACE_S
         n = sum(_core.unbind_channel(key, half, park_s) for key in r["keys"])
         for h in ("send", "recv") if half == "both" else (half,):
@@ -389,10 +304,10 @@ class ChannelTable(HalfPairs, Growth, Recovery):
             self._release_received(r["instance"], notify_in_background=True)
         return n
 
-    def _notify(self, peer, keys, half, failed=None):
-        """Best effort: tells `peer` to unbind its `half` of `keys`, saying that this task,
-        their receiver, unbound its own (and, `failed`, why the steps using them fail and the
-        fix: ``[why, fix]``)."""
+    def notify(self, peer, keys, half, failed=None):
+        """For the parts: best effort, tells `peer` to unbind its `half` of `keys`, saying
+        that this task, their receiver, unbound its own (and, `failed`, why the steps using
+        them fail and the fix: ``[why, fix]``)."""
         if self.call is None or not keys:
             return
         try:
@@ -405,6 +320,8 @@ class ChannelTable(HalfPairs, Growth, Recovery):
             self.notices["failed"] += 1
             log.info("rdmadev: could not tell %s to release %d channel(s): %s", peer, len(keys), e)
 
+    # -- peers --
+
     def peer_endpoints(self):
         """``{peer task: [Endpoint]}``: the endpoints to each peer task (the heartbeats'
         view: liveness.py marks them silent and heard)."""
@@ -414,15 +331,53 @@ class ChannelTable(HalfPairs, Growth, Recovery):
                 grouped.setdefault(self.peers[address], []).append(ep)
             return grouped
 
+    def sweep_dead_peers(self):
+        """For the parts (and the watcher): unbinds the halves whose peer's endpoint died,
+        and has those of peers that still run set up again (_buried)."""
+        with self.lock:
+            dead = [(a, ep) for a, ep in self.endpoints.items() if not ep.alive()[0]]
+            buried = [self._bury_locked(address, ep) for address, ep in dead]
+        for (address, ep), (n, why) in zip(dead, buried):
+            self._buried(address, ep, n, why)
+
+    def _bury_locked(self, address, ep):
+        """Forgets the dead endpoint `ep` to `address` and unbinds every half on it, under
+        self.lock: a half bound on the endpoint that replaces it is bound after this (halves
+        with the same task on another endpoint stay: a peer restarted at once, its new
+        instantiations set up already, within WATCH_INTERVAL_S).
+        Until then, a step looking for one of them fails at once, as Unavailable: one that
+        began before the break must not take the halves set up again for the steps after.
+        Returns how many halves went and why the endpoint died."""
+        del self.endpoints[address]
+        task = self.peers.get(address)
+        why = ep.alive()[1] if not ep.closed else "closed"
+        if not task:
+            return 0, why
+        lost = (f"task {task} is gone or the connection to it broke ({why}); the channels of a "
+                "task that still runs are set up again")
+        return _core.unbind_peer(self.domain, task, lost, via=ep), why
+
+    def _buried(self, address, ep, unbound, why):
+        """Says `why` the endpoint to `address` died (`unbound` halves went with it), closes
+        it, and has Recovery set up again the channels between this task and its peer if
+        that task still runs: a connection can break with both tasks running (a failed verbs
+        transfer or queue pair, a tcp connection cut)."""
+        task = self.peers.get(address)
+        log.info("rdmadev: connection to %s (%s) is gone: %s; unbound %d channel half(s)", task,
+                 address, why, unbound)
+        ep.close()
+        if task is not None and not self.closing.is_set():
+            self.recovery.broke(task, address)
+
     def _watch_peers(self):
         """Unbinds the halves of peers that died, frees the memory of sending halves parked
         until their receiver was done with it (_core.release_drained) and grows channels
         whose tensors outgrew their slots, every WATCH_INTERVAL_S until closed."""
         while not self.closing.wait(WATCH_INTERVAL_S):
             try:
-                self._sweep_dead_peers()
+                self.sweep_dead_peers()
                 _core.release_drained()
-                self._grow_channels()
+                self.growth.grow_channels()
             except Exception as e:  # never let the watcher die
                 log.info("rdmadev: peer sweep or growth failed: %s", e)
 
@@ -434,36 +389,36 @@ class ChannelTable(HalfPairs, Growth, Recovery):
             "registered_bytes", "transfers", "sent", "received", "discarded", "abandoned",
             "superseded", "grown", "staged", "stages", "warm", "waits", "fds", "memfd_maps",
             "notices", "reopened", "learned", "wanted", "peers", "silent_peers", "py_threads"}``:
-            channel halves bound
-            here, sending halves unbound but parked (their receiver had not credited all they sent;
-            their memory goes once it has), receiving halves unbound but retired (verbs: their ring
-            stays registered for the sender's late writes, LATE_WRITE_GRACE_S), regions and their
-            bytes in this task's Domain, transfers completed by this process (of the received, those
-            a failed step left behind and that were discarded unread; receives that ended without a
-            transfer, and those a later step's receive took the place of), larger rings registered
-            for channels whose tensors outgrew their slots (growth), tensors sent staged and the
-            stages registered for them, received tensors of 32 MiB or more copied into a buffer
-            kept from an earlier step (where TF's CPU allocator is malloc), waits pending on the
-            progress thread, open file descriptors,
-            mappings of rdmadev memfds (its own regions and peers' mapped here), release requests
-            sent to peers and failed, pairs set up again after their connection broke (reopen),
-            channel lineages whose grown slots this task keeps for later setups (growth), the
-            sending halves of half pairs this task's passes planned and still answers for, the peer
-            tasks this task has endpoints to and those marked silent (liveness.py), Python threads
-            (rdmadev's own: control connections, heartbeats, watchers; TF's threads are native).
+            channel halves bound here, sending halves unbound but parked (their receiver had not
+            credited all they sent; their memory goes once it has), receiving halves unbound but
+            retired (verbs: their ring stays registered for the sender's late writes,
+            LATE_WRITE_GRACE_S), regions and their bytes in this task's Domain, transfers
+            completed by this process (of the received, those a failed step left behind and that
+            were discarded unread; receives that ended without a transfer, and those a later
+            step's receive took the place of), larger rings registered for channels whose
+            tensors outgrew their slots (growth), tensors sent staged and the stages registered
+            for them, received tensors of 32 MiB or more copied into a buffer kept from an
+            earlier step (where TF's CPU allocator is malloc), waits pending on the progress
+            thread, open file descriptors, mappings of rdmadev memfds (its own regions and
+            peers' mapped here), release requests sent to peers and failed, pairs set up again
+            after their connection broke (reopen), channel lineages whose grown slots this task
+            keeps for later setups (growth), the sending halves of half pairs this task's passes
+            planned and still answers for, the peer tasks this task has endpoints to and those
+            marked silent (liveness.py), Python threads (rdmadev's own: control connections,
+            heartbeats, watchers; TF's threads are native).
         """
         bound = _core.channel_counts(self.domain)
         moved = _core.transfer_counts()
         regions, registered = self.domain.region_stats
+        peers = self.peer_endpoints()
         return {"channels": bound["senders"] + bound["receivers"], **bound,
                 "regions": regions, "registered_bytes": registered,
                 "transfers": moved["sent"] + moved["received"], **moved,
                 "waits": self.domain.pending_waits, "fds": len(os.listdir("/proc/self/fd")),
                 "memfd_maps": _memfd_maps(), "notices": dict(self.notices),
-                "reopened": self.reopened, "learned": len(self.learned),
-                "wanted": len(self.wanted),
-                "peers": sorted(self.peer_endpoints()),
-                "silent_peers": sorted(t for t, eps in self.peer_endpoints().items()
+                **self.recovery.counters(), **self.growth.counters(), **self.halves.counters(),
+                "peers": sorted(peers),
+                "silent_peers": sorted(t for t, eps in peers.items()
                                        if any(ep.silent for ep in eps)),
                 "py_threads": threading.active_count()}
 
@@ -472,13 +427,17 @@ class ChannelTable(HalfPairs, Growth, Recovery):
         frees what remains)."""
         self.closing.set()
         with self.lock:
-            self.grown.clear()
             self.received.clear()
-            self.learned.clear()
-            self.lineage_of.clear()
+        self.growth.clear()
         _core.unbind_domain(self.domain)
         if self.watcher is not None and self.watcher is not threading.current_thread():
             self.watcher.join(2 * WATCH_INTERVAL_S)
+
+
+#: The control requests ChannelTable serves, its own and its parts' (the runtime routes them
+#: here; ChannelTable.handle finds the part).
+REQUESTS = (ChannelTable.OWN_REQUESTS + HalfPairs.REQUESTS + Growth.REQUESTS
+            + Recovery.REQUESTS)
 
 
 def _memfd_maps():

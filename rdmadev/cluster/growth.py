@@ -1,6 +1,6 @@
 """Growth: a dynamic channel whose tensors outgrow its slots moves to a larger ring, and the
 receiving task keeps what it grew to for the channel's later setups (Growth, a part of
-ChannelTable: its state is ChannelTable's, set up in its __init__).
+ChannelTable that owns its state: ``table.growth``).
 
 A dynamic channel's tensor larger than its slots is staged by its sender and read (or, with
 no room for a stage, comes in chunks); the wait kernel records its size (RingReceiver::Want).
@@ -21,7 +21,9 @@ channel of a later instantiation (a retrace, a new coordinator's trace of the sa
 a sending task started again) get those slots at once instead of the plan's, with no
 staged or chunked transfer and no growth again, where they hold what it plans (_holds).
 """
+import collections
 import logging
+import threading
 
 from graph_pass.layout import REGION_ALIGNMENT, end_to_end, round_up, slot_bytes
 
@@ -88,9 +90,71 @@ def laid_out(channels, learned):
 
 
 class Growth:
-    """ChannelTable's requests and helpers for growth (see the module's docstring)."""
+    """The growth of the receiving halves bound here and the slots their lineages learned
+    (the module's docstring). Its state is its own, under its own lock:
 
-    def _with_learned(self, p):
+    - ``grown``: key -> (RingSender, lease, receiver), sending successors set up by
+      ``attach_grown`` and kept unbound until ``bind_grown``;
+    - ``not_grown``: keys of receiving halves whose growth failed (they keep their slots);
+    - ``learned``: lineage -> the layout it grew to, the LEARNED_MAX most recently used;
+    - ``lineage_of``: key -> lineage of the receiving halves bound here (``track``).
+
+    Args:
+        table: the ChannelTable it is a part of. Growth asks it to set up a pair
+            (``open_pair``) and to attach sending halves (``attach_senders``), and reads its
+            ``config``, ``domain``, ``task``, ``call`` and ``closing``. The table and the
+            other parts set pairs up with the slots learned here (``open_as_learned``).
+    """
+
+    #: The control requests it serves (ChannelTable.handle routes them here).
+    REQUESTS = ("attach_grown", "bind_grown")
+
+    def __init__(self, table):
+        self.table = table
+        self.lock = threading.Lock()
+        self.grown = {}
+        self.not_grown = set()
+        self.learned = collections.OrderedDict()
+        self.lineage_of = {}
+
+    # -- the table's side: what it sets up, releases and counts --
+
+    def track(self, channels):
+        """Records the lineage of each of `channels` (setup entries) whose receiving half is
+        about to be bound here: what it grows to is learned under that lineage."""
+        with self.lock:
+            self.lineage_of.update((c["key"], channel_lineage(c)) for c in channels)
+
+    def untrack(self, keys):
+        """Forgets the lineages of the receiving halves `keys` (not bound after all, or gone)."""
+        with self.lock:
+            for key in keys:
+                self.lineage_of.pop(key, None)
+
+    def released(self, keys, half):
+        """Forgets what it holds for `half` ("send", "recv" or "both") of `keys`, released:
+        a failed growth, a sending successor not bound yet, a receiving half's lineage."""
+        with self.lock:
+            for key in keys:
+                self.not_grown.discard(key)
+                if half != "recv":
+                    self.grown.pop(key, None)
+                if half != "send":
+                    self.lineage_of.pop(key, None)
+
+    def clear(self):
+        """Forgets everything (the table closes)."""
+        with self.lock:
+            self.grown.clear()
+            self.learned.clear()
+            self.lineage_of.clear()
+
+    def counters(self):
+        """``{"learned": lineages whose grown slots this task keeps}`` (ChannelTable.counters)."""
+        with self.lock:
+            return {"learned": len(self.learned)}
+
+    def with_learned(self, p):
         """Pair `p` of an open_pairs request, laid out again end to end with the slots its
         channels' lineages grew to here (laid_out), if any did; else `p` as planned."""
         with self.lock:
@@ -101,49 +165,65 @@ class Growth:
             channels, size = laid_out(p["channels"], self.learned)
         return {**p, "channels": channels, "bytes": size}
 
-    def _open_as_learned(self, instance, planned, attach="attach_senders"):
-        """_open_pair of pair `planned` laid out with the slots its channels learned
-        (_with_learned), or as planned if that larger region cannot be registered (past
+    def open_as_learned(self, instance, planned, attach="attach_senders"):
+        """ChannelTable.open_pair of pair `planned` laid out with the slots its channels learned
+        (with_learned), or as planned if that larger region cannot be registered (past
         RDMADEV_MAX_REGISTERED_BYTES): learned slots spare a staged transfer, they never cost
-        a setup. Returns (the pair as set up, _open_pair's result)."""
-        p = self._with_learned(planned)
+        a setup. Returns (the pair as set up, open_pair's result)."""
+        p = self.with_learned(planned)
         if p is not planned:
             try:
-                return p, self._open_pair(instance, p, attach)
+                return p, self.table.open_pair(instance, p, attach)
             except RegionError as e:
                 log.info("rdmadev: the pair from %s is set up with its planned slots, not the "
                          "%d bytes its channels grew to: %s", p["sender"], p["bytes"], e)
-        return planned, self._open_pair(instance, planned, attach)
+        return planned, self.table.open_pair(instance, planned, attach)
 
-    def _learn(self, key, layout):
-        """Keeps `layout`, to which the receiving half `key` grew, for its lineage (under
-        self.lock): the larger of it and what the lineage had, its LEARNED_MAX most recent."""
-        lineage = self.lineage_of.get(key, key)
-        known = self.learned.pop(lineage, None)
-        self.learned[lineage] = known if _holds(known, layout) else layout
-        while len(self.learned) > LEARNED_MAX:
-            self.learned.popitem(last=False)
+    def learn(self, key, layout):
+        """Keeps `layout`, to which the receiving half `key` grew, for its lineage: the larger
+        of it and what the lineage had, its LEARNED_MAX most recent."""
+        with self.lock:
+            lineage = self.lineage_of.get(key, key)
+            known = self.learned.pop(lineage, None)
+            self.learned[lineage] = known if _holds(known, layout) else layout
+            while len(self.learned) > LEARNED_MAX:
+                self.learned.popitem(last=False)
 
-    def _grow_channels(self):
+    def drop_successors(self, sender, keys):
+        """Best effort: tells `sender` to drop the successors of `keys` it set up (the
+        receiving side of their growth failed)."""
+        try:
+            self.table.call(sender, {"op": "bind_grown", "keys": list(keys), "drop": True})
+        except Exception as e:  # the peer may be gone; what it held went with it
+            log.info("rdmadev: could not tell %s to drop %d grown channel(s): %s", sender,
+                     len(keys), e)
+
+    def grow_channels(self):
         """Moves every receiving half here whose tensors outgrew its slots to a larger ring
         (up to GROWTH_MAX_SLOT); one that cannot grow keeps its slots (a WARNING says why),
-        and its larger tensors go on staged."""
-        for g in _core.growing_channels(self.domain):
-            if g["key"] in self.not_grown or self.closing.is_set():
+        and its larger tensors go on staged. The table's watcher calls it."""
+        for g in _core.growing_channels(self.table.domain):
+            with self.lock:
+                skip = g["key"] in self.not_grown
+            if skip or self.table.closing.is_set():
                 continue
             if g["capacity_bytes"] >= GROWTH_MAX_SLOT:  # larger tensors stay staged
-                self.not_grown.add(g["key"])
+                self._not_grown(g["key"])
                 continue
             try:
                 self._grow(g)
             except Exception as e:
-                self.not_grown.add(g["key"])
+                self._not_grown(g["key"])
                 log.warning("rdmadev: channel %s from %s keeps its %d-byte slots, and its "
                             "tensors of up to %d bytes go staged: %s", g["key"], g["peer"],
                             g["capacity_bytes"], g["wanted"], e)
 
+    def _not_grown(self, key):
+        with self.lock:
+            self.not_grown.add(key)
+
     def _grow(self, g):
-        wanted, limit = g["wanted"], self.config.max_tensor_bytes
+        wanted, limit = g["wanted"], self.table.config.max_tensor_bytes
         capacity = min(round_up(wanted + wanted // GROWTH_HEADROOM, GROWTH_ALIGN),
                        GROWTH_MAX_SLOT, limit)
         if capacity < min(wanted, GROWTH_MAX_SLOT):
@@ -153,12 +233,15 @@ class Growth:
         channel = {"key": g["key"], "slots": g["slots"], "slot_bytes": slot,
                    "payload_offset": payload, "capacity_bytes": capacity, "offset": 0}
         size = round_up(g["slots"] * slot, REGION_ALIGNMENT)
-        self._open_pair(GROWN, {"sender": g["peer"], "bytes": size, "channels": [channel]},
-                        attach="attach_grown")
-        with self.lock:
-            self._learn(g["key"], {f: channel[f] for f in LAYOUT_FIELDS if f != "offset"})
+        self.table.open_pair(GROWN, {"sender": g["peer"], "bytes": size, "channels": [channel]},
+                             attach="attach_grown")
+        # the receiving successor is bound: the sender may move
+        self.table.call(g["peer"], {"op": "bind_grown", "keys": [g["key"]]})
+        self.learn(g["key"], {f: channel[f] for f in LAYOUT_FIELDS if f != "offset"})
         log.info("rdmadev: channel %s from %s moved to %d-byte slots (tensors of %d bytes did "
                  "not fit its %d)", g["key"], g["peer"], capacity, wanted, g["capacity_bytes"])
+
+    # -- the requests it serves --
 
     def attach_grown(self, r):
         """attach_senders for the larger ring of channels this task sends to
@@ -166,10 +249,16 @@ class Growth:
         bound = set(_core.bound_channels())
         missing = [c["key"] for c in r["channels"] if "send:" + c["key"] not in bound]
         if missing:
-            raise ProtocolError(f"task {self.task} has no sending half of channel {missing[0]} "
-                                f"for {r['receiver']} to grow",
+            raise ProtocolError(f"task {self.table.task} has no sending half of channel "
+                                f"{missing[0]} for {r['receiver']} to grow",
                                 hint="run the same rdmadev version in every task")
-        return self.attach_senders(r, grown=True)
+        return self.table.attach_senders(r, hold=self._hold)
+
+    def _hold(self, made):
+        """Keeps the sending successors `made` (key -> (RingSender, lease, receiver)) that
+        attach_senders set up, until bind_grown."""
+        with self.lock:
+            self.grown.update(made)
 
     def bind_grown(self, r):
         """Binds the sending successors of ``r["keys"]`` set up by ``attach_grown`` (with
@@ -178,7 +267,7 @@ class Growth:
             held = {k: self.grown.pop(k) for k in r["keys"] if k in self.grown}
         missing = [k for k in r["keys"] if k not in held]
         if missing and not r.get("drop"):
-            raise ProtocolError(f"task {self.task} has no grown sending half of channel "
+            raise ProtocolError(f"task {self.table.task} has no grown sending half of channel "
                                 f"{missing[0]} to bind (released meanwhile?)",
                                 hint="the channel keeps its slots until it is set up again")
         for key, (sender, lease, receiver) in held.items():
@@ -188,11 +277,3 @@ class Growth:
                 sender.bind(key, lease, peer=receiver, successor=True,
                             reader=domain_identity(receiver))
         return len(held)
-
-    def _drop_grown(self, sender, keys):
-        """Best effort: tells `sender` to drop the successors of `keys` it set up."""
-        try:
-            self.call(sender, {"op": "bind_grown", "keys": list(keys), "drop": True})
-        except Exception as e:  # the peer may be gone; what it held went with it
-            log.info("rdmadev: could not tell %s to drop %d grown channel(s): %s", sender,
-                     len(keys), e)

@@ -1,5 +1,5 @@
 """Half pairs: the channels of TF1 tasks, each of which plans only its own half
-(HalfPairs, a part of ChannelTable: its state is ChannelTable's, set up in its __init__).
+(HalfPairs, a part of ChannelTable that owns its state: ``table.halves``).
 
 A TF1 task plans only its own partition (each task's GraphMgr runs the pass on what it
 was sent), so no process sees both halves of a pair. Both halves derive the same key from
@@ -15,7 +15,7 @@ or pass waiting on the other task (a master registers its own task's partition i
 
 Either pass may run first; a half that never meets its peer fails at the deadline, or at
 once when setting it up failed (the peer task runs without rdmadev: _give_up). A pair
-whose connection broke is met again by reopen (recovery.py). The
+whose connection broke is met again by reopen (recovery.py: ``held``, ``meet_again``). The
 kernels wait for their half to be bound (the registry's deadline) and hold it while they
 live; the last one TF destroys unbinds it (the `owned` attr: _native/tf/ops.cc).
 """
@@ -29,7 +29,7 @@ from graph_pass.plan import Config as PlanConfig
 from .. import _core
 from ..errors import ProtocolError
 from .channel_common import reason_of
-from .growth import laid_out, channel_lineage
+from .growth import channel_lineage, laid_out
 
 __all__ = ["HalfPairs", "HALF_PAIRS", "HALF_FIX", "HALF_POLL_S"]
 
@@ -57,7 +57,33 @@ def _half_in_use(key, half, bound):
 
 
 class HalfPairs:
-    """ChannelTable's requests and helpers for half pairs (see the module's docstring)."""
+    """A task's half pairs (the module's docstring). Its state is its own, under its own lock:
+
+    - ``wanted``: key -> bytes (None: run-time shape) of the sending halves planned here,
+      and ``wanted_at``: key -> when its pass last planned it (time.monotonic);
+    - ``offered``: sender task -> {key: channel entry}, the receiving halves offered here
+      (kept to meet them again after a broken connection);
+    - a lock held while half pairs are set up, one setup at a time (``one_at_a_time``).
+
+    Args:
+        table: the ChannelTable it is a part of. HalfPairs asks it to attach sending halves
+            (``attach_senders``), and reads its ``config``, ``task``, ``call`` and ``closing``.
+        growth: the table's Growth, which sets up pairs with the slots they learned
+            (``open_as_learned``) and is told of receiving halves forgotten here (``untrack``).
+    """
+
+    #: The control requests it serves (ChannelTable.handle routes them here).
+    REQUESTS = ("half_sizes", "attach_halves")
+
+    def __init__(self, table, growth):
+        self.table = table
+        self.growth = growth
+        self.lock = threading.Lock()
+        self.wanting = threading.Condition(self.lock)  # notified when `wanted` grows
+        self.meeting = threading.Lock()  # one half-pair setup at a time (_meet, reopen)
+        self.wanted = {}
+        self.wanted_at = {}
+        self.offered = {}
 
     def want_halves(self, sizes, receivers=None):
         """Records the sending halves this task's pass planned: ``{key: bytes per tensor, or
@@ -75,7 +101,7 @@ class HalfPairs:
             by_receiver.setdefault(task, []).append(key)
         if by_receiver:
             threading.Thread(target=self._ask_receivers, args=(by_receiver,), daemon=True,
-                             name=f"rdmadev-halves {self.task}").start()
+                             name=f"rdmadev-halves {self.table.task}").start()
 
     def _forget_unwanted_locked(self):
         """Forgets the sending halves planned here more than a deadline ago whose graphs went
@@ -83,7 +109,7 @@ class HalfPairs:
         connection. Their receiver asks for their sizes within its deadline of the pass that
         planned them (_sender_sizes), or to set up again a half a graph still holds (reopen);
         a graph registered later with the same key plans it again."""
-        cutoff = time.monotonic() - self.config.deadline_s
+        cutoff = time.monotonic() - self.table.config.deadline_s
         old = [k for k, at in self.wanted_at.items() if at < cutoff]
         if not old:
             return
@@ -95,7 +121,7 @@ class HalfPairs:
     def _ask_receivers(self, by_receiver):
         for task, keys in by_receiver.items():
             try:
-                self.call(task, {"op": "ping"})
+                self.table.call(task, {"op": "ping"})
             except Exception as e:
                 self._give_up(keys, "send", f"its receiving task {task} does not answer rdmadev's "
                                             "control requests, so it never sets up its side: "
@@ -107,7 +133,7 @@ class HalfPairs:
         for key in keys:
             _core.fail_half(key, half, why, hint)
         log.warning("rdmadev: %d half pair(s) of %s stay unbound (first %s), and the steps using "
-                    "them fail: %s", len(keys), self.task, keys[0], why)
+                    "them fail: %s", len(keys), self.table.task, keys[0], why)
 
     def offer_halves(self, sender, channels, on_met=None):
         """Sets up, in the background, the receiving halves `channels` (entries with "key",
@@ -146,35 +172,38 @@ class HalfPairs:
         by what the sender planned (`sizes`: half_sizes), or as their lineage grew here before
         (a pair met again after a cut, a new session's graph, a sender started again), and
         binds both halves of each; returns (fabric, region bytes)."""
+        config = self.table.config
         sized = []
         for c in sorted(channels, key=lambda c: c["key"]):
             known = sizes.get(c["key"])
-            fits = type(known) is int and 0 <= known <= self.config.max_tensor_bytes
+            fits = type(known) is int and 0 <= known <= config.max_tensor_bytes
             capacity = known if fits else c["capacity_bytes"]
             slot, payload = slot_bytes(capacity, c["rank_capacity"])
             # a known size is a static channel's, as planned here for this config
-            slots = PlanConfig(slots=self.config.slots).slots_for(None) if fits else c["slots"]
+            slots = PlanConfig(slots=config.slots).slots_for(None) if fits else c["slots"]
             sized.append({"key": c["key"], "lineage": channel_lineage(c), "slots": slots,
                           "slot_bytes": slot, "payload_offset": payload,
                           "capacity_bytes": capacity})
         laid, size = laid_out(sized, {})
-        p, done = self._open_as_learned(HALF_PAIRS, {"sender": sender, "channels": laid,
-                                                     "bytes": size}, attach="attach_halves")
+        p, done = self.growth.open_as_learned(HALF_PAIRS, {"sender": sender, "channels": laid,
+                                                           "bytes": size}, attach="attach_halves")
         return done["fabric"], p["bytes"]
 
     def _sender_sizes(self, sender, keys):
         """``{key: bytes or None}`` from task `sender` once its pass planned every key of
         `keys`, asking every HALF_POLL_S until this task's deadline."""
-        deadline = time.monotonic() + self.config.deadline_s
+        deadline_s = self.table.config.deadline_s
+        deadline = time.monotonic() + deadline_s
         while True:
-            got = self.call(sender, {"op": "half_sizes", "keys": keys, "wait_s": HALF_POLL_S})
+            got = self.table.call(sender, {"op": "half_sizes", "keys": keys,
+                                           "wait_s": HALF_POLL_S})
             if not got["missing"]:
                 return got["sizes"]
-            if time.monotonic() > deadline or self.closing.is_set():
+            if time.monotonic() > deadline or self.table.closing.is_set():
                 raise ProtocolError(
                     f"task {sender} never planned the sending half of {len(got['missing'])} "
-                    f"channel(s) {self.task} planned to receive (first {got['missing'][0]}) "
-                    f"within {self.config.deadline_s:g} s",
+                    f"channel(s) {self.table.task} planned to receive (first "
+                    f"{got['missing'][0]}) within {deadline_s:g} s",
                     hint=HALF_FIX)
 
     def half_sizes(self, r):
@@ -193,30 +222,41 @@ class HalfPairs:
         with self.wanting:
             missing = sorted({c["key"] for c in r["channels"]} - self.wanted.keys())
         if missing:
-            raise ProtocolError(f"task {self.task} did not plan the sending half of channel "
-                                f"{missing[0]} that {r['receiver']} asks to attach",
+            raise ProtocolError(f"task {self.table.task} did not plan the sending half of "
+                                f"channel {missing[0]} that {r['receiver']} asks to attach",
                                 hint="run the same rdmadev version in every task")
-        return self.attach_senders(r)
+        return self.table.attach_senders(r)
 
-    def _held_halves_locked(self, sender):
+    def counters(self):
+        """``{"wanted": sending halves planned here it still answers for}``
+        (ChannelTable.counters)."""
+        with self.lock:
+            return {"wanted": len(self.wanted)}
+
+    # -- recovery's side: meeting again the half pairs of a broken connection --
+
+    def one_at_a_time(self):
+        """The lock held while half pairs are set up (a context manager): recovery holds it
+        around ``held`` and ``meet_again``, so that two setups of one key never cross (that
+        would bind a sender to the other's ring)."""
+        return self.meeting
+
+    def held(self, sender):
         """The receiving halves of half pairs from `sender` that a TF graph here still holds,
-        or whose kernels it is still creating (under self.lock): _half_in_use (a graph's pass
-        offers and meets its halves, binding them, a moment before TF creates its kernels).
-        The others are forgotten: their graphs went."""
-        offered = self.offered.get(sender, {})
-        bound = set(_core.bound_channels())
-        for key in [k for k in offered if not _half_in_use(k, "recv", bound)]:
-            del offered[key]
-            self.lineage_of.pop(key, None)
-        return list(offered.values())
+        or whose kernels it is still creating: _half_in_use (a graph's pass offers and meets
+        its halves, binding them, a moment before TF creates its kernels). The others are
+        forgotten: their graphs went."""
+        with self.lock:
+            offered = self.offered.get(sender, {})
+            bound = set(_core.bound_channels())
+            gone = [k for k in offered if not _half_in_use(k, "recv", bound)]
+            for key in gone:
+                del offered[key]
+            kept = list(offered.values())
+        self.growth.untrack(gone)
+        return kept
 
-    def _reopen_halves(self, sender, channels):
-        """Meets again the half pairs `channels` from `sender` (one region, as _meet does):
-        True if they are set up; if not, their steps fail at once on both tasks, saying why."""
-        keys = [c["key"] for c in channels]
-        try:
-            self._meet_now(sender, channels, self._sender_sizes(sender, keys))
-        except Exception as e:
-            self._not_reopened(sender, keys, e)
-            return False
-        return True
+    def meet_again(self, sender, channels):
+        """Meets again the half pairs `channels` from `sender` (one region, as _meet does), under
+        ``one_at_a_time``. Raises what setting them up raised."""
+        self._meet_now(sender, channels, self._sender_sizes(sender, [c["key"] for c in channels]))
