@@ -6,9 +6,6 @@ Example:
     ... except rdmadev.DeadlineExceeded as e:
     ...     print(e.hint)
 """
-import errno as _errno
-import os
-
 __all__ = [
     "RdmadevError", "ConfigError", "FabricError", "RegionError", "BoundsError",
     "DeadlineExceeded", "PeerLostError", "AuthError", "ProtocolError", "ClosedError",
@@ -110,12 +107,3 @@ def errno_hint(err, hint=""):
     fix (out of file descriptors: EMFILE, ENFILE; native errors carry it already), else `hint`."""
     from ._native.domain import errno_hint as core_hint  # run time: the native modules import this one
     return (core_hint(err) if err else "") or hint
-
-
-def errno_name(err):
-    """'ETIMEDOUT' for 110, '' for 0."""
-    return _errno.errorcode.get(err, "") if err else ""
-
-
-def describe(err):
-    return os.strerror(err) if err else ""
