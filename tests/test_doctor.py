@@ -82,3 +82,25 @@ def test_doctor_reports_the_open_file_limits_and_the_peers_they_serve():
     info = json.loads(out.stdout)
     assert info["soft"] == "1000" and info["hard"] == "4000", info
     assert "serves about 328 peer tasks" in info["note"], info  # (4000 - 64) // 12
+
+
+def test_doctor_lists_every_rdma_device_port_and_gid_from_sysfs(tmp_path, monkeypatch):
+    """Whether verbs can run is the core's verdict (fabrics); the devices, ports and GIDs
+    behind it are listed from sysfs, zero GIDs left out, each GID's kind named."""
+    port = tmp_path / "rxe0" / "ports" / "1"
+    files = {"state": "4: ACTIVE", "link_layer": "Ethernet",
+             "gids/0": "fe80:0000:0000:0000:0250:56ff:fe00:0001", "gid_attrs/types/0": "IB/RoCE v1",
+             "gids/1": "0000:0000:0000:0000:0000:ffff:0a09:0901", "gid_attrs/types/1": "RoCE v2",
+             "gid_attrs/ndevs/1": "eth0", "gids/2": "0000:0000:0000:0000:0000:0000:0000:0000"}
+    for name, text in files.items():
+        (port / name).parent.mkdir(parents=True, exist_ok=True)
+        (port / name).write_text(text + "\n")
+    monkeypatch.setattr(doctor, "SYSFS_IB", str(tmp_path))
+    verbs = doctor._verbs()
+    assert verbs["devices"] == ["rxe0"]
+    [p] = verbs["ports"]
+    assert (p["device"], p["port"], p["state"], p["link_layer"]) == ("rxe0", 1, "4: ACTIVE", "Ethernet")
+    assert [(g["index"], g["kind"], g["netdev"]) for g in p["gids"]] == [
+        (0, "IB/RoCE v1, IPv6 link-local", None), (1, "RoCE v2, IPv4 10.9.9.1", "eth0")]
+    monkeypatch.setattr(doctor, "SYSFS_IB", str(tmp_path / "none"))
+    assert doctor._verbs() == {"devices": [], "ports": []}

@@ -4,8 +4,6 @@ Example:
     $ rdmadev doctor
     $ rdmadev doctor --json
 """
-import ctypes
-import ctypes.util
 import importlib.metadata
 import json
 import os
@@ -56,28 +54,6 @@ def _dev_shm():
             "note": "rdmadev's shm regions are memfds: nothing is ever left in /dev/shm"}
 
 
-def _verbs_devices():
-    """Loads libibverbs the way the verbs fabric does (dlopen at run time) and lists devices."""
-    path = ctypes.util.find_library("ibverbs") or "libibverbs.so.1"
-    try:
-        lib = ctypes.CDLL(path)
-    except OSError as e:
-        return {"libibverbs": f"not loadable ({e})", "devices": []}
-    lib.ibv_get_device_list.restype = ctypes.POINTER(ctypes.c_void_p)
-    lib.ibv_get_device_list.argtypes = [ctypes.POINTER(ctypes.c_int)]
-    lib.ibv_get_device_name.restype = ctypes.c_char_p
-    lib.ibv_get_device_name.argtypes = [ctypes.c_void_p]
-    lib.ibv_free_device_list.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
-    n = ctypes.c_int(0)
-    devs = lib.ibv_get_device_list(ctypes.byref(n))
-    if not devs:
-        return {"libibverbs": f"loaded ({path})", "devices": [],
-                "note": f"ibv_get_device_list failed: {os.strerror(ctypes.get_errno())}"}
-    names = [lib.ibv_get_device_name(devs[i]).decode() for i in range(n.value)]
-    lib.ibv_free_device_list(devs)
-    return {"libibverbs": f"loaded ({path})", "devices": names}
-
-
 SYSFS_IB = "/sys/class/infiniband"
 
 
@@ -99,15 +75,19 @@ def _gid_kind(gid, gid_type):
     return f"{gid_type or 'type unknown'}, {family}"
 
 
-def _rdma_ports():
-    """Every RDMA device's ports, their state and non-empty GIDs, from sysfs (what the verbs
-    fabric chooses from; it prefers RoCE v2 GIDs holding an IPv4 address)."""
+def _rdma_devices():
+    """The RDMA devices the kernel has (sysfs), [] if none."""
     try:
-        names = sorted(os.listdir(SYSFS_IB))
+        return sorted(os.listdir(SYSFS_IB))
     except OSError:
         return []
+
+
+def _rdma_ports(devices):
+    """The ports of `devices`, their state and non-empty GIDs, from sysfs (what the verbs
+    fabric chooses from; it prefers RoCE v2 GIDs holding an IPv4 address)."""
     out = []
-    for dev in names:
+    for dev in devices:
         ports_dir = os.path.join(SYSFS_IB, dev, "ports")
         try:
             port_names = sorted(os.listdir(ports_dir), key=int)
@@ -132,6 +112,15 @@ def _rdma_ports():
                         "link_layer": _read(os.path.join(base, "link_layer")),
                         "gids": gids})
     return out
+
+
+def _verbs():
+    """Every RDMA device, port and GID of this host. Whether the verbs fabric can use one
+    (libibverbs loaded, a device with an ACTIVE port and a usable GID) is the core's verdict,
+    in "fabrics"; the core's bindings do not list what it enumerates, so these come from
+    sysfs, where the core reads GID types too."""
+    devices = _rdma_devices()
+    return {"devices": devices, "ports": _rdma_ports(devices)}
 
 
 def _tensorflow():
@@ -208,7 +197,7 @@ def collect(env=None):
         "memlock": _memlock(),
         "open_files": _open_files(),
         "dev_shm": _dev_shm(),
-        "verbs": dict(_verbs_devices(), ports=_rdma_ports()),
+        "verbs": _verbs(),
         "tensorflow": _tensorflow(),
         "op_library": _op_library(),
         "tf_plugin": _tf_plugin(env),
@@ -247,7 +236,7 @@ def main(argv=None):
     s = info["dev_shm"]
     print(f"  /dev/shm      : {s.get('size')} ({s['note']})")
     v = info["verbs"]
-    print(f"  libibverbs    : {v['libibverbs']}; devices: {', '.join(v['devices']) or 'none'}")
+    print(f"  rdma devices  : {', '.join(v['devices']) or 'none'} ({SYSFS_IB})")
     for p in v["ports"]:
         print(f"  rdma port     : {p['device']} port {p['port']}: {p['state']}, {p['link_layer']}")
         for g in p["gids"]:
