@@ -60,6 +60,24 @@ def test_cli_usage_lists_every_command(argv, capsys):
     assert all(cmd in out for cmd in ("doctor", "serve", "demo", "plan"))
 
 
+@pytest.mark.parametrize("command", ["doctor", "serve", "demo", "plan"])
+def test_cli_each_commands_help_is_its_own(command, capsys):
+    from rdmadev.tools.cli import main
+    assert main([command, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: rdmadev {command}"), out
+
+
+@pytest.mark.parametrize("argv", [["nope"], ["--nope", "doctor"], ["doctor", "--nope"]])
+def test_cli_an_unknown_command_or_option_is_an_error_with_status_2(argv, capsys):
+    from rdmadev.tools.cli import main
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "nope" in err and "error" in err, err
+    if argv == ["nope"]:
+        assert "invalid choice: 'nope'" in err and "doctor" in err, err
+
+
 def test_cli_version_is_the_packages_and_the_distributions(capsys):
     import importlib.metadata
     import rdmadev
