@@ -86,6 +86,9 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     ap = build_parser()
     try:
+        named = next((a for a in argv if not a.startswith("-")), None)  # rdmadev's take none
+        if named is not None and named not in COMMANDS:
+            ap.error(f"unknown command {named!r} (the commands: {', '.join(COMMANDS)})")
         args, rest = ap.parse_known_args(argv)
         if args.command is None:
             if rest:
