@@ -159,7 +159,8 @@ def tf_ops_extension():
     return Extension(
         "rdmadev._tf_ops",
         [os.path.join("_native", "tf", f) for f in (
-            "ops.cc", "send_op.cc", "recv_op.cc", "recv_delivery.cc", "recv_output.cc",
+            "ops.cc", "send_op.cc", "send_write.cc", "recv_op.cc", "recv_delivery.cc",
+            "recv_output.cc",
             "pass.cc", "opt_in.cc", "branch_exits.cc", "planner_call.cc", "shapes.cc")],
         include_dirs=[CORE, sysconfig.get_paths()["include"]], language="c++", depends=HEADERS,
         extra_compile_args=CXXFLAGS + tf.sysconfig.get_compile_flags() + [
