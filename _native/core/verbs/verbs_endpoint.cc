@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "../sockio.h"
+#include "verbs.h"
 
 namespace rdmadev {
 
@@ -100,7 +101,7 @@ class VerbsEndpoint : public Endpoint {
   }
   ~VerbsEndpoint() override { Close(); }
 
-  std::string fabric() const override { return "verbs"; }
+  std::string fabric() const override { return VerbsBackend::kName; }
   std::string peer() const override { return "verbs=" + reach_; }
   bool late_write_breaks() const override { return true; }
 
