@@ -29,7 +29,7 @@ CORE_SOURCES = [
               os.path.join("tcp", "tcp_factory.cc"), os.path.join("verbs", "verbs_factory.cc"),
               os.path.join("verbs", "ibv_lib.cc"), os.path.join("verbs", "verbs_device.cc"),
               os.path.join("verbs", "verbs_memory.cc"), os.path.join("verbs", "verbs_qp.cc"),
-              os.path.join("verbs", "verbs_endpoint.cc"),
+              os.path.join("verbs", "verbs_send_queue.cc"), os.path.join("verbs", "verbs_endpoint.cc"),
               os.path.join("verbs", "verbs.cc"))
 ]
 # Every extension depends on every core header: distutils rebuilds only when a listed file

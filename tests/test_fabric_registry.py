@@ -19,7 +19,7 @@ FABRIC_EXTRAS = {
     "shm": set(),
     "tcp": {"frame.h", "frame.cc"},
     "verbs": {"ibv_lib.h", "ibv_lib.cc"} | {f"verbs_{part}.{ext}" for part in (
-        "device", "memory", "qp", "endpoint") for ext in ("h", "cc")},
+        "device", "memory", "qp", "send_queue", "endpoint") for ext in ("h", "cc")},
 }
 
 

@@ -11,7 +11,7 @@
 //   <name>_factory.cc its registry entry, one line: FabricFactoryOf<<Name>Backend>()
 // plus what a fabric needs beyond them, each with a job of its own: tcp/frame.* (the frame
 // format and its parser, fuzzable without sockets), verbs/ibv_lib.* (libibverbs loaded at run
-// time) and one file pair per verbs object (verbs_{device,memory,qp,endpoint}.*).
+// time) and one file pair per verbs object (verbs_{device,memory,qp,send_queue,endpoint}.*).
 #pragma once
 
 #include <atomic>
