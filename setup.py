@@ -29,7 +29,7 @@ CORE_SOURCES = [
               os.path.join("tcp", "tcp_factory.cc"), os.path.join("verbs", "verbs_factory.cc"),
               os.path.join("verbs", "ibv_lib.cc"), os.path.join("verbs", "verbs_device.cc"),
               os.path.join("verbs", "verbs_memory.cc"), os.path.join("verbs", "verbs_qp.cc"),
-              os.path.join("verbs", "verbs_endpoint.cc"),
+              os.path.join("verbs", "verbs_send_queue.cc"), os.path.join("verbs", "verbs_endpoint.cc"),
               os.path.join("verbs", "verbs.cc"))
 ]
 # Every extension depends on every core header: distutils rebuilds only when a listed file
@@ -159,8 +159,9 @@ def tf_ops_extension():
     return Extension(
         "rdmadev._tf_ops",
         [os.path.join("_native", "tf", f) for f in (
-            "ops.cc", "send_op.cc", "recv_op.cc", "recv_deliver.cc", "pass.cc", "opt_in.cc",
-            "branch_exits.cc", "planner_call.cc", "shapes.cc")],
+            "ops.cc", "send_op.cc", "send_write.cc", "recv_op.cc", "recv_delivery.cc",
+            "recv_output.cc",
+            "pass.cc", "opt_in.cc", "branch_exits.cc", "planner_call.cc", "shapes.cc")],
         include_dirs=[CORE, sysconfig.get_paths()["include"]], language="c++", depends=HEADERS,
         extra_compile_args=CXXFLAGS + tf.sysconfig.get_compile_flags() + [
             "-DNDEBUG", "-Wno-sign-compare", "-Wno-deprecated-declarations",

@@ -14,6 +14,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORE = os.path.join(ROOT, "_native", "core")
 # The file set every fabric folder has (documented in _native/core/fabric.h).
 FABRIC_FILES = ("{0}.h", "{0}.cc", "{0}_options.h", "{0}_factory.cc")
+# What a fabric has beyond that set, each file with a job of its own (fabric.h says which).
+FABRIC_EXTRAS = {
+    "shm": set(),
+    "tcp": {"frame.h", "frame.cc"},
+    "verbs": {"ibv_lib.h", "ibv_lib.cc"} | {f"verbs_{part}.{ext}" for part in (
+        "device", "memory", "qp", "send_queue", "endpoint") for ext in ("h", "cc")},
+}
 
 
 def test_priority_order_and_each_fabric_registered_once():
@@ -28,6 +35,24 @@ def test_every_fabric_folder_has_the_same_file_set():
         for pattern in FABRIC_FILES:
             path = os.path.join(CORE, name, pattern.format(name))
             assert os.path.isfile(path), f"{path} is missing"
+
+
+def test_every_fabric_folder_holds_the_file_set_and_only_its_documented_extras():
+    assert set(FABRIC_EXTRAS) == set(_core.fabric_priority())
+    for name, extras in FABRIC_EXTRAS.items():
+        files = set(os.listdir(os.path.join(CORE, name)))
+        assert files == {p.format(name) for p in FABRIC_FILES} | extras, name
+
+
+def test_every_factory_is_the_shared_template_in_one_line():
+    # TensorPipe-style: the shared part of a registry entry is FabricFactoryOf (fabric.h); a
+    # fabric's factory file only names its backend.
+    for name in _core.fabric_priority():
+        text = open(os.path.join(CORE, name, f"{name}_factory.cc")).read()
+        code = [line for line in text.splitlines()
+                if line.strip() and not line.lstrip().startswith(("//", "#", "namespace", "}"))]
+        assert code == [f"const FabricRegistration kRegistration(FabricFactoryOf<"
+                        f"{name.capitalize()}Backend>());"], (name, code)
 
 
 def test_unknown_fabric_names_the_choices():

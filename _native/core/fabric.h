@@ -4,12 +4,14 @@
 // here and why not, and creates itself; nothing outside the fabric's folder names it).
 //
 // Every fabric lives in its own folder <name>/ with the same file set:
-//   <name>.h          what the fabric is (the protocol, in prose) and Make<Name>Fabric()
-//   <name>.cc         its Endpoint and Fabric classes
-//   <name>_options.h  its typed options and Parse<Name>Options(), which reads the
-//                     "<name>.<key>" entries of the domain's fabric options
-//   <name>_factory.cc its registry entry (priority, viable, create) and the options parser
-// plus any helper files of its own (tcp/frame.*, verbs/verbs_{device,memory,qp,endpoint}.*).
+//   <name>.h          what the fabric is (the protocol, in prose) and its <Name>Backend: its
+//                     name, priority, options type, UnviableReason() and Make()
+//   <name>.cc         its Endpoint and Fabric classes, and the backend's functions
+//   <name>_options.h  its typed options: the "<name>.<key>" keys it reads and how each is set
+//   <name>_factory.cc its registry entry, one line: FabricFactoryOf<<Name>Backend>()
+// plus what a fabric needs beyond them, each with a job of its own: tcp/frame.* (the frame
+// format and its parser, fuzzable without sockets), verbs/ibv_lib.* (libibverbs loaded at run
+// time) and one file pair per verbs object (verbs_{device,memory,qp,send_queue,endpoint}.*).
 #pragma once
 
 #include <atomic>
@@ -153,7 +155,7 @@ struct FabricFactory {
 };
 
 // Adds `factory` to the registry; a static FabricRegistration in each <name>_factory.cc
-// calls it. Registering a name twice aborts the load with a message (a build error).
+// (of FabricFactoryOf, below) calls it. Registering a name twice aborts the load with a message (a build error).
 void RegisterFabric(FabricFactory factory);
 struct FabricRegistration {
   explicit FabricRegistration(FabricFactory factory) { RegisterFabric(std::move(factory)); }
@@ -180,5 +182,40 @@ std::map<std::string, std::string> OptionsOf(const std::string& fabric,
 // `text` as an integer in [low, high]; throws kConfig naming "<fabric>.<key>".
 int OptionInt(const std::string& fabric, const std::string& key, const std::string& text,
               int low, int high);
+
+// The options of a fabric that reads none: its parser still runs, so that a misspelt
+// "<name>.<key>" is an error naming it rather than silently ignored.
+struct NoFabricOptions {
+  static std::vector<std::string> Keys() { return {}; }
+  void Set(const std::string& key, const std::string& text) {}
+};
+
+// A backend's options from the "<name>.*" entries of `options`: OptionsOf refuses a key that
+// B::Options::Keys() does not list, and Options::Set reads each of the others (throwing
+// kConfig naming a malformed one).
+template <typename B>
+typename B::Options ParseFabricOptions(const FabricOptions& options) {
+  typename B::Options parsed;
+  for (const auto& kv : OptionsOf(B::kName, options, B::Options::Keys())) {
+    parsed.Set(kv.first, kv.second);
+  }
+  return parsed;
+}
+
+// The registry entry of backend B (a <Name>Backend of <name>.h): the part every fabric's
+// factory shares, so that a <name>_factory.cc is one line. B gives kName, kPriority, Options
+// (NoFabricOptions, or a struct with Keys() and Set()), UnviableReason(const Options&) and
+// Make(const FabricContext&, const Options&); every call parses the options first.
+template <typename B>
+FabricFactory FabricFactoryOf() {
+  return {B::kName, B::kPriority,
+          [](const FabricOptions& options) { ParseFabricOptions<B>(options); },
+          [](const FabricOptions& options) {
+            return B::UnviableReason(ParseFabricOptions<B>(options));
+          },
+          [](const FabricContext& ctx, const FabricOptions& options) {
+            return B::Make(ctx, ParseFabricOptions<B>(options));
+          }};
+}
 
 }  // namespace rdmadev

@@ -1,9 +1,10 @@
 // rdmadev's TensorFlow ops: RdmadevSend (one-sided write of a tensor into the peer's slot)
 // and RdmadevRecv (waits for the slot's sequence word; its output may alias the slot): their
-// interfaces. The kernels are in send_op.cc and recv_op.h (defined in recv_op.cc and
-// recv_deliver.cc), what they share in kernel_support.h. Both are AsyncOpKernels completed
-// by the domain's progress thread, so a waiting op never holds an inter-op thread (TF's pool
-// has only as many threads as cores here).
+// interfaces. The kernels are in send_op.cc (its modes in send_write.h) and recv_op.h (its
+// wait in recv_op.cc, its delivery modes in recv_delivery.h), what they share in
+// kernel_support.h. Both are AsyncOpKernels completed by the domain's progress thread, so a
+// waiting op never holds an inter-op thread (TF's pool has only as many threads as cores
+// here).
 //
 // Kernels do not own their channels: TF destroys and re-creates the kernels of a function it
 // still runs (measured: on every task when a ParameterServerStrategy worker fails and the

@@ -1,6 +1,7 @@
-// RecvOp (recv_op.h), part one: the kernel, and the wait of one execution for its step's
-// transfer (reserving a slot, parking on the progress thread, a slot held by an earlier step,
-// another step's transfer found first). recv_deliver.cc makes the transfer the output.
+// RecvOp (recv_op.h): the kernel, and the wait of one execution for its step's transfer
+// (reserving a slot, parking on the progress thread, a slot held by an earlier step, another
+// step's transfer found first). The kernel's delivery modes make it the output
+// (recv_delivery.h).
 #include <memory>
 #include <mutex>
 #include <string>
@@ -28,58 +29,10 @@ constexpr double kHeldSlotGraceS = 5.0;
 
 RecvOp::RecvOp(OpKernelConstruction* c) : AsyncOpKernel(c), transfer_node_(IsTransferNode(c)) {
   OP_REQUIRES_OK(c, c->GetAttr(Setting(c, "channel"), &channel_));
-  if (c->def().op() == "RdmadevRecvBundle") {
-    OP_REQUIRES_OK(c, ReadBundle(c));
-  } else {
-    OP_REQUIRES_OK(c, c->GetAttr(transfer_node_ ? "tensor_type" : "dtype", &dtype_));
-    OP_REQUIRES_OK(c, c->GetAttr(Setting(c, "shape"), &shape_));
-  }
+  OP_REQUIRES_OK(c, Deliveries::Build(c, channel_, &deliveries_));
   OP_REQUIRES_OK(c, c->GetAttr(Setting(c, "timeout_s"), &timeout_s_));
-  OP_REQUIRES_OK(c, c->GetAttr(Setting(c, "zero_copy"), &zero_copy_));
-  OP_REQUIRES_OK(c, c->GetAttr(Setting(c, "zero_copy_min_bytes"), &zero_copy_min_bytes_));
-  OP_REQUIRES_OK(c, c->GetAttr(Setting(c, "max_bytes"), &max_bytes_));
   OP_REQUIRES_OK(c, c->GetAttr(Setting(c, "owned"), &owned_));
   if (owned_) rdmadev::ChannelRegistry::Global().Hold(channel_, rdmadev::ChannelRegistry::kRecv);
-  fully_defined_ = shape_.AsTensorShape(&static_shape_);
-  if (c->device()->GetAllocator(tensorflow::AllocatorAttributes())->Name() == kMallocAllocator) {
-    warm_ = std::make_shared<WarmPool>();
-  }
-  OP_REQUIRES(c, tensorflow::DataTypeCanUseMemcpy(dtype_),
-              tensorflow::errors::InvalidArgument("rdmadev channel ", channel_,
-                                                  " cannot carry ",
-                                                  tensorflow::DataTypeString(dtype_)));
-}
-
-// A bundle's tensors (RdmadevRecvBundle): each of static shape at its offset, in order, the
-// whole payload one uint8 tensor as far as the wait is concerned.
-absl::Status RecvOp::ReadBundle(OpKernelConstruction* c) {
-  std::vector<DataType> dtypes;
-  std::vector<tensorflow::PartialTensorShape> shapes;
-  std::vector<int64_t> offsets;
-  TF_RETURN_IF_ERROR(c->GetAttr("dtypes", &dtypes));
-  TF_RETURN_IF_ERROR(c->GetAttr("shapes", &shapes));
-  TF_RETURN_IF_ERROR(c->GetAttr("offsets", &offsets));
-  if (dtypes.empty() || shapes.size() != dtypes.size() || offsets.size() != dtypes.size()) {
-    return tensorflow::errors::InvalidArgument("rdmadev bundle ", channel_, " has ", dtypes.size(), " dtypes, ",
-                                               shapes.size(), " shapes and ", offsets.size(), " offsets");
-  }
-  uint64_t end = 0;
-  for (size_t i = 0; i < dtypes.size(); ++i) {
-    BundleMember m{dtypes[i], {}, static_cast<uint64_t>(offsets[i]), 0};
-    if (!shapes[i].AsTensorShape(&m.shape) || !tensorflow::DataTypeCanUseMemcpy(dtypes[i]) ||
-        offsets[i] < 0 || m.offset < end) {
-      return tensorflow::errors::InvalidArgument(
-          "rdmadev bundle ", channel_, ": tensor ", i, " (", tensorflow::DataTypeString(dtypes[i]), " ",
-          shapes[i].DebugString(), " at ", offsets[i], ") is not a static plain-bytes tensor after the "
-          "previous one: the plan does not match the graph");
-    }
-    m.bytes = m.shape.num_elements() * tensorflow::DataTypeSize(m.dtype);
-    end = m.offset + m.bytes;
-    bundle_.push_back(m);
-  }
-  dtype_ = tensorflow::DT_UINT8;
-  shape_ = tensorflow::PartialTensorShape({static_cast<int64_t>(end)});
-  return absl::OkStatus();
 }
 
 RecvOp::~RecvOp() {
@@ -108,9 +61,10 @@ void RecvOp::ComputeAsync(OpKernelContext* ctx, DoneCallback done) {
 RecvOp::Receive::Receive(const RecvOp* op, OpKernelContext* ctx, DoneCallback done,
                          rdmadev::ChannelRegistry::Receiver r, uint32_t tag,
                          rdmadev::Deadline deadline)
-    : op_(op), ctx_(ctx), done_(std::move(done)), r_(std::move(r)), tag_(tag),
-      deadline_(deadline), cm_(ctx->cancellation_manager()) {
-  trace_.Begin();
+    : op_(op), ctx_(ctx), done_(std::move(done)), r_(std::move(r)),
+      delivery_(&op->deliveries_->For(r_.ring->layout())), tag_(tag), deadline_(deadline),
+      cm_(ctx->cancellation_manager()), out_(ctx, tag, deadline) {
+  out_.trace().Begin();
 }
 
 void RecvOp::Receive::Start() {
@@ -165,7 +119,7 @@ void RecvOp::Receive::Wait() {
       WaitForASlot(gen, let_go, e);
       return;
     }
-    wait_since_ = trace_.Mark();
+    wait_since_ = out_.trace().Mark();
     const std::atomic<uint64_t>* word = r_.ring->WordFor(res_.n);
     if (word->load(std::memory_order_acquire) >= res_.n) {
       if (Took(rdmadev::Status::Ok())) continue;
@@ -308,7 +262,7 @@ absl::Status RecvOp::Receive::AllSlotsHeld(const rdmadev::Error& e) const {
 // The wait for transfer res_.n ended with `st`: takes its slot. True when the execution needs
 // another transfer (the next chunk, or a stale transfer was discarded); else it finished.
 bool RecvOp::Receive::Took(const rdmadev::Status& st) {
-  trace_.Phase("rdmadev.wait_data", wait_since_);
+  out_.trace().Phase("rdmadev.wait_data", wait_since_);
   if (r_.ring->Superseded(res_)) {
     Finish(Superseded());
     return false;
@@ -323,7 +277,7 @@ bool RecvOp::Receive::Took(const rdmadev::Status& st) {
     return false;
   }
   const uint32_t tag = r_.ring->TagAt(res_.n);
-  if (tag_ && tag && tag != tag_ && !gathering_ && !FailedSteps::Global().Has(tag)) {
+  if (tag_ && tag && tag != tag_ && !chunks_ && !FailedSteps::Global().Has(tag)) {
     if (foreign_grace_.infinite) foreign_grace_ = rdmadev::Deadline::After(kForeignTransferGraceS);
     if (!foreign_grace_.passed()) {
       LeaveForItsStep(tag);
@@ -338,19 +292,12 @@ bool RecvOp::Receive::Took(const rdmadev::Status& st) {
       auto next = rdmadev::ChannelRegistry::Global().AdvanceReceiver(op_->channel_);
       std::lock_guard<std::mutex> lock(mu_);  // Cancel reads r_ from another thread
       r_ = std::move(next);
+      delivery_ = &op_->deliveries_->For(r_.ring->layout());
       return true;
     }
-    if (gathering_ && (slot.staged || slot.dead)) {
-      r_.ring->Release(slot.seq, rdmadev::Deadline::After(60));
-      Finish(tensorflow::errors::InvalidArgument(
-          "rdmadev channel ", op_->channel_, ": a staged or dead transfer where the tensor's next "
-          "chunk was due (", filled_, " of ", total_, " bytes received): the sender does "
-          "not follow the protocol"));
-      return false;
-    }
-    if (gathering_) {
-      auto s = Gather(slot);
-      if (!s.ok() || filled_ == total_) {
+    if (chunks_) {
+      auto s = chunks_->Add(slot, r_, out_);
+      if (!s.ok() || chunks_->done()) {
         Finish(s);
         return false;
       }
@@ -361,7 +308,7 @@ bool RecvOp::Receive::Took(const rdmadev::Status& st) {
       return true;
     }
     if (slot.dead) {
-      r_.ring->Release(slot.seq, rdmadev::Deadline::After(60));
+      ReleaseSlot(r_, slot.seq);
       // A transfer node outputs nothing: TF's executor makes that a dead tensor.
       Finish(op_->transfer_node_ ? absl::OkStatus()
                                  : tensorflow::errors::InvalidArgument(
@@ -370,13 +317,8 @@ bool RecvOp::Receive::Took(const rdmadev::Status& st) {
                                        "the two halves were not swapped alike"));
       return false;
     }
-    if (slot.staged) {
-      Finish(DeliverStaged(slot));
-      return false;
-    }
-    auto s = slot.shape ? DeliverDynamic(slot)
-             : op_->bundle_.empty() ? Deliver(slot, op_->static_shape_) : DeliverBundle(slot);
-    if (!s.ok() || !gathering_) {
+    auto s = delivery_->Deliver(slot, r_, out_, &chunks_);
+    if (!s.ok() || !chunks_) {
       Finish(s);
       return false;
     }
@@ -388,9 +330,9 @@ bool RecvOp::Receive::Took(const rdmadev::Status& st) {
 }
 
 void RecvOp::Receive::Finish(const tensorflow::Status& s) {
-  trace_.End("rdmadev.recv", op_->channel_, r_.peer, received_, chunks_);
+  out_.trace().End("rdmadev.recv", op_->channel_, r_.peer, out_.received(), out_.chunks());
   if (!s.ok()) FailedSteps::Global().Add(tag_);
-  if (s.ok() && gathering_) r_.ring->Want(total_);  // it came in chunks: grow the ring
+  if (s.ok() && chunks_) r_.ring->Want(chunks_->total());  // it came in chunks: grow the ring
   if (cm_) cm_->TryDeregisterCallback(token_);  // drops the callback's reference to this
   if (!s.ok()) ctx_->SetStatus(s);
   done_();

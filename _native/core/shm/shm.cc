@@ -35,7 +35,7 @@ class ShmEndpoint : public Endpoint {
       : reach_(std::move(reach)), pid_(pid), pidfd_(pidfd) {}
   ~ShmEndpoint() override { Close(); }
 
-  std::string fabric() const override { return "shm"; }
+  std::string fabric() const override { return ShmBackend::kName; }
   std::string peer() const override { return "shm=" + reach_; }
 
   std::shared_ptr<RemoteRegion> Attach(const RegionDesc& desc) override {
@@ -131,7 +131,7 @@ class ShmEndpoint : public Endpoint {
 class ShmFabric : public Fabric {
  public:
   ShmFabric() : host_(HostKey()) {}
-  std::string name() const override { return "shm"; }
+  std::string name() const override { return ShmBackend::kName; }
   std::string reach() const override { return host_ + ":" + std::to_string(getpid()); }
   bool CanReach(const std::string& peer_reach) const override {
     return peer_reach.rfind(host_ + ":", 0) == 0;
@@ -163,7 +163,7 @@ class ShmFabric : public Fabric {
 
 }  // namespace
 
-std::string ShmUnviableReason() {
+std::string ShmBackend::UnviableReason(const ShmOptions&) {
   int fd = memfd_create("rdmadev-probe", MFD_CLOEXEC);
   if (fd < 0) return std::string("memfd_create failed: ") + std::strerror(errno);
   close(fd);
@@ -176,6 +176,8 @@ std::string ShmUnviableReason() {
   return "";
 }
 
-std::unique_ptr<Fabric> MakeShmFabric(const FabricContext&, const ShmOptions&) { return std::unique_ptr<Fabric>(new ShmFabric()); }
+std::unique_ptr<Fabric> ShmBackend::Make(const FabricContext&, const ShmOptions&) {
+  return std::unique_ptr<Fabric>(new ShmFabric());
+}
 
 }  // namespace rdmadev

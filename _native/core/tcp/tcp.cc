@@ -121,7 +121,7 @@ class TcpEndpoint : public Endpoint {
  public:
   TcpEndpoint(int fd, std::string reach) : fd_(fd), reach_(std::move(reach)) {}
   ~TcpEndpoint() override { Close(); }
-  std::string fabric() const override { return "tcp"; }
+  std::string fabric() const override { return TcpBackend::kName; }
   std::string peer() const override { return "tcp=" + reach_; }
   bool delivered_by_local_thread() const override { return true; }
 
@@ -208,13 +208,13 @@ class TcpFabric : public Fabric {
  public:
   TcpFabric(Domain* domain, const std::string& listen, std::string name, std::string secret)
       : domain_(domain), name_(std::move(name)), secret_(std::move(secret)),
-        acceptor_(listen, "tcp", kTag, secret_,
+        acceptor_(listen, TcpBackend::kName, kTag, secret_,
                   [this](int fd, const std::string& peer, const std::string& where) {
                     Serve(fd, peer, where);
                   }) {}
   ~TcpFabric() override { Close(); }
 
-  std::string name() const override { return "tcp"; }
+  std::string name() const override { return TcpBackend::kName; }
   std::string reach() const override { return acceptor_.reach(); }
   bool CanReach(const std::string& peer_reach) const override {
     return peer_reach.find(':') != std::string::npos;
@@ -273,14 +273,14 @@ class BufferStream : public ByteStream {
 
 }  // namespace
 
-std::string TcpUnviableReason() {
+std::string TcpBackend::UnviableReason(const TcpOptions&) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return std::string("cannot create a TCP socket: ") + std::strerror(errno);
   close(fd);
   return "";
 }
 
-std::unique_ptr<Fabric> MakeTcpFabric(const FabricContext& ctx, const TcpOptions&) {
+std::unique_ptr<Fabric> TcpBackend::Make(const FabricContext& ctx, const TcpOptions&) {
   if (ctx.secret.empty()) {
     throw Error(ErrorKind::kConfig, "Failed to open the tcp fabric: no cluster secret", 0,
                 "set RDMADEV_SECRET (the same value in every task)");

@@ -28,7 +28,7 @@ class VerbsFabric : public Fabric {
   VerbsFabric(std::shared_ptr<VerbsMemory> mem, const std::string& listen, std::string name,
               std::string secret, WaitPolicy wait)
       : mem_(std::move(mem)), name_(std::move(name)), secret_(std::move(secret)), wait_(wait),
-        acceptor_(SideChannelListen(listen), "verbs", kTag, secret_,
+        acceptor_(SideChannelListen(listen), VerbsBackend::kName, kTag, secret_,
                   [this](int fd, const std::string& peer, const std::string& where) {
                     Serve(fd, peer, where);
                   }) {
@@ -36,7 +36,7 @@ class VerbsFabric : public Fabric {
   }
   ~VerbsFabric() override { Close(); }
 
-  std::string name() const override { return "verbs"; }
+  std::string name() const override { return VerbsBackend::kName; }
   std::string reach() const override { return reach_; }
   bool CanReach(const std::string& peer_reach) const override {
     size_t slash = peer_reach.rfind('/');
@@ -149,7 +149,7 @@ class VerbsFabric : public Fabric {
 
 }  // namespace
 
-std::unique_ptr<Fabric> MakeVerbsFabric(const FabricContext& ctx, const VerbsOptions& opts) {
+std::unique_ptr<Fabric> VerbsBackend::Make(const FabricContext& ctx, const VerbsOptions& opts) {
   if (ctx.secret.empty()) {
     throw Error(ErrorKind::kConfig, "Failed to open the verbs fabric: no cluster secret", 0,
                 "set RDMADEV_SECRET (the same value in every task)");
@@ -165,8 +165,8 @@ std::unique_ptr<Fabric> MakeVerbsFabric(const FabricContext& ctx, const VerbsOpt
 
 #else
 
-std::unique_ptr<Fabric> MakeVerbsFabric(const FabricContext&, const VerbsOptions& opts) {
-  throw Error(ErrorKind::kFabric, "Failed to open the verbs fabric: " + VerbsUnviableReason(opts));
+std::unique_ptr<Fabric> VerbsBackend::Make(const FabricContext&, const VerbsOptions& opts) {
+  throw Error(ErrorKind::kFabric, "Failed to open the verbs fabric: " + UnviableReason(opts));
 }
 
 #endif

@@ -24,8 +24,18 @@
 
 namespace rdmadev {
 
-std::string VerbsUnviableReason(const VerbsOptions& opts);
-// The side channel listens on the host of ctx.listen ("host:port"), any free port.
-std::unique_ptr<Fabric> MakeVerbsFabric(const FabricContext& ctx, const VerbsOptions& opts);
+// The verbs fabric in the registry (fabric.h: FabricFactoryOf).
+struct VerbsBackend {
+  static constexpr char kName[] = "verbs";
+  // Between shm and tcp: across hosts an RDMA NIC moves bytes without either CPU copying
+  // them; on one host shm's single memcpy is still cheaper than a trip through the NIC.
+  static constexpr int kPriority = 200;
+  using Options = VerbsOptions;
+  // "" when libibverbs loads and the device `opts` choose opens, else why not
+  // (verbs_device.cc).
+  static std::string UnviableReason(const VerbsOptions& opts);
+  // The side channel listens on the host of ctx.listen ("host:port"), any free port.
+  static std::unique_ptr<Fabric> Make(const FabricContext& ctx, const VerbsOptions& opts);
+};
 
 }  // namespace rdmadev

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "../common.h"
+#include "verbs.h"
 
 namespace rdmadev {
 
@@ -206,7 +207,7 @@ std::unique_ptr<VerbsDevice> OpenVerbsDevice(const IbvLib& lib, const VerbsOptio
               "see `rdmadev doctor` for every device, port and GID");
 }
 
-std::string VerbsUnviableReason(const VerbsOptions& opts) {
+std::string VerbsBackend::UnviableReason(const VerbsOptions& opts) {
   std::string why;
   const IbvLib* lib = LoadIbv(&why);
   if (!lib) return why;
@@ -220,7 +221,7 @@ std::string VerbsUnviableReason(const VerbsOptions& opts) {
 
 #else
 
-std::string VerbsUnviableReason(const VerbsOptions&) {
+std::string VerbsBackend::UnviableReason(const VerbsOptions&) {
   std::string why;
   LoadIbv(&why);
   return why;

@@ -40,9 +40,6 @@ struct VerbsDevice {
 std::unique_ptr<VerbsDevice> OpenVerbsDevice(const IbvLib& lib, const VerbsOptions& opts);
 #endif
 
-// "" when a verbs fabric could open with `opts`, else why not.
-std::string VerbsUnviableReason(const VerbsOptions& opts);
-
 // "fe80::...", "::ffff:10.9.9.1" for messages.
 std::string GidText(const uint8_t gid[16]);
 

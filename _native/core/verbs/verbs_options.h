@@ -7,6 +7,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "../fabric.h"
 
@@ -16,10 +17,24 @@ struct VerbsOptions {
   std::string device;
   int port = 0;
   int gid_index = -1;
-};
 
-// From the "verbs.*" entries of the domain's fabric options; throws kConfig naming the key
-// whose value is malformed or out of range, or that verbs does not know.
-VerbsOptions ParseVerbsOptions(const FabricOptions& options);
+  // Ports are numbered from 1; a device has at most 255 (ibv_device_attr.phys_port_cnt is a
+  // u8).
+  static constexpr int kMaxPort = 255;
+  // GID table indexes are 16-bit in the kernel's sysfs layout; real tables hold 16-256
+  // entries, and an index beyond the port's table is refused when the device is opened,
+  // naming it.
+  static constexpr int kMaxGidIndex = 65535;
+
+  // The "verbs.<key>" keys it reads (ParseFabricOptions refuses any other).
+  static std::vector<std::string> Keys() { return {"device", "port", "gid_index"}; }
+  // Sets `key` from `text`; throws kConfig naming "verbs.<key>" when it is malformed or out
+  // of range.
+  void Set(const std::string& key, const std::string& text) {
+    if (key == "device") device = text;
+    if (key == "port") port = OptionInt("verbs", "port", text, 1, kMaxPort);
+    if (key == "gid_index") gid_index = OptionInt("verbs", "gid_index", text, 0, kMaxGidIndex);
+  }
+};
 
 }  // namespace rdmadev
