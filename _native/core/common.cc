@@ -21,8 +21,9 @@ std::vector<std::pair<std::string, int>> ErrorKindTable() {
 
 std::string ErrnoHint(int err) {
   if (err == EMFILE) {
-    // A task holds about ten descriptors per peer task it exchanges tensors with (README,
-    // "Errors"), so a ps of a few hundred workers needs more than the usual soft limit of 1024.
+    // A task holds about ten descriptors per peer task it exchanges tensors with
+    // (docs/faults/errors.md, "Open files"), so a ps of a few hundred workers needs more
+    // than the usual soft limit of 1024.
     return "raise this process's open-file limit (RLIMIT_NOFILE, `ulimit -n`), the hard one: "
            "nofile in /etc/security/limits.conf, LimitNOFILE= for systemd, --ulimit nofile= "
            "for docker; a task started by `rdmadev serve` or the grpc+rdmadev protocol raises "

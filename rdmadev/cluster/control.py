@@ -47,7 +47,7 @@ HANDSHAKE_TIMEOUT_S = 10.0
 MAX_HANDSHAKING = 64
 # Authenticated connections, at most: a peer task holds 1 + liveness.LANES (its calls, its
 # heartbeats), a coordinator process one, so this serves a job of ~1300 tasks. Every task trusts
-# every holder of the cluster secret (README, "Trust model and limits"), so this only bounds
+# every holder of the cluster secret (docs/faults/security.md, "Trust model"), so this only bounds
 # threads and descriptors should a peer misbehave.
 MAX_CONNECTIONS = 4096
 # Seconds the accept loop waits after accept() failed for lack of descriptors or memory

@@ -50,7 +50,7 @@ GROWTH_ALIGN = 64 << 10
 #: it and a quarter once, on the sender. Against unbounded growth, the same hour (when larger
 #: tensors went in chunks of this size), neither tf_cnn_benchmarks alexnet (1.27x against
 #: 1.23x gRPC) nor cnn.py --between_graph alexnet (1.89x against 1.95x) moved beyond the noise
-#: (BENCHMARKS.md, "Between-graph").
+#: (docs/history/between-graph.md).
 GROWTH_MAX_SLOT = 4 << 20
 
 #: Channels (lineages) whose grown slots a task keeps for later instantiations, the least
