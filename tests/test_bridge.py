@@ -5,8 +5,9 @@ import pytest
 
 import rdmadev
 from graph_pass.pass_view import PassView
-from graph_pass.plan import Plan
+import graph_pass as gp
 from rdmadev.tf import bridge
+from rdmadev._core import PLANNER_RULES as RULES
 
 
 def test_planner_is_told_what_the_ops_carry_and_the_deadline():
@@ -23,20 +24,21 @@ def test_planner_is_told_what_the_ops_carry_and_the_deadline():
 
 
 def test_a_plan_with_the_native_wire_layout_is_accepted():
-    bridge.check_wire_layout(Plan())  # graph_pass.layout's constants
+    plan = _bundled_plan()  # laid out with the bindings' layout (channel.h)
+    assert plan.layout == rdmadev._core.wire_layout()
+    assert gp.validate(plan, rules=RULES) is plan
 
 
-@pytest.mark.parametrize("field, value, named", [
-    ("seq_offset", 8, "seq_offset"), ("length_offset", 16, "length_offset"),
-    ("slot_header_bytes", 128, "slot_header_bytes"), ("alignment", 128, "alignment"),
-    ("length_bytes", 4, "signal_bytes"), ("shape_block_offset", 128, "shape_block_offset"),
-    ("shape_dims_offset", 16, "shape_dims_offset"),
+@pytest.mark.parametrize("field, value", [
+    ("seq_offset", 8), ("length_offset", 16), ("slot_header_bytes", 128), ("alignment", 128),
+    ("length_bytes", 4), ("shape_block_offset", 128), ("shape_dims_offset", 16),
 ])
-def test_a_plan_whose_slot_layout_differs_from_the_native_one_is_refused(field, value, named):
-    plan = Plan()
-    plan.layout[field] = value
-    with pytest.raises(rdmadev.ProtocolError, match=f"{named}=.*native library writes {named}="):
-        bridge.check_wire_layout(plan)
+def test_a_plan_whose_slot_layout_differs_from_the_native_one_is_refused(field, value):
+    plan = _bundled_plan()
+    plan.layout[field] = value  # e.g. a plan saved by another graph_pass
+    with pytest.raises(gp.ValidationError, match=f"plan layout differs from the native one in \\['{field}'\\]: "
+                                                 f"{field}={value} \\(native "):
+        gp.validate(plan, rules=RULES)
 
 
 def test_a_function_keeps_its_lineage_scope_across_retraces_tokens_and_coordinators():
@@ -73,7 +75,7 @@ def _bundled_plan(big=False):
         w.node("y", "_Arg", T=("type", B.FLOAT), index=0)
         B.pair(w, ps, "edge_21_grad", "y", recv_name="grad/_recv", shape=(-1, 4))
     config = gp.Config(default_dynamic_capacity=1 << 20, carries=dict(bridge.OPS_CARRY))
-    return gp.plan_partitions(B.partitions(ps, w), config, instance_id="o")
+    return gp.plan_partitions(B.partitions(ps, w), config, instance_id="o", rules=RULES)
 
 
 def test_a_bundles_rewrites_list_its_tensors_in_the_order_of_their_bytes():
@@ -218,3 +220,39 @@ def test_a_field_missing_or_of_another_type_is_an_error_that_names_it(where, fie
     assert _read_natively(view)[1] is None
     fields, error = _read_natively(_changed(view, where, field, value))
     assert fields is None and re.fullmatch(message, error), error
+
+
+DEVICE_PAIRS = [  # (send device, recv device): full names, TF's legacy and partial ones
+    ("/job:ps/replica:0/task:0/device:CPU:0", "/job:worker/replica:0/task:0/device:CPU:0"),
+    ("/job:worker/replica:0/task:0/device:CPU:0", "/job:worker/replica:0/task:0/device:GPU:0"),
+    ("/job:worker/replica:0/task:0/device:CPU:0", "/job:worker/replica:0/task:1/device:CPU:0"),
+    ("/job:worker/replica:0/task:1/cpu:0", "/job:worker/replica:0/task:1/device:CPU:0"),
+    ("/job:worker/replica:0/task:1/cpu:0", "/job:worker/replica:0/task:2/cpu:0"),
+    ("/job:ps/replica:0/task:10/device:CPU:0", "/job:ps/replica:0/task:1/device:CPU:0"),
+    ("/job:ps/replica:1/task:0/device:CPU:0", "/job:ps/replica:0/task:0/device:CPU:0"),
+]
+
+
+@pytest.mark.parametrize("send, recv", DEVICE_PAIRS)
+def test_the_pass_and_the_planner_tell_a_cross_task_pair_alike(send, recv):
+    """The planner asks the pass's rule (rules.h, through the bindings) whether a pair crosses
+    tasks, and groups regions by graph_pass.devices.task_of: the two must agree."""
+    from graph_pass.devices import task_of
+
+    assert RULES.crosses_tasks(send, recv) == (task_of(send) != task_of(recv))
+
+
+def test_the_planner_rules_are_the_native_libraries():
+    from rdmadev._native import rules
+
+    assert RULES.send_ops == rules.SEND_OPS and RULES.recv_ops == rules.RECV_OPS
+    assert not RULES.send_ops & RULES.recv_ops and {"_Send", "_Recv"} <= RULES.send_ops | RULES.recv_ops
+    assert (RULES.branch_mark, RULES.bound_attr) == (rules.BRANCH_MARK, rules.BOUND_ATTR)
+    assert RULES.layout.to_dict() == rdmadev._core.wire_layout()
+
+
+def test_a_pass_mode_the_op_library_does_not_know_is_refused_naming_it():
+    from rdmadev.tf import pass_mode
+
+    with pytest.raises(rdmadev.ConfigError, match="no pass mode 'sometimes'"):
+        pass_mode._set_mode("sometimes")  # the library keeps its mode: -1, nothing set

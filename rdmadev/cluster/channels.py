@@ -28,8 +28,6 @@ import os
 import threading
 import time
 
-from graph_pass.layout import REGION_ALIGNMENT
-
 from .. import _core
 from ..errors import ConfigError, ProtocolError, RegionError
 from .channel_common import domain_identity, error_naming
@@ -73,7 +71,7 @@ def _planned_bytes(size, layouts, label):
     """`size`, the bytes asked for a pair's region, if it is what the plan gives channels
     `layouts`: their extent rounded up to REGION_ALIGNMENT (a peer cannot ask for more)."""
     extent = max(l.offset + l.bytes for l in layouts)
-    planned = -(-extent // REGION_ALIGNMENT) * REGION_ALIGNMENT
+    planned = -(-extent // _core.LAYOUT.region_alignment) * _core.LAYOUT.region_alignment
     if type(size) is not int or not extent <= size <= planned:
         raise ProtocolError(f"region {label} of {size!r} bytes is not what the plan gives its "
                             f"{len(layouts)} channel(s) ({extent} bytes, {planned} once "

@@ -25,10 +25,9 @@ from .. import _core
 from ..cluster import reports, runtime
 from ..cluster.channels import open_channels
 from ..cluster.opening import lineage
-from ..errors import ProtocolError
 from .api import opt_in_marker
 
-__all__ = ["rewrites", "plan_config", "check_wire_layout", "lineage_scope", "OPS_CARRY"]
+__all__ = ["rewrites", "plan_config", "lineage_scope", "OPS_CARRY"]
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
@@ -57,24 +56,6 @@ def plan_config(config, halves=False):
                       half_pair_capacity=config.dynamic_capacity if halves else None, **chosen)
 
 
-def check_wire_layout(plan):
-    """Refuses a plan whose slot layout differs from the one the native protocol writes.
-
-    Raises:
-        ProtocolError: naming the field, the plan's value and the native one.
-    """
-    native = dict(_core.wire_layout())
-    planned = dict(plan.layout)
-    # The native signal is the two header words written together: the plan states their widths.
-    planned["signal_bytes"] = (plan.layout.get("seq_bytes") or 0) + (plan.layout.get("length_bytes") or 0)
-    for key, value in native.items():
-        if planned.get(key) != value:
-            raise ProtocolError(
-                f"the plan's slot layout has {key}={planned.get(key)!r} but the native library "
-                f"writes {key}={value!r}", hint="graph_pass and rdmadev's native library come from "
-                "different versions: reinstall rdmadev (pip install -e .)")
-
-
 def lineage_scope(function):
     """The name of `function` across its instantiations (opening.lineage): without TF's
     instantiation counter and an optimized function's opt-in token, so a retrace, a new
@@ -100,9 +81,9 @@ def rewrites(partitions, function="", marked=()):
     # Only a TF1 GraphMgr plans with no function name; a task runtime (it has a ChannelTable)
     # is where halves meet.
     halves = not function and rt.table is not None
+    # The native side's rules and slot layout (rules.h, channel.h), from the bindings.
     plan = graph_pass.plan_partitions(partitions, plan_config(rt.config, halves),
-                                      instance_id=instance)
-    check_wire_layout(plan)
+                                      instance_id=instance, rules=_core.PLANNER_RULES)
     swap = [t for t in plan.transfers if t.decision == "swap"]
     fabrics, registered = open_channels(rt.call, instance, [t for t in swap if t.halves == "both"],
                                         {r.region_id: r.bytes for r in plan.regions}, function,
