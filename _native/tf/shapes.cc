@@ -248,7 +248,7 @@ int AnnotatePartitions(const char* in, uint64_t in_len, std::string* out) {
 
 }  // namespace rdmadev_tf
 
-// For `rdmadev plan` (graph_pass/tf_shapes.py): AnnotatePartitions, its text in *out, which is
+// For `rdmadev plan` (rdmadev/tools/tf_shapes.py): AnnotatePartitions, its text in *out, which is
 // malloc'd (free it with rdmadev_free); nonzero when `in` was refused (or memory ran out: then
 // *out is null).
 extern "C" int rdmadev_annotate_partitions(const char* in, uint64_t in_len, char** out) {

@@ -69,7 +69,7 @@ def _layout(channel):
 
 def _planned_bytes(size, layouts, label):
     """`size`, the bytes asked for a pair's region, if it is what the plan gives channels
-    `layouts`: their extent rounded up to REGION_ALIGNMENT (a peer cannot ask for more)."""
+    `layouts`: their extent rounded up to the layout's region_alignment (a peer cannot ask for more)."""
     extent = max(l.offset + l.bytes for l in layouts)
     planned = -(-extent // _core.LAYOUT.region_alignment) * _core.LAYOUT.region_alignment
     if type(size) is not int or not extent <= size <= planned:
