@@ -38,7 +38,9 @@ HEADERS = sorted(glob.glob(os.path.join("_native", "**", "*.h"), recursive=True)
 CXXFLAGS = ["-std=c++17", "-O2", "-fvisibility=default", "-Wall", "-Wno-unused-parameter"]
 BINDINGS = os.path.join("_native", "python", "rdmadev", "_native")
 BINDING_FAMILIES = ("handle", "domain", "region", "endpoint", "channel", "registry", "crypto",
-                    "bench")
+                    "bench", "rules")
+# The partition pass's rules (rules.h), which the planner asks through the "rules" bindings.
+PASS_DIR = os.path.join("_native", "tf")
 CORE_LIB = "librdmadev_core.so"
 TF_OPS_LIB = "_tf_ops.so"
 TF_PROTOCOL_LIB = "_tf_protocol.so"
@@ -202,7 +204,8 @@ def extensions():
     decls = sorted(glob.glob(os.path.join(BINDINGS, "*.pxd")))
     bindings = cythonize(
         [Extension(f"rdmadev._native.{family}", [os.path.join(BINDINGS, family + ".pyx")],
-                   include_dirs=[CORE, pydir], language="c++", depends=HEADERS + decls,
+                   include_dirs=[CORE, pydir] + ([PASS_DIR] if family == "rules" else []),
+                   language="c++", depends=HEADERS + decls,
                    extra_compile_args=CXXFLAGS)
          for family in BINDING_FAMILIES],
         include_path=[pydir], compiler_directives={"language_level": 3}, quiet=True)

@@ -30,6 +30,7 @@ from google.protobuf.internal import api_implementation  # noqa: E402
 
 import gp_builders as B  # noqa: E402  (synthetic TF-shaped partitions, shared with the tests)
 import graph_pass as gp  # noqa: E402
+from rdmadev._core import PLANNER_RULES as RULES  # noqa: E402  (the native rules and slot layout)
 
 #: ResNet-50 stages: (bottleneck blocks, width); every stage's first block has a projection conv.
 STAGES = ((3, 64), (4, 128), (6, 256), (3, 512))
@@ -175,18 +176,18 @@ def main(argv=None):
             ("no pair: eager op (3 nodes)", eager_op(), args.small_runs, 200, 1e-3),
             ("no pair: ResNet-50 step on one task", single_task_graph(), args.small_runs, 200, 1e-3)):
         data = B.partitions(*parts, as_bytes=True)
-        plan, graph = gp.plan_partitions(data, instance_id="bench", return_graph=True)
+        plan, graph = gp.plan_partitions(data, instance_id="bench", return_graph=True, rules=RULES)
         nodes = sum(len(p.gd.node) for p in parts)
-        med, best = timed(lambda: gp.plan_partitions(data, instance_id="bench"), runs, inner)
+        med, best = timed(lambda: gp.plan_partitions(data, instance_id="bench", rules=RULES), runs, inner)
         row = {"case": name, "partitions": len(parts), "nodes": nodes, "pairs": len(plan.transfers),
                "swapped": len(plan.swapped()), "registered_bytes": sum(b.total_bytes for b in plan.tasks),
                "median_s": med, "min_s": best, "runs": runs, "calls_per_run": inner, "target_s": target,
                "meets_target": med < target}
         if graph is not None:  # per-pass split of the full pipeline, one run each, for orientation
             t0 = time.perf_counter(); g = gp.load(data); t1 = time.perf_counter()
-            tr = gp.find_transfers(g); t2 = time.perf_counter()
-            p = gp.plan_regions(tr, instance_id="bench", graph=g); t3 = time.perf_counter()
-            gp.validate(p, g); t4 = time.perf_counter()
+            tr = gp.find_transfers(g, RULES); t2 = time.perf_counter()
+            p = gp.plan_regions(tr, instance_id="bench", graph=g, rules=RULES); t3 = time.perf_counter()
+            gp.validate(p, g, RULES); t4 = time.perf_counter()
             row["passes_s"] = {"load": t1 - t0, "find_transfers": t2 - t1, "plan_regions": t3 - t2, "validate": t4 - t3}
         cases.append(row)
     fmt = "{:<40} {:>5} {:>6} {:>6} {:>8} {:>11} {:>10} {:>9}"

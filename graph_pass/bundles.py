@@ -31,9 +31,9 @@ from collections import defaultdict
 
 import networkx as nx
 
-from . import layout
 from .find_transfers import _rendezvous  # the pair key find_transfers matches halves by
-from .load import NS, RECV_OPS, SEND_OPS
+from .layout import round_up
+from .load import NS
 from .plan import DEFAULT_BUNDLE_BELOW_BYTES
 
 __all__ = ["BUNDLE_ID_SHOWN", "BUNDLE_MAX_BYTES", "DEFAULT_BUNDLE_BELOW_BYTES", "bundle_transfers", "bundle_id", "levels"]
@@ -56,14 +56,16 @@ def bundle_id(channel_ids):
     return hashlib.blake2b(text.encode("utf-8"), digest_size=8).hexdigest()
 
 
-def levels(graph):
+def levels(graph, rules):
     """``{node key: level}`` over every node of `graph` (module docstring), or None when the
     graph has a cycle (a while loop). A pair whose halves are on one task (two devices of it)
-    is a dependency too, though find_transfers gives it no edge: it is added here."""
+    is a dependency too, though find_transfers gives it no edge: it is added here. `rules`:
+    the ``NativeRules`` (which ops are a pair's halves)."""
     deps = graph
     if graph.graph.get(NS, {}).get("same_task_pairs", 1):  # find_transfers counted them
-        sends = {_rendezvous(key, data): key for key, data in graph.nodes(data=True) if data["op"] in SEND_OPS}
-        unseen = [(sends[rv], key) for key, data in graph.nodes(data=True) if data["op"] in RECV_OPS
+        sends = {_rendezvous(key, data): key for key, data in graph.nodes(data=True)
+                 if data["op"] in rules.send_ops}
+        unseen = [(sends[rv], key) for key, data in graph.nodes(data=True) if data["op"] in rules.recv_ops
                   for rv in [_rendezvous(key, data)] if rv in sends and not graph.has_edge(sends[rv], key)]
         if unseen:  # a copy, to leave the caller's graph as it was
             deps = nx.DiGraph(graph)
@@ -77,7 +79,7 @@ def levels(graph):
     while ready:
         key = ready.pop()
         done += 1
-        if graph.nodes[key]["op"] in RECV_OPS:
+        if graph.nodes[key]["op"] in rules.recv_ops:
             level[key] += 1
         for succ in deps.succ[key]:
             level[succ] = max(level[succ], level[key])
@@ -101,47 +103,47 @@ def _eligible(t, config, graph, ends):
     return send is not None and recv is not None and all(dst == recv for _, dst in graph.out_edges(send))
 
 
-def bundle_transfers(transfers, config, graph):
+def bundle_transfers(transfers, config, graph, rules):
     """Groups the small swapped `transfers` of `graph` into bundles: sets ``bundle`` (its id)
-    and ``bundle_offset`` (where the tensor starts in the slot's payload) on each member, and
-    returns ``{bundle id: payload bytes}``. Nothing is bundled when ``bundle_below_bytes`` is 0,
-    without a graph, or when the graph has a cycle."""
+    and ``bundle_offset`` (where the tensor starts in the slot's payload, aligned as `rules`'
+    layout says) on each member, and returns ``{bundle id: payload bytes}``. Nothing is
+    bundled when ``bundle_below_bytes`` is 0, without a graph, or when the graph has a cycle."""
     if not config.bundle_below_bytes or graph is None:
         return {}
     ends = _ends(graph)
     candidates = [t for t in transfers if _eligible(t, config, graph, ends)]
     if len(candidates) < 2:
         return {}
-    level = levels(graph)
+    level = levels(graph, rules)
     if level is None:
         log.debug("bundles: the graph has a cycle (a while loop); no pair is bundled")
         return {}
     groups = defaultdict(list)
     for t in candidates:
         groups[(t.send_device, t.recv_device, level[ends[(t.channel_id, "recv")]] - 1)].append(t)
-    sizes = {}
+    sizes, alignment = {}, rules.layout.alignment
     for key in sorted(groups):
         bundle, used = [], 0
         for t in sorted(groups[key], key=lambda t: t.channel_id):
-            start = layout.round_up(used, layout.ALIGNMENT)
+            start = round_up(used, alignment)
             if bundle and start + t.bytes > BUNDLE_MAX_BYTES:
-                _close(bundle, sizes)
+                _close(bundle, sizes, alignment)
                 bundle, start = [], 0
             bundle.append(t)
             used = start + t.bytes
-        _close(bundle, sizes)
+        _close(bundle, sizes, alignment)
     log.debug("bundled %d of %d small pairs into %d bundles", sum(1 for t in candidates if t.bundle),
               len(candidates), len(sizes))
     return sizes
 
 
-def _close(bundle, sizes):
+def _close(bundle, sizes, alignment):
     """Makes `bundle` (two or more transfers) one: their offsets laid out in order."""
     if len(bundle) < 2:
         return
     bid = bundle_id(t.channel_id for t in bundle)
     used = 0
     for t in bundle:
-        t.bundle, t.bundle_offset = bid, layout.round_up(used, layout.ALIGNMENT)
+        t.bundle, t.bundle_offset = bid, round_up(used, alignment)
         used = t.bundle_offset + t.bytes
     sizes[bid] = used

@@ -2,7 +2,9 @@
 
 A pair is matched by its rendezvous attrs (``tensor_name``, ``send_device``, ``recv_device``,
 ``send_device_incarnation``); pairs whose two devices are on one task are not cross-task traffic
-and are skipped. A half whose peer is not loaded (TF1: each task rewrites only its own partitions)
+and are skipped. Which ops are a pair's halves, when a pair crosses tasks, the mark of a half in
+a conditional's branch and the shape rules are the native side's (``NativeRules``, given by the
+caller: the pass decides them, rules.h). A half whose peer is not loaded (TF1: each task rewrites only its own partitions)
 is still a transfer, with ``send_node`` or ``recv_node`` None. This pass records facts only; every
 decision is ``plan_regions``'s. Results are also kept on the graph: each pair node gets
 ``data["rdmadev"] = {"channel_id": ..., "end": "send" | "recv"}``, a matched pair gets an edge
@@ -15,7 +17,7 @@ from .attrs import attr, tensor_shape
 from .devices import task_of
 from .dtypes import dtype_name, dtype_size
 from .errors import PlanError
-from .load import NS, RECV_OPS, SEND_OPS
+from .load import NS
 from .plan import Transfer, channel_id
 from .shapes import data_input, fully_defined, transfer_bound, transfer_shape
 
@@ -80,8 +82,10 @@ EXIT_OPS = frozenset({"Exit", "RefExit"})
 def _between(g, starts, opens, closes, across_pairs):
     """Keys of the nodes reachable from `starts` past more nodes that `opens` than that
     `closes` (predicates on a key; each start counts as one open, nested regions count),
-    following pair edges only when `across_pairs`. branch_exits.cc's Between is the same walk over
-    the graph before partitioning."""
+    following pair edges only when `across_pairs`. branch_exits.cc's Between is the same walk
+    over the graph before partitioning, which marks the pairs leaving a branch (the rules'
+    branch_mark); tests/e2e/test_e2e.py and tests/test_between_graph.py run branches across
+    tasks through both."""
     todo = [(key, 1) for key in starts]
     seen = set(todo)
     while todo:
@@ -118,16 +122,13 @@ SWITCH_OPS = frozenset({"Switch", "RefSwitch", "_SwitchN"})
 MERGE_OPS = frozenset({"Merge", "RefMerge"})
 
 
-#: What rdmadev's pass (branch_exits.cc, MarkBranchExitsPass) names the node it puts, before TF
-#: partitions a graph, between a value of a conditional branch and the task it crosses to. The
-#: partitioner names both halves of the pair after that node (``_src``), so each half tells
-#: from its own partition that it is in a branch: a TF1 task plans only its own half.
-BRANCH_MARK = "/rdmadev_in_branch"
-
-
-def _leaves_branch(g, keys):
-    """Whether a pair half among `keys` is named after a BRANCH_MARK node."""
-    return any(BRANCH_MARK in (attr(g.nodes[key]["node_def"], "_src") or "")
+def _leaves_branch(g, keys, mark):
+    """Whether a pair half among `keys` is named after a node that rdmadev's pass (branch_exits.cc,
+    MarkBranchExitsPass) put, before TF partitioned the graph, between a value of a conditional
+    branch and the task it crosses to, and named with `mark` (``NativeRules.branch_mark``): the
+    partitioner names both halves of the pair after that node (``_src``), so each half tells from
+    its own partition that it is in a branch (a TF1 task plans only its own half)."""
+    return any(mark in (attr(g.nodes[key]["node_def"], "_src") or "")
                for key in keys if key is not None)
 
 
@@ -137,17 +138,18 @@ def _in_conds(g, in_loops):
     neither way: a loop inside a branch does not close it), through data and control edges
     alike (TF's deadness follows both) and across pairs (a branch's read on ps is dead on ps
     too, and its value on the worker). Only pairs whose two halves are here can be told this
-    way; the pass's BRANCH_MARK tells every half."""
+    way; the pass's branch mark tells every half."""
     opens = _op_in(g, SWITCH_OPS, in_loops)
     return _between(g, list(filter(opens, g.nodes)), opens, _op_in(g, MERGE_OPS, in_loops),
                     across_pairs=True)
 
 
-def find_transfers(graph):
+def find_transfers(graph, rules):
     """Find every cross-task pair (or half) in a graph from ``load``.
 
     Args:
         graph: the networkx graph returned by ``graph_pass.load``.
+        rules: the ``NativeRules`` (``rdmadev._core.PLANNER_RULES``).
 
     Returns:
         A list of ``Transfer`` (facts only; ``decision`` is None), sorted by rendezvous key.
@@ -157,19 +159,19 @@ def find_transfers(graph):
             same end, or the two halves disagree on the dtype.
 
     Example:
-        >>> transfers = find_transfers(load(partitions))  # doctest: +SKIP
+        >>> transfers = find_transfers(load(partitions), rules)  # doctest: +SKIP
     """
     sends, recvs, same_task = {}, {}, 0
     for key, data in graph.nodes(data=True):
         op = data["op"]
-        if op not in SEND_OPS and op not in RECV_OPS:
+        if not rules.is_pair_op(op):
             continue
         rv = _rendezvous(key, data)
         client = bool(attr(data["node_def"], "client_terminated", False))
-        if task_of(rv[1]) == task_of(rv[2]):
+        if not rules.crosses_tasks(rv[1], rv[2]):
             same_task += 1
             continue
-        table = sends if op in SEND_OPS else recvs
+        table = sends if op in rules.send_ops else recvs
         if rv in table:
             raise PlanError(f"{op} nodes {table[rv][1]!r} and {key[1]!r} share the rendezvous key {rv}; a key "
                             f"must name one pair: plan each instantiation's partitions separately")
@@ -180,12 +182,12 @@ def find_transfers(graph):
     keys = sorted(set(sends) | set(recvs), key=lambda r: (r[0], r[1], r[2], r[3]))
     for rv in keys:
         s_key, r_key = sends.get(rv), recvs.get(rv)
-        transfers.append(_transfer(graph, rv, s_key, r_key))
+        transfers.append(_transfer(graph, rv, s_key, r_key, rules))
         transfers[-1].in_loop = bool({s_key, r_key} & in_loops)
     in_conds = _in_conds(graph, in_loops) if transfers else set()  # follows the pairs' edges
     for rv, t in zip(keys, transfers):
         both = rv in sends and rv in recvs
-        t.in_cond = _leaves_branch(graph, (sends.get(rv), recvs.get(rv))) or (
+        t.in_cond = _leaves_branch(graph, (sends.get(rv), recvs.get(rv)), rules.branch_mark) or (
             both and bool({sends[rv], recvs[rv]} & in_conds))
     graph.graph.setdefault(NS, {})
     graph.graph[NS]["transfers"] = transfers
@@ -203,7 +205,7 @@ def _bytes(dims, size):
     return size
 
 
-def _transfer(g, rv, s_key, r_key):
+def _transfer(g, rv, s_key, r_key, rules):
     tensor_name, send_device, recv_device, incarnation = rv
     cid = channel_id(tensor_name, send_device, recv_device, incarnation)
     s_nd = g.nodes[s_key]["node_def"] if s_key else None
@@ -220,10 +222,10 @@ def _transfer(g, rv, s_key, r_key):
         control = _is_control_send(g, s_key)
     else:
         control = _is_control_recv(g, r_key)
-    shape, source = transfer_shape(g, s_key, r_key)
+    shape, source = transfer_shape(g, s_key, r_key, rules.trusted_output)
     size = dtype_size(dtype) if dtype is not None else None
     nbytes = _bytes(shape, size) if fully_defined(shape) else None
-    bound = None if nbytes is not None else transfer_bound(g, s_key, r_key)
+    bound = None if nbytes is not None else transfer_bound(g, s_key, r_key, rules.bound_attr)
     either = s_nd if s_nd is not None else r_nd
     t = Transfer(channel_id=cid, tensor_name=tensor_name, send_device=send_device, recv_device=recv_device,
                  send_device_incarnation=int(incarnation), client_terminated=client,

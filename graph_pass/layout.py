@@ -1,58 +1,35 @@
-"""The byte layout of receive regions: the ONE definition shared with the native layer.
+"""The byte layout of receive regions: how the planner lays them out, from the native constants.
 
-Every constant below is serialized into each plan (``Plan.layout``, from ``layout_dict()``), so the
-native write/wait ops read them from the plan instead of keeping a copy in C++ in sync by hand.
+The constants are the native protocol's, defined once in C++ (``_native/core/channel.h``, where
+each is explained): the planner keeps no copy. Its caller hands them in as a ``Layout``
+(rdmadev's bridge and ``rdmadev plan`` give ``rdmadev._core.LAYOUT``, built from the bindings'
+``wire_layout()``), and each plan records the one it was laid out with (``Plan.layout``).
 
 A task registers one block per plan; the block holds one **region** per sending peer task, each
-starting on a ``REGION_ALIGNMENT`` boundary. A region holds one **channel** per planned transfer,
-in channel-key order; a channel is ``slots`` consecutive **slots** of ``slot_bytes`` each::
+starting on a ``region_alignment`` boundary. A region holds one **channel** per planned
+transfer, in channel-key order; a channel is ``slots`` consecutive **slots** of ``slot_bytes``
+each::
 
-    slot (slot_bytes, a multiple of ALIGNMENT)
-    +0   header, SLOT_HEADER_BYTES = 64
-         +0  u64 sequence word (SEQ_OFFSET): written last, with release ordering; 0 = never written
-         +8  u64 payload byte length (LENGTH_OFFSET) of this message
-         +16 .. +63 reserved, zero
-    +64  shape block (dynamic channels only): u64 rank at +0, then u64 dims[rank_capacity] at +8;
-         its size is rounded up to ALIGNMENT
-    +payload_offset  payload: capacity_bytes rounded up to ALIGNMENT
+    slot (slot_bytes, a multiple of alignment)
+    +0   header, slot_header_bytes
+         +seq_offset     u64 sequence word: written last, with release ordering; 0 = never written
+         +length_offset  u64 payload byte length of this message
+    +shape_block_offset  shape block (dynamic channels only): u64 rank at +shape_rank_offset,
+                         then u64 dims[rank_capacity] at +shape_dims_offset; its size is rounded
+                         up to alignment
+    +payload_offset      payload: capacity_bytes rounded up to alignment
 
-Static channels have no shape block (payload_offset = 64); control signals have no payload
-(slot_bytes = 64). Integers are little-endian (every supported host is x86-64 or aarch64 LE).
+Static channels have no shape block (payload_offset = slot_header_bytes); control signals have
+no payload (slot_bytes = slot_header_bytes).
 """
 
-__all__ = [
-    "ALIGNMENT", "SLOT_HEADER_BYTES", "SEQ_OFFSET", "SEQ_BYTES", "LENGTH_OFFSET", "LENGTH_BYTES",
-    "SHAPE_RANK_OFFSET", "SHAPE_DIMS_OFFSET", "SHAPE_DIM_BYTES", "REGION_ALIGNMENT", "BYTE_ORDER",
-    "round_up", "shape_block_bytes", "slot_bytes", "end_to_end", "layout_dict",
-]
+import dataclasses
+import functools
+from dataclasses import dataclass
 
-#: Alignment of every slot, header and payload, in bytes. 64 is a cache line on x86-64 and most
-#: aarch64 parts, so the sequence word the receiver polls never shares a line with another slot's
-#: payload (no false sharing between the writer and the poller), and it equals TF's
-#: EIGEN_MAX_ALIGN_BYTES=64 (from tf.sysconfig.get_compile_flags()), so a payload can be aliased as
-#: a Tensor buffer without a copy.
-ALIGNMENT = 64
-#: Bytes of the slot header. One aligned unit: room for the two words below plus reserved space.
-SLOT_HEADER_BYTES = 64
-#: Offset of the u64 sequence word in the slot header; published last with release ordering.
-SEQ_OFFSET = 0
-#: Width of the sequence word.
-SEQ_BYTES = 8
-#: Offset of the u64 payload byte length in the slot header.
-LENGTH_OFFSET = 8
-#: Width of the length word.
-LENGTH_BYTES = 8
-#: Offset of the u64 rank inside a dynamic slot's shape block (the block starts at SLOT_HEADER_BYTES).
-SHAPE_RANK_OFFSET = 0
-#: Offset of the first u64 dimension inside the shape block.
-SHAPE_DIMS_OFFSET = 8
-#: Width of one dimension in the shape block (TF dims are int64).
-SHAPE_DIM_BYTES = 8
-#: Alignment of each region inside a task's block: a page, so every region can be registered
-#: (ibv_reg_mr) or mapped (mmap of a memfd) on its own without sharing a page with another peer's.
-REGION_ALIGNMENT = 4096
-#: Byte order of every integer in a region.
-BYTE_ORDER = "little"
+from .errors import ConfigError
+
+__all__ = ["Layout", "round_up", "end_to_end"]
 
 
 def round_up(n, multiple):
@@ -72,42 +49,10 @@ def round_up(n, multiple):
     return -(-n // multiple) * multiple
 
 
-def shape_block_bytes(rank_capacity):
-    """Bytes of a dynamic slot's shape block holding up to ``rank_capacity`` dims (0 for static).
-
-    Args:
-        rank_capacity: the largest rank the channel carries, or None for a static channel.
-
-    Returns:
-        The block size, a multiple of ``ALIGNMENT``.
-    """
-    if rank_capacity is None:
-        return 0
-    return round_up(SHAPE_DIMS_OFFSET + SHAPE_DIM_BYTES * rank_capacity, ALIGNMENT)
-
-
-def slot_bytes(capacity_bytes, rank_capacity=None):
-    """Return ``(slot_bytes, payload_offset)`` for a slot carrying up to ``capacity_bytes``.
-
-    Args:
-        capacity_bytes: payload bytes (exact for static shapes, the bound for dynamic ones).
-        rank_capacity: dims the shape block holds (dynamic channels), or None (static).
-
-    Returns:
-        A tuple ``(slot_bytes, payload_offset)``, both multiples of ``ALIGNMENT``.
-
-    Example:
-        >>> slot_bytes(100)
-        (192, 64)
-    """
-    payload_offset = SLOT_HEADER_BYTES + shape_block_bytes(rank_capacity)
-    return payload_offset + round_up(capacity_bytes, ALIGNMENT), payload_offset
-
-
 def end_to_end(extents):
     """Offsets of a region's channels laid end to end, in order, and the bytes they use (the
-    region is that rounded up to ``REGION_ALIGNMENT``): the one rule the planner and a task
-    laying a pair out again (rdmadev.cluster.channels) share.
+    region is that rounded up to ``Layout.region_alignment``): the one rule the planner and a
+    task laying a pair out again (rdmadev.cluster.channels) share.
 
     Args:
         extents: each channel's bytes (``slots * slot_bytes``), in channel-key order.
@@ -126,13 +71,100 @@ def end_to_end(extents):
     return offsets, used
 
 
-def layout_dict():
-    """Return every layout constant as a JSON-ready dict (stored in each plan as ``layout``)."""
-    return {
-        "alignment": ALIGNMENT, "slot_header_bytes": SLOT_HEADER_BYTES,
-        "seq_offset": SEQ_OFFSET, "seq_bytes": SEQ_BYTES,
-        "length_offset": LENGTH_OFFSET, "length_bytes": LENGTH_BYTES,
-        "shape_block_offset": SLOT_HEADER_BYTES, "shape_rank_offset": SHAPE_RANK_OFFSET,
-        "shape_dims_offset": SHAPE_DIMS_OFFSET, "shape_dim_bytes": SHAPE_DIM_BYTES,
-        "region_alignment": REGION_ALIGNMENT, "byte_order": BYTE_ORDER,
-    }
+@dataclass(frozen=True)
+class Layout:
+    """The native protocol's slot and region constants (``_native/core/channel.h``) and the
+    layout rules over them.
+
+    Attributes:
+        alignment: of every slot, header and payload, in bytes.
+        slot_header_bytes: bytes of a slot's header.
+        seq_offset, seq_bytes: where the u64 sequence word lies in the header.
+        length_offset, length_bytes: where the u64 payload length lies in the header.
+        shape_block_offset: where a dynamic slot's shape block starts.
+        shape_rank_offset: of the u64 rank inside the shape block.
+        shape_dims_offset: of the first u64 dimension inside the shape block.
+        shape_dim_bytes: width of one dimension there.
+        region_alignment: of each region inside a task's block.
+        byte_order: of every integer in a region (``"little"``).
+
+    Example (``LAYOUT``: rdmadev._core's, the native values)::
+
+        LAYOUT.slot_bytes(100)  # (192, 64)
+    """
+
+    alignment: int
+    slot_header_bytes: int
+    seq_offset: int
+    seq_bytes: int
+    length_offset: int
+    length_bytes: int
+    shape_block_offset: int
+    shape_rank_offset: int
+    shape_dims_offset: int
+    shape_dim_bytes: int
+    region_alignment: int
+    byte_order: str
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name == "byte_order":
+                if v not in ("little", "big"):
+                    raise ConfigError(f"layout byte_order={v!r}: must be 'little' or 'big'")
+            elif not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ConfigError(f"layout {f.name}={v!r}: must be an int >= 0")
+        for name in ("alignment", "region_alignment"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"layout {name}={getattr(self, name)!r}: must be >= 1")
+
+    @classmethod
+    def from_dict(cls, data):
+        """The layout a plan recorded (``Plan.layout``, ``to_dict()``).
+
+        Raises:
+            ConfigError: a field is missing, unknown or of the wrong type.
+        """
+        names = {f.name for f in dataclasses.fields(cls)}
+        if not isinstance(data, dict) or set(data) != names:
+            got = set(data) if isinstance(data, dict) else set()
+            raise ConfigError(f"not a slot layout: missing {sorted(names - got)}, unknown {sorted(got - names)}")
+        return cls(**data)
+
+    def to_dict(self):
+        """Every constant as a JSON-ready dict (stored in each plan as ``layout``): a new one."""
+        return dict(self._dict)
+
+    @functools.cached_property
+    def _dict(self):
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def shape_block_bytes(self, rank_capacity):
+        """Bytes of a dynamic slot's shape block holding up to ``rank_capacity`` dims (0 for static).
+
+        Args:
+            rank_capacity: the largest rank the channel carries, or None for a static channel.
+
+        Returns:
+            The block size, a multiple of ``alignment``.
+        """
+        if rank_capacity is None:
+            return 0
+        return round_up(self.shape_dims_offset + self.shape_dim_bytes * rank_capacity, self.alignment)
+
+    def slot_bytes(self, capacity_bytes, rank_capacity=None):
+        """Return ``(slot_bytes, payload_offset)`` for a slot carrying up to ``capacity_bytes``.
+
+        Args:
+            capacity_bytes: payload bytes (exact for static shapes, the bound for dynamic ones).
+            rank_capacity: dims the shape block holds (dynamic channels), or None (static).
+
+        Returns:
+            A tuple ``(slot_bytes, payload_offset)``, both multiples of ``alignment``.
+
+        Example:
+            >>> LAYOUT.slot_bytes(100)  # doctest: +SKIP
+            (192, 64)
+        """
+        payload_offset = self.shape_block_offset + self.shape_block_bytes(rank_capacity)
+        return payload_offset + round_up(capacity_bytes, self.alignment), payload_offset

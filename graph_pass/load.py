@@ -9,7 +9,9 @@ empty ``rdmadev`` dict where later passes keep their results. Edges carry ``src_
 ``dst_input`` (-1 for control edges) and ``control``.
 """
 
+import functools
 import logging
+import re
 from collections.abc import Mapping
 
 import networkx as nx
@@ -19,20 +21,21 @@ from . import _proto
 from .attrs import parse_input
 from .errors import LoadError
 
-__all__ = ["load", "as_graph_def", "partition_sets", "may_have_transfers", "SEND_OPS", "RECV_OPS", "NS"]
+__all__ = ["load", "as_graph_def", "partition_sets", "may_have_transfers", "NS"]
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
 
 #: Namespace key under which every graph_pass result is stored on nodes, edges and the graph.
 NS = "rdmadev"
-#: Ops that send one end of a rendezvous pair (_HostSend: a GPU device's host-memory output).
-SEND_OPS = frozenset({"_Send", "_HostSend"})
-#: Ops that receive one end of a rendezvous pair.
-RECV_OPS = frozenset({"_Recv", "_HostRecv"})
-# Byte patterns for the fast path: an op name is stored verbatim in NodeDef field 2, and the
-# "_Host" variants contain these too, so absence of both patterns proves absence of every pair op.
-_PAIR_PATTERNS = (b"_Send", b"_Recv")
+
+
+@functools.lru_cache(maxsize=None)
+def _pair_op_names(send_ops, recv_ops):
+    """A regular expression for the fast path: an op name is stored verbatim in NodeDef field 2,
+    so the absence of every pair op's name proves the absence of every pair op. Each name is
+    searched for ("_HostSend" does not contain "_Send"), in one scan."""
+    return re.compile(b"|".join(re.escape(op.encode()) for op in sorted(send_ops | recv_ops)))
 
 
 def as_graph_def(obj, label="input"):
@@ -134,7 +137,7 @@ def load(partitions):
     return g
 
 
-def may_have_transfers(partitions):
+def may_have_transfers(partitions, rules):
     """Cheap check: False only when no partition can hold a `_Send`/`_Recv` (exact for bytes input).
 
     The native pass sees every eager op as a one-partition function; this lets the planner return
@@ -142,6 +145,7 @@ def may_have_transfers(partitions):
 
     Args:
         partitions: any input ``load`` accepts.
+        rules: the ``NativeRules`` (which ops are a pair's halves).
 
     Returns:
         True when a pair op may be present (then run the full pipeline), False when none is.
@@ -154,13 +158,14 @@ def may_have_transfers(partitions):
         items = list(partitions.partition_graphs)
     else:
         items = list(partitions)
+    pair_op = _pair_op_names(rules.send_ops, rules.recv_ops)
     for item in items:
         if isinstance(item, (bytes, bytearray, memoryview)):
             data = bytes(item)
-            if any(p in data for p in _PAIR_PATTERNS):
+            if pair_op.search(data):
                 return True
         elif hasattr(item, "node"):
-            if any(n.op in SEND_OPS or n.op in RECV_OPS for n in item.node):
+            if any(rules.is_pair_op(n.op) for n in item.node):
                 return True
         else:
             return True  # let load() report the bad input

@@ -3,7 +3,7 @@
 Schema ``rdmadev.plan`` version ``PLAN_VERSION`` (see ``Plan.to_dict`` for the exact keys)::
 
     {"schema": "rdmadev.plan", "version": 3,
-     "layout": {...graph_pass.layout.layout_dict()...},
+     "layout": {...graph_pass.layout.Layout.to_dict(): the native one it was laid out with...},
      "config": {...Config fields...},
      "instance_id": "9f2c..." | null,
      "transfers": [Transfer, ...],     # every cross-task pair found, swapped or kept, with its reason
@@ -25,7 +25,6 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
-from . import layout as _layout
 from .devices import task_of
 from .errors import ConfigError, PlanFormatError
 
@@ -317,7 +316,7 @@ class Plan:
     tasks: list = field(default_factory=list)
     config: Config = field(default_factory=Config)
     instance_id: str = None
-    layout: dict = field(default_factory=_layout.layout_dict)
+    layout: dict = field(default_factory=dict)  # the Layout's to_dict() (plan_regions sets it)
     version: int = PLAN_VERSION
     schema: str = PLAN_SCHEMA
 

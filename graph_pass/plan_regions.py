@@ -3,7 +3,8 @@
 For each receiving task there is one region per sending peer task. A region holds the channels
 of the swapped transfers between the two, sorted by channel key (independent of node order, so
 equal inputs always give equal layouts); a channel is ``Config.slots_for`` slots whose
-layout is ``graph_pass.layout``'s. Regions start on ``REGION_ALIGNMENT`` boundaries inside the
+layout is the native one (``rules.layout``, a ``graph_pass.layout.Layout``). Regions start on
+``region_alignment`` boundaries inside the
 task's block, and the block's ``total_bytes`` is what the task registers. The members of a
 bundle (graph_pass.bundles: small tensors of a step between the same two devices) are one
 channel, of static slots holding all of their bytes, keyed by the bundle's id.
@@ -18,8 +19,8 @@ import logging
 import secrets
 from collections import defaultdict
 
-from . import layout
 from .bundles import bundle_transfers
+from .layout import end_to_end, round_up
 from .load import NS
 from .plan import Config, Plan, Region, TaskBlock, channel_key
 from .policy import decide
@@ -39,7 +40,7 @@ def new_instance_id():
     return secrets.token_hex(INSTANCE_ID_BYTES)
 
 
-def plan_regions(transfers, config=None, instance_id=None, graph=None):
+def plan_regions(transfers, config=None, instance_id=None, graph=None, *, rules):
     """Decide each transfer and lay out the regions of every receiving task.
 
     Args:
@@ -50,6 +51,8 @@ def plan_regions(transfers, config=None, instance_id=None, graph=None):
         graph: optionally the loaded graph; its pair nodes get ``decision``, ``reason``,
             ``channel_key`` and ``region`` under ``data["rdmadev"]``. Small tensors of a step
             share channels (bundles) only where it is given: their dependencies are its edges.
+        rules: the ``NativeRules`` (``rdmadev._core.PLANNER_RULES``): the slot layout the
+            native protocol writes, and the pair ops.
 
     Returns:
         A ``Plan`` (call ``validate`` on it before use; ``plan_partitions`` does).
@@ -58,7 +61,7 @@ def plan_regions(transfers, config=None, instance_id=None, graph=None):
         PlanError: from the policy (e.g. a half pair larger than ``half_pair_capacity``).
 
     Example:
-        >>> p = plan_regions(find_transfers(g), Config(slots=3), instance_id="step-1")  # doctest: +SKIP
+        >>> p = plan_regions(find_transfers(g, rules), Config(slots=3), "step-1", rules=rules)  # doctest: +SKIP
     """
     config = config or Config()
     planned = [dataclasses.replace(t) for t in transfers]
@@ -67,7 +70,8 @@ def plan_regions(transfers, config=None, instance_id=None, graph=None):
     decisions = [decide(t, config) for t in planned]
     for t, decision in zip(planned, decisions):
         t.decision, t.reason, t.detail = decision[:3]
-    bundles = bundle_transfers(planned, config, graph)  # needs every decision
+    layout = rules.layout
+    bundles = bundle_transfers(planned, config, graph, rules)  # needs every decision
     groups = defaultdict(lambda: defaultdict(list))  # (recv, send task) -> channel key -> transfers
     for t, (*_, cap, rank_cap) in zip(planned, decisions):
         t.channel_key = channel_key(t.bundle or t.channel_id, instance_id if t.halves == "both" else None)
@@ -84,19 +88,18 @@ def plan_regions(transfers, config=None, instance_id=None, graph=None):
                         offset=block.total_bytes, bytes=0, used_bytes=0)
         channels = groups[(recv_task, send_task)]
         keys = sorted(channels)
-        offsets, region.used_bytes = layout.end_to_end(channels[k][0].slots * channels[k][0].slot_bytes
-                                                       for k in keys)
+        offsets, region.used_bytes = end_to_end(channels[k][0].slots * channels[k][0].slot_bytes for k in keys)
         for key, offset in zip(keys, offsets):
             for t in channels[key]:
                 t.region, t.offset = region.region_id, offset
                 t.task_offset = region.offset + offset
             region.channels.append(key)
-        region.bytes = layout.round_up(region.used_bytes, layout.REGION_ALIGNMENT)
+        region.bytes = round_up(region.used_bytes, layout.region_alignment)
         block.total_bytes += region.bytes
         block.regions.append(region.region_id)
         regions.append(region)
     plan = Plan(transfers=planned, regions=regions, tasks=[tasks[k] for k in sorted(tasks)], config=config,
-                instance_id=instance_id)
+                instance_id=instance_id, layout=layout.to_dict())
     if graph is not None:
         by_id = {t.channel_id: t for t in planned}
         for _, data in graph.nodes(data=True):

@@ -5,7 +5,7 @@ Rules, first match wins:
 1. ``client_terminated`` (a TF1 feed/fetch) -> keep.
 2. an end on a client job (``/job:localhost``, ``/job:chief``) -> keep unless ``plan_client_pairs``.
 3. a pair inside a branch of a lowered conditional (``in_cond``: its tensor may be dead; a half
-   alone is told by the name rdmadev's pass gave its source, find_transfers.BRANCH_MARK) -> keep
+   alone is told by the name rdmadev's pass gave its source, the rules' branch_mark) -> keep
    unless the ops carry dead tensors (``carries["dead_tensors"]``: TF's own _Send/_Recv
    labelled for rdmadev's kernels); a half inside a while loop's frame (``in_loop``: one
    transfer per iteration, the exit iteration's dead) -> keep unless they carry dead tensors

@@ -3,7 +3,7 @@
 TF's shape functions are the one source. The native pass runs TF's ShapeRefiner across the
 partitions and writes each `_Recv`'s refined shape as its ``_output_shapes``
 (``_native/tf/shapes.cc``); ``rdmadev plan`` runs that same code through the op library
-(``graph_pass.tf_shapes``) before planning. This module only reads what TF wrote:
+(``rdmadev.tools.tf_shapes``) before planning. This module only reads what TF wrote:
 
 1. ``_output_shapes`` on the `_Recv` (authoritative when present);
 2. else, on the sending side, ``_output_shapes`` of the node feeding the `_Send` (TF writes it on
@@ -11,12 +11,13 @@ partitions and writes each `_Recv`'s refined shape as its ``_output_shapes``
    value.
 
 There are no op-by-op rules. The one hand rule is where a TF shape function is known to be
-wrong: ``trusted_output`` (oneDNN's fused ops past output 0, except its batch norms' outputs 1
-and 2). What TF does not prove stays unknown (-1 / None), and the policy keeps such a transfer
-on gRPC unless the ops carry dynamic shapes.
+wrong: the native side's ``trusted_output`` (``NativeRules``; rules.h, TrustedOutput: oneDNN's
+fused ops past output 0, except its batch norms' outputs 1 and 2), which the pass applies too.
+What TF does not prove stays unknown (-1 / None), and the policy keeps such a transfer on gRPC
+unless the ops carry dynamic shapes.
 
-For a tensor of run-time shape the same annotation may also give a bound on every dim
-(``BOUND_ATTR``; ``transfer_bound``): from the few ops whose output size depends on their
+For a tensor of run-time shape the same annotation may also give a bound on every dim (the
+rules' ``bound_attr``; ``transfer_bound``): from the few ops whose output size depends on their
 inputs' values, sized by those inputs, and TF's shape functions after them
 (``_native/tf/shapes.h`` says which ops). The policy starts such a channel's slots at the
 bound when it is below the configured capacity.
@@ -24,47 +25,12 @@ bound when it is below the configured capacity.
 
 from .attrs import attr, parse_input, tensor_shape
 
-__all__ = ["fully_defined", "trusted_output", "data_input", "transfer_shape", "transfer_bound",
-           "UNTRUSTED_PREFIX", "BOUND_ATTR"]
-
-#: Op-name prefix of oneDNN's fused rewrites, whose shape functions are wrong past output 0:
-#: ``_MklNativeConv2DBackpropFilterWithBias`` gives its bias gradient (output 1) the conv's input
-#: channels instead of its output channels (commit 3601043; regression tests in
-#: tests/planner/test_gp_shapes.py and tests/e2e's conv scenario). The native pass skips the
-#: same outputs (``_native/tf/shapes.cc``, TrustedOutput).
-UNTRUSTED_PREFIX = "_Mkl"
-#: oneDNN ops whose outputs 1 and 2 are trusted all the same: the batch norms' statistics and
-#: their gradients' scale and offset gradients are [C] in TF's FusedBatchNorm(Grad) shape
-#: functions, which these ops register, and in their kernels. Distrusted, the batch statistics
-#: of benchmarks/cnn.py's resnet50 (53 batch norms x 2 x 2 workers) each took a dynamic
-#: channel of two 1 MiB slots on ps: 424 MiB for a few KiB a step.
-TRUSTED_FUSED = "FusedBatchNorm"
-#: The attr rdmadev's pass writes on both halves of a pair whose tensor has a run-time shape
-#: with a known bound (a list of one fully defined shape): ``kBoundAttr`` in
-#: ``_native/tf/shapes.h``, which the op library reports as ``rdmadev_bound_attr()``
-#: (tests/planner/test_gp_tf_shapes.py checks that the two agree).
-BOUND_ATTR = "_rdmadev_bound"
+__all__ = ["fully_defined", "data_input", "transfer_shape", "transfer_bound"]
 
 
 def fully_defined(shape):
     """True when ``shape`` is a known rank with every dim known."""
     return shape is not None and all(d >= 0 for d in shape)
-
-
-def trusted_output(op, index):
-    """False where TF's shape function for output ``index`` of ``op`` is known to be wrong.
-
-    Args:
-        op: the producing node's op name, e.g. ``"_MklNativeConv2DBackpropFilterWithBias"``.
-        index: the output index.
-
-    Returns:
-        False for oneDNN fused ops (``_Mkl*``) past output 0, except outputs 1 and 2 of their
-        batch norms; True otherwise. ``_native/tf/shapes.cc``, TrustedOutput, is the same rule.
-    """
-    if index == 0 or not op.startswith(UNTRUSTED_PREFIX):
-        return True
-    return index in (1, 2) and TRUSTED_FUSED in op
 
 
 def data_input(node_def, i=0):
@@ -73,7 +39,7 @@ def data_input(node_def, i=0):
     return (ins[i].name, ins[i].index) if i < len(ins) else None
 
 
-def _declared(nd, index):
+def _declared(nd, index, trusted_output):
     """The shape TF wrote for output ``index`` of ``nd`` (None when it wrote none or is not trusted)."""
     if not trusted_output(nd.op, index):
         return None, f"not trusted: {nd.op} output {index} (TF's shape function is wrong there)"
@@ -87,13 +53,14 @@ def _declared(nd, index):
     return None, "unknown"
 
 
-def transfer_shape(graph, send_key, recv_key):
+def transfer_shape(graph, send_key, recv_key, trusted_output):
     """Return ``(shape, source)`` of the tensor a pair carries, from what TF wrote on either half.
 
     Args:
         graph: the networkx graph from ``load``.
         send_key: the `_Send` node key, or None when only the receiving half is loaded.
         recv_key: the `_Recv` node key, or None when only the sending half is loaded.
+        trusted_output: ``trusted_output(op, index)``, the native rule (``NativeRules``).
 
     Returns:
         ``(shape, source)``: shape a tuple (-1 = unknown dim) or None (unknown rank); source says
@@ -114,7 +81,7 @@ def transfer_shape(graph, send_key, recv_key):
         src = data_input(nd)
         key = (send_key[0], src[0]) if src else None
         if key is not None and key in graph:
-            found.append(_declared(graph.nodes[key]["node_def"], src[1]))
+            found.append(_declared(graph.nodes[key]["node_def"], src[1], trusted_output))
     for shape, source in found:
         if fully_defined(shape):
             return shape, source
@@ -124,22 +91,23 @@ def transfer_shape(graph, send_key, recv_key):
     return None, found[-1][1] if found else "unknown"
 
 
-def transfer_bound(graph, send_key, recv_key):
+def transfer_bound(graph, send_key, recv_key, bound_attr):
     """Return the bound (a tuple of dims) rdmadev's pass wrote for a pair's tensor, or None.
 
     Args:
         graph: the networkx graph from ``load``.
         send_key: the `_Send` node key, or None when only the receiving half is loaded.
         recv_key: the `_Recv` node key, or None when only the sending half is loaded.
+        bound_attr: the attr the pass writes a bound under (``NativeRules.bound_attr``).
 
     Returns:
         The fully defined shape every dim of the tensor stays within, from either half's
-        ``BOUND_ATTR``; None when no half has one.
+        `bound_attr`; None when no half has one.
     """
     for key in (recv_key, send_key):
         if key is None:
             continue
-        shapes = attr(graph.nodes[key]["node_def"], BOUND_ATTR)
+        shapes = attr(graph.nodes[key]["node_def"], bound_attr)
         if shapes and fully_defined(shapes[0]):
             return tuple(shapes[0])
     return None

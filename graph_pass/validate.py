@@ -1,6 +1,7 @@
 """Pass 4, validate: check a plan's invariants; every problem names the node or region and the fix.
 
-Invariants: the plan has this graph_pass's schema, version and layout; every transfer has a
+Invariants: the plan has this graph_pass's schema and version, and the native layout when one is
+given (else the layout it records is checked for itself); every transfer has a
 decision and a reason that matches it; channel ids and keys are unique (the members of a bundle share one key, one layout, and do not
 overlap in its slots); every write has exactly
 one wait (in the plan, and in the graph when given); each swapped transfer sits in exactly one
@@ -11,8 +12,8 @@ and regions in a task do not overlap; region and task sizes add up.
 import logging
 from collections import Counter
 
-from . import layout
-from .errors import ValidationError
+from .errors import ConfigError, ValidationError
+from .layout import Layout, round_up
 from .load import NS
 from .plan import PLAN_SCHEMA, PLAN_VERSION
 from .policy import REASONS
@@ -25,17 +26,28 @@ log.addHandler(logging.NullHandler())
 _REPLAN = "re-run plan_regions on the transfers instead of editing the plan"
 
 
-def _check_header(plan, out):
+def _check_header(plan, rules, out):
+    """The plan's schema and version, and its layout (returned: the one to check it with, None
+    when it has none)."""
     if plan.schema != PLAN_SCHEMA or plan.version != PLAN_VERSION:
         out.append(f"plan is {plan.schema!r} v{plan.version}, expected {PLAN_SCHEMA!r} v{PLAN_VERSION}: "
                    f"re-plan with this graph_pass")
-    if plan.layout != layout.layout_dict():
-        diff = sorted(k for k in set(plan.layout) | set(layout.layout_dict())
-                      if plan.layout.get(k) != layout.layout_dict().get(k))
-        out.append(f"plan layout differs from graph_pass.layout in {diff}: re-plan with this graph_pass")
+    if rules is not None:
+        native = rules.layout.to_dict()
+        if plan.layout != native:
+            diff = sorted(k for k in set(plan.layout) | set(native) if plan.layout.get(k) != native.get(k))
+            out.append(f"plan layout differs from the native one in {diff}: "
+                       + ", ".join(f"{k}={plan.layout.get(k)!r} (native {native.get(k)!r})" for k in diff)
+                       + "; re-plan with the graph_pass and native library installed together")
+        return rules.layout
+    try:
+        return Layout.from_dict(plan.layout)
+    except ConfigError as exc:
+        out.append(f"plan layout: {exc}; re-plan with this graph_pass")
+        return None
 
 
-def _check_transfer(t, plan, regions, out):
+def _check_transfer(t, plan, regions, layout, out):
     who = f"{t.send_op or t.recv_op or 'pair'} {t.label!r} ({t.tensor_name})"
     if t.decision not in ("swap", "keep"):
         out.append(f"{who} has no decision: {_REPLAN}")
@@ -73,9 +85,11 @@ def _check_transfer(t, plan, regions, out):
     if t.capacity_bytes is None or t.slot_bytes is None:
         out.append(f"{who} is swapped without a slot layout: {_REPLAN}")
         return
+    if layout is None:
+        return
     if t.bundle is not None:
         if t.bytes is None or t.rank_capacity is not None or t.halves != "both" or t.in_cond or t.in_loop \
-                or t.bundle_offset is None or t.bundle_offset % layout.ALIGNMENT \
+                or t.bundle_offset is None or t.bundle_offset % layout.alignment \
                 or t.bundle_offset + t.bytes > t.capacity_bytes:
             out.append(f"{who} is in bundle {t.bundle} at {t.bundle_offset} (slots of {t.capacity_bytes} B), "
                        f"but only a static pair of {t.bytes} B planned whole, outside conditionals and loops, "
@@ -86,9 +100,9 @@ def _check_transfer(t, plan, regions, out):
     if (t.slot_bytes, t.payload_offset) != expected:
         out.append(f"{who} has slot_bytes/payload_offset {(t.slot_bytes, t.payload_offset)}, the layout gives "
                    f"{expected} for {t.capacity_bytes} B: {_REPLAN}")
-    if t.offset is None or t.offset % layout.ALIGNMENT or t.task_offset != region.offset + t.offset:
+    if t.offset is None or t.offset % layout.alignment or t.task_offset != region.offset + t.offset:
         out.append(f"{who} has offset {t.offset} / task_offset {t.task_offset} in region {region.region_id} at "
-                   f"{region.offset}: offsets must be {layout.ALIGNMENT}-aligned and consistent; {_REPLAN}")
+                   f"{region.offset}: offsets must be {layout.alignment}-aligned and consistent; {_REPLAN}")
 
 
 def _check_bundles(plan, out):
@@ -110,7 +124,7 @@ def _check_bundles(plan, out):
                 out.append(f"bundle {bid}: {lb!r} at {b0} overlaps {la!r} (ends {a1}): {_REPLAN}")
 
 
-def _check_regions(plan, by_key, out):
+def _check_regions(plan, by_key, layout, out):
     seen = Counter()
     for r in plan.regions:
         spans = []
@@ -133,8 +147,9 @@ def _check_regions(plan, by_key, out):
         if r.used_bytes != sum(b - a for a, b, _ in spans) or end > r.used_bytes:
             out.append(f"region {r.region_id}: used_bytes={r.used_bytes} but its channels span {end} bytes "
                        f"(sum {sum(b - a for a, b, _ in spans)}): {_REPLAN}")
-        if r.bytes != layout.round_up(r.used_bytes, layout.REGION_ALIGNMENT) or r.offset % layout.REGION_ALIGNMENT:
-            out.append(f"region {r.region_id}: bytes={r.bytes}, offset={r.offset} must be {layout.REGION_ALIGNMENT}"
+        align = layout.region_alignment if layout is not None else None
+        if align and (r.bytes != round_up(r.used_bytes, align) or r.offset % align):
+            out.append(f"region {r.region_id}: bytes={r.bytes}, offset={r.offset} must be {align}"
                        f"-aligned and cover used_bytes={r.used_bytes}: {_REPLAN}")
     for t in plan.transfers:
         if t.decision == "swap" and seen[t.channel_key] != 1:
@@ -181,18 +196,20 @@ def _check_graph(plan, graph, out):
                            f"with find_transfers")
 
 
-def problems(plan, graph=None):
+def problems(plan, graph=None, rules=None):
     """Return the list of broken invariants of ``plan`` (empty when it is valid).
 
     Args:
         plan: a ``Plan``.
         graph: optionally the loaded graph the plan came from, to check writes against waits there.
+        rules: optionally the ``NativeRules`` the plan must agree with (its layout); without
+            them the plan's slots are checked against the layout it records.
 
     Returns:
         A list of messages, each naming the node or region at fault and the fix.
     """
     out = []
-    _check_header(plan, out)
+    layout = _check_header(plan, rules, out)
     regions = {r.region_id: r for r in plan.regions}
     for what in ("channel_id", "channel_key"):
         owners = plan.transfers
@@ -204,24 +221,25 @@ def problems(plan, graph=None):
                 out.append(f"{t.label!r} ({t.tensor_name}) shares {what} {getattr(t, what)!r} with another transfer: "
                            f"rendezvous keys must be unique; plan each instantiation separately")
     for t in plan.transfers:
-        _check_transfer(t, plan, regions, out)
+        _check_transfer(t, plan, regions, layout, out)
         if t.decision == "swap" and t.halves == "both" and (not t.send_node or not t.recv_node):
             out.append(f"{t.label!r}: a swapped pair needs one write and one wait: {_REPLAN}")
     by_key = {t.channel_key: t for t in plan.transfers}
     _check_bundles(plan, out)
-    _check_regions(plan, by_key, out)
+    _check_regions(plan, by_key, layout, out)
     _check_tasks(plan, out)
     if graph is not None:
         _check_graph(plan, graph, out)
     return out
 
 
-def validate(plan, graph=None):
+def validate(plan, graph=None, rules=None):
     """Check every invariant of ``plan``; raise if any is broken.
 
     Args:
         plan: a ``Plan``.
         graph: optionally the loaded graph the plan came from.
+        rules: optionally the ``NativeRules`` the plan must agree with (see ``problems``).
 
     Returns:
         ``plan`` itself, so calls chain: ``validate(plan_regions(...))``.
@@ -229,7 +247,7 @@ def validate(plan, graph=None):
     Raises:
         ValidationError: with ``.problems``, one message per broken invariant.
     """
-    found = problems(plan, graph)
+    found = problems(plan, graph, rules)
     if found:
         raise ValidationError(found)
     return plan

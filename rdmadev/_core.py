@@ -7,7 +7,11 @@ with its remote regions -> regions -> itself) and holds only weak references to 
 is raised from a destructor. Data never passes through Python: calls that move bytes or
 wait release the GIL.
 """
+from graph_pass.layout import Layout as _Layout
+from graph_pass.native_rules import NativeRules as _NativeRules
+
 from . import errors as _errors
+from ._native import rules as _rules
 from ._native.bench import bench_memcpy, bench_pingpong, bench_tcp_pingpong, bench_tcp_stream
 from ._native.channel import (CREDIT_BYTES, RegionLease, RingLayout, RingReceiver, RingSender,
                               wire_layout)
@@ -29,8 +33,17 @@ __all__ = [
     "release_drained", "PARKED_GRACE_S", "RELEASED_GRACE_S", "LATE_WRITE_GRACE_S",
     "channel_counts", "transfer_counts", "fabric_priority", "unviable_reason", "recent_events", "hmac_sha256",
     "handshake_proof", "client_handshake", "server_handshake", "bench_memcpy",
-    "bench_pingpong", "bench_tcp_pingpong", "bench_tcp_stream",
+    "bench_pingpong", "bench_tcp_pingpong", "bench_tcp_stream", "LAYOUT", "PLANNER_RULES",
 ]
+
+#: The layout of receive regions as the native protocol writes it (channel.h, through
+#: wire_layout()): what the planner and the control plane lay rings and regions out with.
+LAYOUT = _Layout(**wire_layout())
+#: What graph_pass must decide exactly as the native passes do (rules.h, channel.h): the
+#: ``rules`` rdmadev hands the planner (graph_pass.plan_partitions(..., rules=PLANNER_RULES)).
+PLANNER_RULES = _NativeRules(layout=LAYOUT, send_ops=_rules.SEND_OPS, recv_ops=_rules.RECV_OPS,
+                             crosses_tasks=_rules.crosses_tasks, branch_mark=_rules.BRANCH_MARK,
+                             bound_attr=_rules.BOUND_ATTR, trusted_output=_rules.trusted_output)
 
 # Fails the import if the core has an error kind rdmadev/errors.py does not map.
 _errors._bind_native_kinds(error_kinds())

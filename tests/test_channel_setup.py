@@ -19,7 +19,7 @@ import pytest
 
 import rdmadev
 from graph_pass.devices import task_name
-from graph_pass.layout import REGION_ALIGNMENT, round_up, slot_bytes
+from graph_pass.layout import round_up
 from graph_pass.plan import Config as PlanConfig, Transfer
 from graph_pass.plan_regions import plan_regions
 from rdmadev import Config, _core
@@ -28,6 +28,10 @@ from rdmadev.errors import ProtocolError
 from rdmadev.testing import faults, launch
 from rdmadev.testing.pair import bind_local, ring_layout
 from rdmadev.testing.timing import wait_until
+from rdmadev._core import PLANNER_RULES as RULES
+
+slot_bytes = RULES.layout.slot_bytes  # the planner's slot math over channel.h's constants
+REGION_ALIGNMENT = RULES.layout.region_alignment
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -88,7 +92,7 @@ def plan(pairs, sizes=(400, 4096, 40), tensors=None):
                                   recv_device=f"{r}/device:CPU:0", send_device_incarnation=1,
                                   send_node=f"s{i}", recv_node=f"r{i}", dtype="DT_FLOAT",
                                   shape=[n // 4], shape_source="static", bytes=n))
-    p = plan_regions(facts, PlanConfig(slots=SLOTS), instance)
+    p = plan_regions(facts, PlanConfig(slots=SLOTS), instance, rules=RULES)
     return p, [t for t in p.transfers if t.decision == "swap"], {r.region_id: r.bytes for r in p.regions}
 
 

@@ -1,5 +1,6 @@
-"""The native ring lays its slots out exactly as the plan does (graph_pass.layout is the one
-definition): offsets and sizes byte for byte, and the bytes real transfers leave in the
+"""The native ring lays its slots out exactly as the plan does (channel.h's constants are the one
+definition; the planner lays slots out with them, graph_pass.layout.Layout from
+rdmadev._core.LAYOUT): offsets and sizes byte for byte, and the bytes real transfers leave in the
 receiver's region sit where the plan's layout dict says."""
 import dataclasses
 
@@ -7,10 +8,12 @@ import numpy as np
 import pytest
 
 import rdmadev
+import graph_pass.layout
 import graph_pass.plan
-from graph_pass import layout as plan_layout
 from rdmadev import _core
 from remote_ops import pattern
+
+plan_layout = _core.LAYOUT  # what the planner lays slots out with
 
 CAPACITIES = [0, 1, 63, 64, 65, 127, 4095, 4096, 4097, 65535, 1 << 20, (1 << 20) + 1,
               (3 << 20) + 7]
@@ -36,7 +39,7 @@ def test_native_layout_equals_the_plans(rank_capacity):
                 for i in range(slots):
                     assert lay.header(i) == offset + i * sb
                     assert lay.payload(i) == offset + i * sb + po
-                    assert lay.payload(i) + plan_layout.round_up(capacity, 64) == \
+                    assert lay.payload(i) + graph_pass.layout.round_up(capacity, 64) == \
                         offset + (i + 1) * sb
 
 
@@ -68,15 +71,14 @@ def test_bad_layouts_are_refused_naming_the_field(args, field):
 
 
 def test_wire_layout_agrees_with_the_plan():
-    wire, plan = _core.wire_layout(), plan_layout.layout_dict()
-    assert wire == {"seq_offset": 0, "length_offset": 8, "signal_bytes": 16, "alignment": 64,
-                    "slot_header_bytes": 64, "shape_block_offset": 64, "shape_rank_offset": 0,
-                    "shape_dims_offset": 8, "shape_dim_bytes": 8}
-    for key in ("seq_offset", "length_offset", "alignment", "slot_header_bytes",
-                "shape_block_offset", "shape_rank_offset", "shape_dims_offset", "shape_dim_bytes"):
-        assert wire[key] == plan[key], key
-    assert wire["signal_bytes"] == plan["seq_bytes"] + plan["length_bytes"]
-    assert wire["length_offset"] == plan["seq_offset"] + plan["seq_bytes"]
+    wire, plan = _core.wire_layout(), plan_layout.to_dict()
+    assert wire == {"seq_offset": 0, "seq_bytes": 8, "length_offset": 8, "length_bytes": 8,
+                    "alignment": 64, "slot_header_bytes": 64, "shape_block_offset": 64,
+                    "shape_rank_offset": 0, "shape_dims_offset": 8, "shape_dim_bytes": 8,
+                    "region_alignment": 4096, "byte_order": "little"}
+    assert plan == wire  # the planner's layout is the native one, field for field
+    assert wire["length_offset"] == wire["seq_offset"] + wire["seq_bytes"]
+    assert graph_pass.layout.Layout.from_dict(graph_pass.plan.Plan(layout=plan).layout) == plan_layout
 
 
 @pytest.mark.parametrize("capacity, offset", [(1, 0), (100, 4096), (4096 + 1, 192), (1 << 17, 64)])
@@ -84,7 +86,7 @@ def test_transfers_land_where_the_plan_says(fabric, secret, capacity, offset):
     """Real transfers through a ring placed inside a bigger region: each slot's sequence
     word, length and payload are found at the plan's offsets, and nothing outside the ring
     is touched."""
-    wire = plan_layout.layout_dict()
+    wire = plan_layout.to_dict()
     slots = 3
     _, _, lay = _plan_layout(slots, capacity, offset)
     cfg = rdmadev.Config(fabric=fabric, secret=secret)
@@ -120,7 +122,7 @@ def test_a_dynamic_slots_shape_block_lands_where_the_plan_says(fabric, secret, r
     """A dynamic channel's sender writes the shape block (u64 rank, u64 dims) and the payload
     before the signal: once the receiver sees the sequence word, both are in place at the
     plan's offsets (the write ordering the TF ops rely on, on every fabric)."""
-    wire = plan_layout.layout_dict()
+    wire = plan_layout.to_dict()
     slots, capacity = 2, 4096
     _, payload_offset, lay = _plan_layout(slots, capacity, 0, rank_capacity)
     block_at = wire["shape_block_offset"]

@@ -21,7 +21,7 @@ constexpr uint64_t kMaxRingBytes = uint64_t(1) << 48;
 [[noreturn]] void BadLayout(const std::string& field, uint64_t value, const std::string& why) {
   throw Error(ErrorKind::kConfig,
               "Failed to lay out ring: " + field + " = " + std::to_string(value) + " " + why, 0,
-              "build the layout from the plan (graph_pass.layout.slot_bytes(capacity) gives "
+              "build the layout from the plan (rdmadev._core.LAYOUT.slot_bytes(capacity) gives "
               "slot_bytes and payload_offset; RDMADEV_SLOTS >= 1)");
 }
 

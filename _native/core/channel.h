@@ -3,11 +3,12 @@
 // with credits returned to the sender so that a slot the receiver still holds is never
 // overwritten.
 //
-// The ring's layout is the plan's (graph_pass/layout.py is the one definition): slot i
-// starts at base + i * slot_bytes with a 64-byte header (u64 sequence word at +kSeqOffset
-// and u64 byte length at +kLengthOffset, both written by the sender's Signal after the
-// payload at +payload_offset). The ring never computes a stride of its own; it validates
-// what it is given. Transfer n (counted from epoch+1, an epoch both sides agree on at
+// The ring's layout is the plan's, built from the constants below (the one definition: the
+// bindings hand them to the planner, rdmadev._core.wire_layout(), graph_pass.layout.Layout):
+// slot i starts at base + i * slot_bytes with a 64-byte header (u64 sequence word at
+// +kSeqOffset and u64 byte length at +kLengthOffset, both written by the sender's Signal
+// after the payload at +payload_offset). The ring never computes a stride of its own; it
+// validates what it is given. Transfer n (counted from epoch+1, an epoch both sides agree on at
 // setup, never read from memory) goes to slot (n - epoch - 1) % K. The sender's credit
 // region holds, at the channel's credit offset, the highest n the receiver has released (in
 // order); the channels of one task pair share one credit region, a cache line each.
@@ -62,21 +63,52 @@ constexpr uint64_t kStageRecordBytes = RegionDesc::kEncodedSize + 16;
 // current step's with probability 2^-24, and only after a failed step left one behind.
 uint32_t StepTag(uint64_t step_id);
 
-// Byte positions the protocol writes in a slot header. A Signal (fabric.h) puts its seq at
-// +0 and its aux (here the payload length) at +8; the plan's layout dict must agree
-// (exported as rdmadev._core.wire_layout(), checked by the TF bridge).
-constexpr uint64_t kSeqOffset = 0;
-constexpr uint64_t kLengthOffset = 8;
+// The layout of receive regions (the planner lays them out with these, graph_pass.layout):
+//
+//   slot (slot_bytes, a multiple of kSlotAlignment)
+//   +0   header, kSlotHeaderBytes = 64
+//        +0  u64 sequence word (kSeqOffset): written last, with release ordering; 0 = never written
+//        +8  u64 payload byte length (kLengthOffset) of this message, the step tag above kTagShift
+//        +16 .. +63 reserved, zero
+//   +64  shape block (dynamic channels only): u64 rank at +0, then u64 dims[rank capacity] at
+//        +8; its size is rounded up to kSlotAlignment
+//   +payload_offset  payload: the capacity rounded up to kSlotAlignment
+//
+// Static channels have no shape block (payload_offset == kSlotHeaderBytes); control signals have
+// no payload (slot_bytes == kSlotHeaderBytes).
+//
+// Alignment of every slot, header and payload. A cache line (64 on x86-64 and most aarch64
+// parts), so the sequence word the receiver polls never shares a line with another slot's
+// payload (no false sharing between the writer and the poller); it equals TF's
+// EIGEN_MAX_ALIGN_BYTES=64 (tf.sysconfig.get_compile_flags()), so a payload can be aliased as a
+// Tensor buffer without a copy.
+constexpr uint64_t kSlotAlignment = kCacheLine;
+// Bytes of the slot header: one aligned unit, room for the two words below and reserved space.
 constexpr uint64_t kSlotHeaderBytes = kCacheLine;
-static_assert(kSeqOffset == 0 && kLengthOffset == 8 && kSignalBytes == 16,
+// Byte positions the protocol writes in a slot header. A Signal (fabric.h) puts its seq at
+// +0 and its aux (here the payload length) at +8.
+constexpr uint64_t kSeqOffset = 0;
+constexpr uint64_t kSeqBytes = 8;
+constexpr uint64_t kLengthOffset = 8;
+constexpr uint64_t kLengthBytes = 8;
+static_assert(kSeqOffset == 0 && kLengthOffset == kSeqOffset + kSeqBytes &&
+                  kSignalBytes == kSeqBytes + kLengthBytes,
               "a Signal writes seq at its offset and aux 8 bytes after it (fabric.h)");
-// A dynamic channel's slot has a shape block between the header and the payload (the plan's
-// layout, graph_pass/layout.py): u64 rank at +0, then u64 dims, written by the sender before
-// the payload and the signal. Static channels have none (payload_offset == kSlotHeaderBytes).
+// A dynamic channel's slot has a shape block between the header and the payload: u64 rank at
+// +0, then u64 dims (TF dims are int64), written by the sender before the payload and the
+// signal.
 constexpr uint64_t kShapeBlockOffset = kSlotHeaderBytes;
 constexpr uint64_t kShapeRankOffset = 0;
 constexpr uint64_t kShapeDimsOffset = 8;
 constexpr uint64_t kShapeDimBytes = 8;
+// Alignment of each region inside a task's block: a page, so every region can be registered
+// (ibv_reg_mr) or mapped (mmap of a memfd) on its own without sharing a page with another
+// peer's.
+constexpr uint64_t kRegionAlignment = kPageSize;
+// Every integer in a region is little-endian: every supported host is (x86-64, aarch64), and
+// the two ends of a channel write and read them with plain stores and loads.
+constexpr bool kLittleEndian = __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__;
+static_assert(kLittleEndian, "rdmadev's regions hold little-endian integers");
 
 struct RingLayout {
   uint32_t slots = 0;

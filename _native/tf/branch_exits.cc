@@ -23,15 +23,13 @@ namespace {
 using tensorflow::Graph;
 using tensorflow::Node;
 
-// Names the node MarkBranchExitsPass puts between a branch's value and the task it crosses to:
-// the partitioner names both halves of that pair after it (`_src`, and `tensor_name`
-// edge_<id>_<src>), so each half tells it is in a branch from its own partition.
-// graph_pass/find_transfers.py, BRANCH_MARK, reads the same text.
-constexpr char kBranchMark[] = "/rdmadev_in_branch";
-
 // The nodes reachable from `starts` past more `opens` than `closes` nodes, following data and
 // control edges (each start counts as one open; nested regions count). graph_pass's
-// find_transfers._between is the same walk over partition graphs.
+// find_transfers._between walks partition graphs alike, for the pairs whose two halves it
+// plans together (also graphs this pass never saw: `rdmadev plan`'s run metadata); the halves
+// planned alone it tells by kBranchMark (rules.h, read through the bindings). No test
+// compares the two walks directly: tests/e2e/test_e2e.py and tests/test_between_graph.py run
+// branches across tasks through both.
 template <typename Opens, typename Closes>
 std::unordered_set<const Node*> Between(const std::vector<const Node*>& starts, Opens opens,
                                         Closes closes) {
@@ -93,7 +91,7 @@ void ColocateControlFlowAsPartitioned(Graph* g) {
 // pair are planned together the planner sees the branch (find_transfers._in_conds); a TF1 task
 // plans only its own half, after its master partitioned the graph. So this pass marks, while
 // the graph is still whole, every value that leaves a branch for another task: it routes the
-// edge through a node named `<src>/rdmadev_in_branch` on the source's device (an Identity for a
+// edge through a node named `<src>` + kBranchMark (rules.h) on the source's device (an Identity for a
 // tensor, a NoOp for a control edge), which the partitioner then names both halves after, and
 // the planner tells both halves they are `in_cond`. It first moves control-flow nodes as the
 // partitioner will (ColocateControlFlowAsPartitioned).

@@ -1,6 +1,7 @@
 // FindOptInPass and the opt-in it records for the partition passes (opt_in.h).
 #include <atomic>
 #include <cctype>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <set>
@@ -112,7 +113,18 @@ class FindOptInPass : public tensorflow::GraphOptimizationPass {
 
 }  // namespace
 
-extern "C" void rdmadev_set_pass_mode(int mode) { g_mode.store(mode); }
+// Sets the mode named `name` ("off", "all", "marked"; opt_in.h); -1 for another name.
+extern "C" int rdmadev_set_pass_mode(const char* name) {
+  static constexpr std::pair<const char*, int> kModes[] = {
+      {"off", kRewriteNone}, {"all", kRewriteAll}, {"marked", kRewriteMarked}};
+  for (const auto& [known, mode] : kModes) {
+    if (std::strcmp(name, known) == 0) {
+      g_mode.store(mode);
+      return 0;
+    }
+  }
+  return -1;
+}
 
 int PassMode() { return g_mode.load(std::memory_order_relaxed); }
 

@@ -9,8 +9,9 @@
 namespace rdmadev_tf {
 
 // What the partition passes rewrite: nothing; every function (RDMADEV_AUTO); a function that
-// is, or calls, one marked by rdmadev.optimize. Set from Python (rdmadev_set_pass_mode;
-// rdmadev/tf/pass_mode.py's MODE_OFF, MODE_ALL, MODE_MARKED are the same numbers).
+// is, or calls, one marked by rdmadev.optimize. Python sets one by its name, "off", "all" or
+// "marked" (rdmadev_set_pass_mode, opt_in.cc; rdmadev/tf/pass_mode.py): the numbers are this
+// library's own.
 constexpr int kRewriteNone = 0, kRewriteAll = 1, kRewriteMarked = 2;
 int PassMode();
 

@@ -1,6 +1,7 @@
 // What one of TF's _Send/_Recv nodes says about its pair: the task of a device, whether the
 // pair crosses tasks, which half it is, and its rendezvous key (the same on both halves).
-// The passes (pass.cc, branch_exits.cc) read partition graphs through these.
+// The passes (pass.cc, branch_exits.cc, shapes.cc) read partition graphs through these; the
+// rules themselves, which the planner asks too, are rules.h's.
 #pragma once
 
 #include <string>
@@ -8,32 +9,23 @@
 #include "tensorflow/core/framework/node_def_util.h"
 #include "tensorflow/core/graph/graph.h"
 
+#include "rules.h"
+
 namespace rdmadev_tf {
 
-// The task part of a TF device name (`/job:ps/replica:0/task:0`).
-inline std::string TaskOf(const std::string& device) {
-  size_t d = device.find("/device:");
-  return d == std::string::npos ? device : device.substr(0, d);
-}
+inline bool IsSendOp(const tensorflow::Node* n) { return IsSendOpName(n->type_string()); }
+inline bool IsRecvOp(const tensorflow::Node* n) { return IsRecvOpName(n->type_string()); }
 
 // Whether `n` is a _Send/_Recv whose pair joins two tasks (not the client's feeds and fetches).
 inline bool IsCrossTaskPair(const tensorflow::Node* n) {
-  const std::string& op = n->type_string();
-  if (op != "_Send" && op != "_Recv" && op != "_HostSend" && op != "_HostRecv") return false;
+  if (!IsSendOp(n) && !IsRecvOp(n)) return false;
   std::string from, to;
   bool client = false;
   if (!tensorflow::TryGetNodeAttr(n->attrs(), "send_device", &from) ||
       !tensorflow::TryGetNodeAttr(n->attrs(), "recv_device", &to))
     return false;
   tensorflow::TryGetNodeAttr(n->attrs(), "client_terminated", &client);
-  return !client && TaskOf(from) != TaskOf(to);
-}
-
-inline bool IsSendOp(const tensorflow::Node* n) {
-  return n->type_string() == "_Send" || n->type_string() == "_HostSend";
-}
-inline bool IsRecvOp(const tensorflow::Node* n) {
-  return n->type_string() == "_Recv" || n->type_string() == "_HostRecv";
+  return !client && CrossesTasks(from, to);
 }
 
 // The pair's rendezvous key: tensor name, sending and receiving device.

@@ -41,36 +41,39 @@ std::string Sanitized(const std::string& s) {
   return safe;
 }
 
+const char* Side(bool send) { return send ? "send" : "recv"; }
+
 // Node names must be unique across every graph a TF1 worker registers (it caches stateful
 // kernels by node name, per session): derive them from the channel key. A half pair's key is
 // the same in every graph of a session that has that pair; its replaced node's name (unique
 // in the session) keeps each graph's kernel its own.
-std::string NodeName(const Rewrite& r) {
-  std::string name = "rdmadev_" + r.kind + "_" + Sanitized(r.channel);
-  return r.owned ? name + "_" + Sanitized(r.node) : name;
+std::string NodeName(const SwappedHalf& h) {
+  std::string name = std::string("rdmadev_") + Side(h.send) + "_" + Sanitized(h.decision.channel);
+  return h.decision.owned ? name + "_" + Sanitized(h.facts.node) : name;
 }
 
-// The receiving half's planned shape: unknown rank unless the plan knows it.
-absl::Status PlannedShape(const Rewrite& r, tensorflow::PartialTensorShape* shape) {
-  if (r.unknown_rank) return absl::OkStatus();
-  return tensorflow::PartialTensorShape::BuildPartialTensorShape(r.shape, shape);
+// A half's planned shape: unknown rank unless the plan knows it.
+absl::Status PlannedShape(const HalfFacts& f, tensorflow::PartialTensorShape* shape) {
+  if (f.unknown_rank) return absl::OkStatus();
+  return tensorflow::PartialTensorShape::BuildPartialTensorShape(f.shape, shape);
 }
 
 // Writes the settings rdmadev's kernels read (send_op.cc, recv_op.cc) with `set(name, value)`: the same for an
 // RdmadevSend/RdmadevRecv node and, under kSettingPrefix, for a labelled one.
 template <typename Set>
-absl::Status WriteSettings(const Rewrite& r, Set set) {
-  if (r.kind == "recv") {
+absl::Status WriteSettings(const SwappedHalf& h, Set set) {
+  const HalfDecision& d = h.decision;
+  if (!h.send) {
     tensorflow::PartialTensorShape shape;
-    TF_RETURN_IF_ERROR(PlannedShape(r, &shape));
+    TF_RETURN_IF_ERROR(PlannedShape(h.facts, &shape));
     set("shape", shape);
-    set("zero_copy", r.zero_copy);
-    set("zero_copy_min_bytes", static_cast<int64_t>(r.zero_copy ? r.zero_copy_min_bytes : 0));
+    set("zero_copy", d.zero_copy);
+    set("zero_copy_min_bytes", static_cast<int64_t>(d.zero_copy ? h.limits.zero_copy_min_bytes : 0));
   }
-  set("channel", r.channel);
-  set("timeout_s", static_cast<float>(r.timeout_s));
-  set("max_bytes", static_cast<int64_t>(r.max_bytes));
-  set("owned", r.owned);
+  set("channel", d.channel);
+  set("timeout_s", static_cast<float>(h.limits.timeout_s));
+  set("max_bytes", static_cast<int64_t>(h.limits.max_bytes));
+  set("owned", d.owned);
   return absl::OkStatus();
 }
 
@@ -78,12 +81,12 @@ absl::Status WriteSettings(const Rewrite& r, Set set) {
 // kernels (labelled.h; kernel_support.h: TF's executor runs a transfer node on a dead input and lets a
 // receiving one output a dead tensor, as no custom op may). It is renamed as Apply names its
 // nodes.
-absl::Status ApplyLabelled(Node* n, const Rewrite& r) {
-  TF_RETURN_IF_ERROR(WriteSettings(r, [n](const std::string& name, const auto& value) {
+absl::Status ApplyLabelled(Node* n, const SwappedHalf& h) {
+  TF_RETURN_IF_ERROR(WriteSettings(h, [n](const std::string& name, const auto& value) {
     n->AddAttr(kSettingPrefix + name, value);
   }));
   n->AddAttr("_kernel", std::string(kTransferLabel));
-  n->set_name(NodeName(r));
+  n->set_name(NodeName(h));
   return absl::OkStatus();
 }
 
@@ -118,22 +121,23 @@ absl::Status RunIterationsInOrder(Graph* g, const std::vector<const Node*>& node
   return absl::OkStatus();
 }
 
-absl::Status Apply(Graph* g, Node* old, const Rewrite& r) {
-  if (r.dead) return ApplyLabelled(old, r);
+absl::Status Apply(Graph* g, Node* old, const SwappedHalf& h) {
+  if (h.decision.dead) return ApplyLabelled(old, h);
   Node* fresh = nullptr;
-  tensorflow::NodeBuilder b(NodeName(r), r.kind == "send" ? "RdmadevSend" : "RdmadevRecv");
+  const auto dtype = static_cast<tensorflow::DataType>(h.facts.dtype);
+  tensorflow::NodeBuilder b(NodeName(h), h.send ? "RdmadevSend" : "RdmadevRecv");
   std::vector<const tensorflow::Edge*> in(old->in_edges().begin(), old->in_edges().end());
   std::vector<const tensorflow::Edge*> outs(old->out_edges().begin(), old->out_edges().end());
-  if (r.kind == "send") {
+  if (h.send) {
     const tensorflow::Edge* data = nullptr;
     for (const auto* e : in) if (!e->IsControlEdge()) data = e;
     if (!data) return absl::InternalError("_Send " + old->name() + " has no data input");
     b.Input(data->src(), data->src_output());
-    b.Attr("T", static_cast<tensorflow::DataType>(r.dtype));
+    b.Attr("T", dtype);
   } else {
-    b.Attr("dtype", static_cast<tensorflow::DataType>(r.dtype));
+    b.Attr("dtype", dtype);
   }
-  TF_RETURN_IF_ERROR(WriteSettings(r, [&b](const std::string& name, const auto& value) {
+  TF_RETURN_IF_ERROR(WriteSettings(h, [&b](const std::string& name, const auto& value) {
     b.Attr(name, value);
   }));
   b.Device(old->requested_device());
@@ -152,15 +156,15 @@ absl::Status Apply(Graph* g, Node* old, const Rewrite& r) {
 // (RdmadevRecvBundle) whose input (output) i is member i's: it takes every edge of theirs,
 // their control edges once each. The planner made sure no member waits for another's
 // arrival (graph_pass.bundles), so the merged node closes no cycle.
-absl::Status ApplyBundle(Graph* g, const std::map<std::string, Node*>& nodes, const Rewrite& r) {
-  const bool send = r.kind == "send";
+absl::Status ApplyBundle(Graph* g, const std::map<std::string, Node*>& nodes, const BundleHalf& r) {
+  const bool send = r.send;
   std::vector<Node*> olds;
   for (const auto& m : r.members) {
-    auto it = nodes.find(m.node);
-    if (it == nodes.end()) return absl::InternalError("rdmadev bundle names unknown node " + m.node + " on " + r.device);
+    auto it = nodes.find(m.facts.node);
+    if (it == nodes.end()) return absl::InternalError("rdmadev bundle names unknown node " + m.facts.node + " on " + r.device);
     olds.push_back(it->second);
   }
-  tensorflow::NodeBuilder b("rdmadev_" + r.kind + "_bundle_" + Sanitized(r.channel),
+  tensorflow::NodeBuilder b(std::string("rdmadev_") + Side(send) + "_bundle_" + Sanitized(r.channel),
                             send ? "RdmadevSendBundle" : "RdmadevRecvBundle");
   std::vector<int64_t> offsets;
   std::vector<tensorflow::DataType> dtypes;
@@ -169,9 +173,9 @@ absl::Status ApplyBundle(Graph* g, const std::map<std::string, Node*>& nodes, co
   for (size_t i = 0; i < olds.size(); ++i) {
     const BundleMember& m = r.members[i];
     offsets.push_back(m.offset);
-    dtypes.push_back(static_cast<tensorflow::DataType>(m.dtype));
+    dtypes.push_back(static_cast<tensorflow::DataType>(m.facts.dtype));
     tensorflow::PartialTensorShape shape;
-    TF_RETURN_IF_ERROR(tensorflow::PartialTensorShape::BuildPartialTensorShape(m.shape, &shape));
+    TF_RETURN_IF_ERROR(PlannedShape(m.facts, &shape));
     shapes.push_back(shape);
     if (!send) continue;
     const tensorflow::Edge* data = nullptr;
@@ -187,7 +191,7 @@ absl::Status ApplyBundle(Graph* g, const std::map<std::string, Node*>& nodes, co
   }
   b.Attr("offsets", offsets);
   b.Attr("channel", r.channel);
-  b.Attr("timeout_s", static_cast<float>(r.timeout_s));
+  b.Attr("timeout_s", static_cast<float>(r.limits.timeout_s));
   b.Device(olds[0]->requested_device());
   Node* fresh = nullptr;
   TF_RETURN_IF_ERROR(b.Finalize(g, &fresh));
@@ -232,30 +236,34 @@ class RdmadevPass : public tensorflow::GraphOptimizationPass {
       kv.second->ToGraphDef(&gd);
       serialized[kv.first] = gd.SerializeAsString();
     }
-    std::vector<Rewrite> rewrites;
+    PassView view;
     std::string error;
-    if (!CallPlanner(serialized, options.debug_filename_prefix, marked, &rewrites, &error)) {
+    if (!CallPlanner(serialized, options.debug_filename_prefix, marked, &view, &error)) {
       // rdmadev was asked for: falling back to gRPC silently would hide the problem (a
       // wrong secret, a task started without rdmadev). Fail the instantiation with the cause.
       rdmadev::LogEvent("pass: planning failed: " + error);
       return absl::FailedPreconditionError("rdmadev could not plan this function: " + error);
     }
+    auto partition = [parts](const std::string& device) -> Graph* {
+      auto it = parts->find(device);
+      return it == parts->end() ? nullptr : it->second.get();
+    };
     std::map<Graph*, std::vector<const Node*>> in_loops;  // labelled nodes in a loop, by partition
-    for (const auto& r : rewrites) {
-      auto it = parts->find(r.device);
-      if (it == parts->end()) return absl::InternalError("rdmadev plan names unknown partition " + r.device);
-      Graph* g = it->second.get();
-      if (!r.members.empty()) {
-        std::map<std::string, Node*> nodes;
-        for (Node* n : g->op_nodes()) nodes[n->name()] = n;
-        TF_RETURN_IF_ERROR(ApplyBundle(g, nodes, r));
-        continue;
-      }
+    for (const SwappedHalf& h : view.halves) {
+      Graph* g = partition(h.facts.device);
+      if (!g) return absl::InternalError("rdmadev plan names unknown partition " + h.facts.device);
       Node* old = nullptr;
-      for (Node* n : g->op_nodes()) if (n->name() == r.node) { old = n; break; }
-      if (!old) return absl::InternalError("rdmadev plan names unknown node " + r.node + " on " + r.device);
-      TF_RETURN_IF_ERROR(Apply(g, old, r));
-      if (r.loop) in_loops[g].push_back(old);  // labelled in place: `old` is still the node
+      for (Node* n : g->op_nodes()) if (n->name() == h.facts.node) { old = n; break; }
+      if (!old) return absl::InternalError("rdmadev plan names unknown node " + h.facts.node + " on " + h.facts.device);
+      TF_RETURN_IF_ERROR(Apply(g, old, h));
+      if (h.decision.loop) in_loops[g].push_back(old);  // labelled in place: `old` is still the node
+    }
+    for (const BundleHalf& b : view.bundles) {
+      Graph* g = partition(b.device);
+      if (!g) return absl::InternalError("rdmadev plan names unknown partition " + b.device);
+      std::map<std::string, Node*> nodes;
+      for (Node* n : g->op_nodes()) nodes[n->name()] = n;
+      TF_RETURN_IF_ERROR(ApplyBundle(g, nodes, b));
     }
     for (const auto& [g, nodes] : in_loops) TF_RETURN_IF_ERROR(RunIterationsInOrder(g, nodes));
     return absl::OkStatus();

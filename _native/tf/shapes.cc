@@ -35,18 +35,6 @@ using Partitions = std::unordered_map<std::string, std::unique_ptr<Graph>>;
 // step crosses at most a few (ps -> worker -> ps), and a round costs one shape pass.
 constexpr int kShapeRounds = 4;
 
-// oneDNN's fused ops register shape functions that are wrong past output 0 (e.g.
-// _MklNativeConv2DBackpropFilterWithBias gives the bias gradient the conv's input channels):
-// those shapes stay unknown, and the planner gives the pair a dynamic channel. Outputs 1 and 2
-// of oneDNN's batch norms are the exception: the batch statistics and the scale and offset
-// gradients, [C] in TF's FusedBatchNorm(Grad) shape functions, which these ops register, and
-// in their kernels. graph_pass/shapes.py, trusted_output, is the same rule.
-bool TrustedOutput(const Node* n, int index) {
-  const std::string& op = n->type_string();
-  if (index == 0 || op.rfind("_Mkl", 0) != 0) return true;
-  return (index == 1 || index == 2) && op.find("FusedBatchNorm") != std::string::npos;
-}
-
 bool FullDims(InferenceContext* c, ShapeHandle h, Dims* dims) {
   if (!c->FullyDefined(h)) return false;
   dims->clear();
@@ -144,7 +132,7 @@ void Refine(Graph* g, const Shapes& fed, bool bounded, Shapes* sent) {
     if (!c) continue;
     if (IsSendOp(n)) {
       const tensorflow::Edge* e = nullptr;
-      if (!n->input_edge(0, &e).ok() || !e || !TrustedOutput(e->src(), e->src_output())) continue;
+      if (!n->input_edge(0, &e).ok() || !e || !TrustedOutput(e->src()->type_string(), e->src_output())) continue;
       InferenceContext* src = refiner.GetContext(e->src());
       Dims dims;
       if (src && FullDims(src, src->output(e->src_output()), &dims)) sent->emplace(RendezvousKey(n), dims);
@@ -260,7 +248,7 @@ int AnnotatePartitions(const char* in, uint64_t in_len, std::string* out) {
 
 }  // namespace rdmadev_tf
 
-// For `rdmadev plan` (graph_pass/tf_shapes.py): AnnotatePartitions, its text in *out, which is
+// For `rdmadev plan` (rdmadev/tools/tf_shapes.py): AnnotatePartitions, its text in *out, which is
 // malloc'd (free it with rdmadev_free); nonzero when `in` was refused (or memory ran out: then
 // *out is null).
 extern "C" int rdmadev_annotate_partitions(const char* in, uint64_t in_len, char** out) {
@@ -273,5 +261,3 @@ extern "C" int rdmadev_annotate_partitions(const char* in, uint64_t in_len, char
 }
 
 extern "C" void rdmadev_free(char* p) { std::free(p); }
-
-extern "C" const char* rdmadev_bound_attr() { return rdmadev_tf::kBoundAttr; }

@@ -3,7 +3,7 @@
 //
 //   _output_shapes   the shape TF proves, when every dim is known: the exact size of a static
 //                    channel;
-//   _rdmadev_bound   for a tensor TF knows only at run time, a bound on every dim, when one
+//   kBoundAttr       for a tensor TF knows only at run time, a bound on every dim, when one
 //                    follows from the shapes of the values it is computed from: the slots its
 //                    dynamic channel starts with where it is below RDMADEV_DYNAMIC_CAPACITY
 //                    (graph_pass/policy.py).
@@ -25,10 +25,9 @@
 
 #include "tensorflow/core/graph/graph.h"
 
-namespace rdmadev_tf {
+#include "rules.h"  // kBoundAttr: the attr a pair's halves get for a bound
 
-// The attr a pair's halves get for a bound (a list of one fully defined shape).
-inline constexpr char kBoundAttr[] = "_rdmadev_bound";
+namespace rdmadev_tf {
 
 // Annotates every _Send and _Recv of `parts` (the partitions of one function, by device) with
 // `_output_shapes` and `_rdmadev_bound` as above.

@@ -3,7 +3,6 @@ recovery.py, registered.py) say alike: a task's Domain identity, errors named fo
 failed, how often the table's watcher looks, and the steps of setting up one pair's halves
 (its ring layouts, the region size the plan allows, binding, letting go on failure)."""
 from graph_pass.devices import split_task
-from graph_pass.layout import REGION_ALIGNMENT
 
 from .. import _core
 from ..errors import ProtocolError, RdmadevError
@@ -43,9 +42,11 @@ def ring_layout(channel):
 
 def planned_bytes(size, layouts, label):
     """`size`, the bytes asked for a pair's region, if it is what the plan gives channels
-    `layouts`: their extent rounded up to REGION_ALIGNMENT (a peer cannot ask for more)."""
+    `layouts`: their extent rounded up to the layout's region_alignment (a peer cannot ask for
+    more)."""
     extent = max(l.offset + l.bytes for l in layouts)
-    planned = -(-extent // REGION_ALIGNMENT) * REGION_ALIGNMENT
+    alignment = _core.LAYOUT.region_alignment
+    planned = -(-extent // alignment) * alignment
     if type(size) is not int or not extent <= size <= planned:
         raise ProtocolError(f"region {label} of {size!r} bytes is not what the plan gives its "
                             f"{len(layouts)} channel(s) ({extent} bytes, {planned} once "

@@ -25,7 +25,7 @@ import collections
 import logging
 import threading
 
-from graph_pass.layout import REGION_ALIGNMENT, end_to_end, round_up, slot_bytes
+from graph_pass.layout import end_to_end, round_up
 
 from .. import _core
 from ..errors import ConfigError, ProtocolError, RegionError
@@ -86,7 +86,7 @@ def laid_out(channels, learned):
         sized.append({**c, **grown} if _holds(grown, c) else c)
     offsets, used = end_to_end(c["slots"] * c["slot_bytes"] for c in sized)
     return ([{**c, "offset": o} for c, o in zip(sized, offsets)],
-            round_up(used, REGION_ALIGNMENT))
+            round_up(used, _core.LAYOUT.region_alignment))
 
 
 class Growth:
@@ -229,10 +229,10 @@ class Growth:
         if capacity < min(wanted, GROWTH_MAX_SLOT):
             raise ConfigError(f"a slot of {wanted} bytes exceeds RDMADEV_MAX_TENSOR_BYTES={limit}",
                               hint="raise RDMADEV_MAX_TENSOR_BYTES on every task")
-        slot, payload = slot_bytes(capacity, g["rank_capacity"])
+        slot, payload = _core.LAYOUT.slot_bytes(capacity, g["rank_capacity"])
         channel = {"key": g["key"], "slots": g["slots"], "slot_bytes": slot,
                    "payload_offset": payload, "capacity_bytes": capacity, "offset": 0}
-        size = round_up(g["slots"] * slot, REGION_ALIGNMENT)
+        size = round_up(g["slots"] * slot, _core.LAYOUT.region_alignment)
         self.table.open_pair(GROWN, {"sender": g["peer"], "bytes": size, "channels": [channel]},
                              attach="attach_grown")
         # the receiving successor is bound: the sender may move

@@ -23,7 +23,6 @@ import logging
 import threading
 import time
 
-from graph_pass.layout import slot_bytes
 from graph_pass.plan import Config as PlanConfig
 
 from .. import _core
@@ -178,7 +177,7 @@ class HalfPairs:
             known = sizes.get(c["key"])
             fits = type(known) is int and 0 <= known <= config.max_tensor_bytes
             capacity = known if fits else c["capacity_bytes"]
-            slot, payload = slot_bytes(capacity, c["rank_capacity"])
+            slot, payload = _core.LAYOUT.slot_bytes(capacity, c["rank_capacity"])
             # a known size is a static channel's, as planned here for this config
             slots = PlanConfig(slots=config.slots).slots_for(None) if fits else c["slots"]
             sized.append({"key": c["key"], "lineage": channel_lineage(c), "slots": slots,

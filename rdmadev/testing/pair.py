@@ -9,9 +9,7 @@ Example:
 """
 import multiprocessing
 
-from graph_pass.layout import slot_bytes
-
-from .._core import CREDIT_BYTES, RegionLease, RingLayout, RingReceiver, RingSender
+from .._core import CREDIT_BYTES, LAYOUT, RegionLease, RingLayout, RingReceiver, RingSender
 from ..errors import DeadlineExceeded, PeerLostError
 
 __all__ = ["spawn", "ring_layout", "ring_receiver", "ring_sender", "bind_local", "recv", "stop"]
@@ -61,7 +59,7 @@ def ring_layout(slots, capacity, offset=0, rank=None):
     """The layout a plan would give a channel of `slots` slots of `capacity` payload bytes at
     `offset` of its region: a static one, or with `rank` a dynamic one whose shape block holds
     that many dims (graph_pass.layout)."""
-    stride, payload_offset = slot_bytes(capacity, rank)
+    stride, payload_offset = LAYOUT.slot_bytes(capacity, rank)
     return RingLayout(slots, stride, payload_offset, capacity, offset)
 
 

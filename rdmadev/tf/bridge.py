@@ -2,16 +2,8 @@
 the GIL) for every function instantiation that has cross-task pairs. It runs the planner
 (graph_pass, the one place policy lives), sets up every swapped channel through the
 tasks' control services (rdmadev.cluster.channels), records a report, and tells the C++
-side what to replace.
-
-Each rewrite is a tuple (kind, partition, node, channel, dtype enum, shape, zero_copy,
-zero_copy_min_bytes, timeout_s, max_bytes, owned, dead, loop, members) with kind "send" or
-"recv"; members is empty but for a bundle's half (node ""), where it lists each pair's (node,
-dtype enum, shape, offset in the slot's payload) in offset order; shape has -1 for
-a dim known only at run time and is None when the rank is too (a dynamic channel's slots carry
-the shape); the receive aliases a tensor of at least zero_copy_min_bytes when zero_copy; owned is
-True for a half pair, whose kernels hold their half while they live (the last one destroyed
-unbinds it).
+side what to replace: a graph_pass.pass_view.PassView of the plan, which the pass reads field
+by field, by name (_native/tf/planner_call.cc; the fields are documented there).
 
 Half pairs: a TF1 task's GraphMgr runs the pass on that task's partition alone (the function
 name is empty there), so each half is planned by its own task as a dynamic channel, and the
@@ -26,26 +18,21 @@ import re
 
 import graph_pass
 from graph_pass.bundles import BUNDLE_ID_SHOWN
+from graph_pass.pass_view import PassView
 from graph_pass.plan import Config as PlanConfig
 
 from .. import _core
 from ..cluster import reports, runtime
 from ..cluster.channels import open_channels
 from ..cluster.opening import lineage
-from ..errors import ProtocolError
 from .api import opt_in_marker
 
-__all__ = ["rewrites", "plan_config", "check_wire_layout", "lineage_scope", "OPS_CARRY"]
+__all__ = ["rewrites", "plan_config", "lineage_scope", "OPS_CARRY"]
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
 
 _instances = itertools.count()
-
-
-def _dtype_enum(name):
-    from tensorflow.core.framework import types_pb2
-    return types_pb2.DataType.Value(name)
 
 
 #: What rdmadev's ops carry, told to the planner so that its policy decides once: any shape (a
@@ -69,24 +56,6 @@ def plan_config(config, halves=False):
                       half_pair_capacity=config.dynamic_capacity if halves else None, **chosen)
 
 
-def check_wire_layout(plan):
-    """Refuses a plan whose slot layout differs from the one the native protocol writes.
-
-    Raises:
-        ProtocolError: naming the field, the plan's value and the native one.
-    """
-    native = dict(_core.wire_layout())
-    planned = dict(plan.layout)
-    # The native signal is the two header words written together: the plan states their widths.
-    planned["signal_bytes"] = (plan.layout.get("seq_bytes") or 0) + (plan.layout.get("length_bytes") or 0)
-    for key, value in native.items():
-        if planned.get(key) != value:
-            raise ProtocolError(
-                f"the plan's slot layout has {key}={planned.get(key)!r} but the native library "
-                f"writes {key}={value!r}", hint="graph_pass and rdmadev's native library come from "
-                "different versions: reinstall rdmadev (pip install -e .)")
-
-
 def lineage_scope(function):
     """The name of `function` across its instantiations (opening.lineage): without TF's
     instantiation counter and an optimized function's opt-in token, so a retrace, a new
@@ -97,47 +66,34 @@ def lineage_scope(function):
 
 def rewrites(partitions, function="", marked=()):
     """Plans `partitions` ({device: GraphDef bytes}) of an instantiation of `function`, which
-    is or calls the rdmadev.optimize'd functions `marked`, and sets up the swapped channels."""
+    is or calls the rdmadev.optimize'd functions `marked`, and sets up the swapped channels.
+
+    Returns:
+        The ``PassView`` of the plan that the pass applies (empty when nothing is swapped).
+    """
     rt = runtime.current()
     if rt is None:
         log.warning("rdmadev pass: this process has no rdmadev runtime (start tasks with "
                     "`rdmadev serve`, call rdmadev.enable()/optimize() in the coordinator); "
                     "the function stays on gRPC")
-        return []
+        return PassView()
     instance = f"{os.getpid():x}.{next(_instances)}"
     # Only a TF1 GraphMgr plans with no function name; a task runtime (it has a ChannelTable)
     # is where halves meet.
     halves = not function and rt.table is not None
+    # The native side's rules and slot layout (rules.h, channel.h), from the bindings.
     plan = graph_pass.plan_partitions(partitions, plan_config(rt.config, halves),
-                                      instance_id=instance)
-    check_wire_layout(plan)
+                                      instance_id=instance, rules=_core.PLANNER_RULES)
     swap = [t for t in plan.transfers if t.decision == "swap"]
     fabrics, registered = open_channels(rt.call, instance, [t for t in swap if t.halves == "both"],
                                         {r.region_id: r.bytes for r in plan.regions}, function,
                                         marked, lineage_scope(function))
-    out, swapped, kept, capacities, bundles = [], [], [], {}, {}
-    timeout, limit = plan.config.deadline_s, rt.config.max_tensor_bytes
+    swapped, kept, capacities = [], [], {}
     for t in plan.transfers:
         route = f"{t.send_task} -> {t.recv_task}"
         if t.decision != "swap":
             kept.append((t.tensor_name, route, t.reason))
             continue
-        dtype = _dtype_enum(t.dtype)
-        shape = None if t.shape is None else list(t.shape)  # None: the rank travels too
-        owned = t.halves != "both"
-        # May carry a dead tensor (a branch, a loop's exit iteration): TF's nodes, labelled;
-        # in a loop, its frame runs one iteration at a time (pass.cc).
-        dead, loop = bool(t.in_cond or t.in_loop), bool(t.in_loop)
-        if t.bundle:
-            bundles.setdefault(t.channel_key, []).append(t)
-        else:
-            if t.halves in ("both", "send"):
-                out.append(("send", t.send_device, t.send_node, t.channel_key, dtype, [], False, 0,
-                            timeout, limit, owned, dead, loop, []))
-            if t.halves in ("both", "recv"):
-                out.append(("recv", t.recv_device, t.recv_node, t.channel_key, dtype, shape,
-                            bool(t.zero_copy), plan.config.zero_copy_min_bytes, timeout, limit, owned,
-                            dead, loop, []))
         fabric = fabrics.get(t.channel_key, f"{t.halves} half") + ("+zc" if t.zero_copy else "")
         if t.kind == "control":  # TF's dummy tensor for a control edge: a signal, no data
             swapped.append((t.tensor_name, route, reports.CONTROL, 0, fabric))
@@ -145,8 +101,6 @@ def rewrites(partitions, function="", marked=()):
             swapped.append((t.tensor_name, route, t.dtype, t.bytes, fabric))
             if t.bytes is None and t.halves != "recv":  # a receiving half's slots: what its sender says
                 capacities[t.tensor_name] = [t.capacity_bytes, t.capacity_bytes == t.bound_bytes]
-    for key, members in bundles.items():
-        out.extend(_bundle_rewrites(key, members, timeout))
     report = reports.Report(instance, swapped, kept, registered, function=function,
                             task=rt.task or "coordinator", marked=list(marked),
                             looped=[t.tensor_name for t in swap if t.in_loop], capacities=capacities,
@@ -155,19 +109,7 @@ def rewrites(partitions, function="", marked=()):
         _meet_halves(rt, [t for t in swap if t.halves != "both"], report)
     reports.record(report)
     log.info("%s", report)
-    return out
-
-
-def _bundle_rewrites(key, members, timeout):
-    """The two rewrites of the bundle `key` of `members`: one node replaces their _Send nodes,
-    one their _Recv nodes, each member (node, dtype, shape, offset) in the order of their bytes
-    in the slot (an empty tensor, a control edge's, before one that starts where it does)."""
-    members = sorted(members, key=lambda t: (t.bundle_offset, t.bytes))
-    first = members[0]
-    return [(kind, device, "", key, 0, [], False, 0, timeout, 0, False, False, False,
-             [(getattr(t, node), _dtype_enum(t.dtype), list(t.shape), t.bundle_offset) for t in members])
-            for kind, device, node in (("send", first.send_device, "send_node"),
-                                       ("recv", first.recv_device, "recv_node"))]
+    return PassView.of(plan, max_bytes=rt.config.max_tensor_bytes)
 
 
 def _meet_halves(rt, halves, report):

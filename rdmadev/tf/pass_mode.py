@@ -5,13 +5,14 @@ import ctypes
 
 from ..cluster import runtime
 from ..config import Config
+from ..errors import ConfigError
 from . import ops
 
 __all__ = ["MODE_OFF", "MODE_ALL", "MODE_MARKED", "opt_in_marker", "load_into_process"]
 
-#: The pass's modes (opt_in.h: kRewriteNone, kRewriteAll, kRewriteMarked): off; every
-#: function (RDMADEV_AUTO); marked functions only.
-MODE_OFF, MODE_ALL, MODE_MARKED = 0, 1, 2
+#: The pass's modes, by the names the op library knows them by (opt_in.h; its numbers are its
+#: own): off; every function (RDMADEV_AUTO); marked functions only.
+MODE_OFF, MODE_ALL, MODE_MARKED = "off", "all", "marked"
 _native = None
 
 
@@ -21,7 +22,21 @@ def _lib():
         ops.load()  # registers the ops and the pass with TensorFlow
         _native = ctypes.CDLL(ops.library_path())
         _native.rdmadev_opt_in_marker.restype = ctypes.c_char_p
+        _native.rdmadev_set_pass_mode.argtypes = [ctypes.c_char_p]
+        _native.rdmadev_set_pass_mode.restype = ctypes.c_int
     return _native
+
+
+def _set_mode(mode):
+    """Sets the pass's mode `mode` (a MODE_* name).
+
+    Raises:
+        ConfigError: the op library knows no mode of that name (built from other sources).
+    """
+    if _lib().rdmadev_set_pass_mode(mode.encode()) != 0:
+        raise ConfigError(f"rdmadev's op library has no pass mode {mode!r}",
+                          hint="reinstall rdmadev (pip install -e .): the library and the Python "
+                               "package come from different sources")
 
 
 def opt_in_marker():
@@ -34,7 +49,7 @@ def load_into_process(auto=False, on=None):
     function instantiated here. `on` is RDMADEV_ENABLED when the caller has read it already
     (None: read it now); off, the pass rewrites nothing."""
     on = Config.from_env().enabled if on is None else on
-    _lib().rdmadev_set_pass_mode(MODE_OFF if not on else MODE_ALL if auto else MODE_MARKED)
+    _set_mode(MODE_OFF if not on else MODE_ALL if auto else MODE_MARKED)
 
 
 def _pass_mode(request):

@@ -31,7 +31,7 @@ def _demo(argv):
 
 def _plan(argv):
     try:
-        from graph_pass.cli import main as run
+        from .plan import main as run
     except ImportError as e:
         print(f"rdmadev plan is unavailable: {e}", file=sys.stderr)
         return 2

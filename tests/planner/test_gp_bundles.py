@@ -8,6 +8,7 @@ import graph_pass as gp
 from graph_pass.bundles import BUNDLE_MAX_BYTES, levels
 
 import gp_builders as B
+from rdmadev._core import PLANNER_RULES as RULES
 
 PS, W0 = B.dev("ps"), B.dev("worker", 0)
 
@@ -30,7 +31,7 @@ def _by_bundle(plan):
 
 
 def test_small_reads_of_one_step_share_one_channel():
-    plan = gp.plan_partitions(B.partitions(*_reads(5)), instance_id="b")
+    plan = gp.plan_partitions(B.partitions(*_reads(5)), instance_id="b", rules=RULES)
     bundles = _by_bundle(plan)
     assert list(bundles) != [None] and len(bundles) == 1
     (members,) = bundles.values()
@@ -45,13 +46,13 @@ def test_small_reads_of_one_step_share_one_channel():
 
 
 def test_a_bundle_is_the_same_on_every_planning():
-    one = gp.plan_partitions(B.partitions(*_reads(3)), instance_id="x")
-    two = gp.plan_partitions(B.partitions(*reversed(_reads(3))), instance_id="x")
+    one = gp.plan_partitions(B.partitions(*_reads(3)), instance_id="x", rules=RULES)
+    two = gp.plan_partitions(B.partitions(*reversed(_reads(3))), instance_id="x", rules=RULES)
     assert one.to_json() == two.to_json()
 
 
 def test_bundle_below_bytes_zero_gives_every_pair_its_channel():
-    plan = gp.plan_partitions(B.partitions(*_reads(5)), gp.Config(bundle_below_bytes=0), instance_id="b")
+    plan = gp.plan_partitions(B.partitions(*_reads(5)), gp.Config(bundle_below_bytes=0), instance_id="b", rules=RULES)
     assert {t.bundle for t in plan.swapped()} == {None}
     assert len({t.channel_key for t in plan.swapped()}) == 5
 
@@ -62,7 +63,7 @@ def test_large_tensors_stay_on_channels_of_their_own():
     ps.var("big", big)
     B.pair(ps, w, "edge_9_big", "big/read", recv_name="big/_recv", shape=big)
     w.node("use", "MatMul", ["big/_recv", "big/_recv"], T=("type", B.FLOAT))
-    plan = gp.plan_partitions(B.partitions(ps, w), instance_id="b")
+    plan = gp.plan_partitions(B.partitions(ps, w), instance_id="b", rules=RULES)
     assert {t.tensor_name: bool(t.bundle) for t in plan.swapped()} == {
         "edge_0_v0": True, "edge_1_v1": True, "edge_9_big": False}
 
@@ -81,11 +82,11 @@ def test_a_tensor_that_depends_on_another_of_the_route_is_not_bundled_with_it():
     ps.node("again", "Neg", ["b/_recv"], T=("type", B.FLOAT))
     B.pair(ps, w, "edge_4_c", "again", recv_name="c/_recv", shape=(4,))
     w.node("out", "Add", ["c/_recv", "u/_recv"], T=("type", B.FLOAT))
-    plan, graph = gp.plan_partitions(B.partitions(ps, w), instance_id="d", return_graph=True)
+    plan, graph = gp.plan_partitions(B.partitions(ps, w), instance_id="d", return_graph=True, rules=RULES)
     bundle = {t.tensor_name: t.bundle for t in plan.swapped()}
     assert bundle["edge_1_a"] and bundle["edge_1_a"] == bundle["edge_2_u"]  # a and u: level 0
     assert bundle["edge_3_b"] is None and bundle["edge_4_c"] is None  # alone at their levels
-    level = levels(graph)
+    level = levels(graph, RULES)
     assert level[(W0, "a/_recv")] == 1 and level[(PS, "b/_recv")] == 2 and level[(W0, "c/_recv")] == 3
 
 
@@ -95,7 +96,7 @@ def test_a_receive_that_waits_for_another_members_arrival_is_not_bundled_with_it
     ps, w = _reads(2)
     w.node("first", "Identity", ["v0/_recv"], T=("type", B.FLOAT))
     next(n for n in w.gd.node if n.name == "v1/_recv").input.append("^first")
-    plan = gp.plan_partitions(B.partitions(ps, w), instance_id="d")
+    plan = gp.plan_partitions(B.partitions(ps, w), instance_id="d", rules=RULES)
     assert {t.bundle for t in plan.swapped()} == {None}
 
 
@@ -104,15 +105,15 @@ def test_a_function_with_a_loop_has_no_bundles():
     w.node("enter", "Enter", ["sum"], T=("type", B.FLOAT), frame_name=("s", "loop"))
     w.node("merge", "Merge", ["enter", "next"], T=("type", B.FLOAT), N=("i", 2))
     w.node("next", "NextIteration", ["merge"], T=("type", B.FLOAT))
-    plan, graph = gp.plan_partitions(B.partitions(ps, w), instance_id="l", return_graph=True)
-    assert levels(graph) is None
+    plan, graph = gp.plan_partitions(B.partitions(ps, w), instance_id="l", return_graph=True, rules=RULES)
+    assert levels(graph, RULES) is None
     assert {t.bundle for t in plan.swapped()} == {None}
 
 
 def test_a_route_with_more_bytes_than_a_bundle_holds_gets_several():
     shape = (32, 64)  # 8 KiB each
     n = BUNDLE_MAX_BYTES // (32 * 64 * 4) + 3
-    plan = gp.plan_partitions(B.partitions(*_reads(n, shape)), instance_id="m")
+    plan = gp.plan_partitions(B.partitions(*_reads(n, shape)), instance_id="m", rules=RULES)
     bundles = _by_bundle(plan)
     assert None not in bundles and len(bundles) == 2
     assert sorted(len(m) for m in bundles.values()) == [3, n - 3]
@@ -120,7 +121,7 @@ def test_a_route_with_more_bytes_than_a_bundle_holds_gets_several():
 
 
 def test_validate_refuses_a_broken_bundle():
-    plan = gp.plan_partitions(B.partitions(*_reads(3)), instance_id="v")
+    plan = gp.plan_partitions(B.partitions(*_reads(3)), instance_id="v", rules=RULES)
     members = plan.swapped()
     members[1].bundle_offset = members[0].bundle_offset  # two tensors in one place
     with pytest.raises(gp.ValidationError, match="overlaps"):
@@ -140,7 +141,7 @@ def test_config_refuses_a_negative_threshold():
 
 
 def test_rdmadev_plan_shows_the_bundles_and_can_turn_them_off(tmp_path, capsys):
-    from graph_pass import cli
+    from rdmadev.tools import plan as cli
     files = []
     for name, part in zip(("ps.pb", "w.pb"), _reads(3)):
         files.append(tmp_path / name)
@@ -159,7 +160,7 @@ def test_a_control_edges_signal_comes_with_the_bundle_of_its_level():
     ps, w = _reads(2)
     ps.node("ready", "NoOp")
     B.control_pair(ps, w, "edge_7_ready", "ready", "after_ready")
-    plan = gp.plan_partitions(B.partitions(ps, w), instance_id="c")
+    plan = gp.plan_partitions(B.partitions(ps, w), instance_id="c", rules=RULES)
     control = next(t for t in plan.swapped() if t.kind == "control")
     assert control.bytes == 0 and control.bundle
     assert {t.bundle for t in plan.swapped()} == {control.bundle}
@@ -185,8 +186,8 @@ def test_a_dependency_through_two_devices_of_one_task_keeps_tensors_apart():
     ps.node("c", "Neg", ["b/_recv"], T=("type", B.FLOAT))
     B.pair(ps, w, "edge_6_c", "c", recv_name="c/_recv", shape=(4,))
     w.node("out", "Add", ["c/_recv", "a/_recv"], T=("type", B.FLOAT))
-    plan, graph = gp.plan_partitions(B.partitions(ps, w, w1), instance_id="t", return_graph=True)
-    level = levels(graph)
+    plan, graph = gp.plan_partitions(B.partitions(ps, w, w1), instance_id="t", return_graph=True, rules=RULES)
+    level = levels(graph, RULES)
     assert level[(W0, "a/_recv")] == 3 and level[(w1.device, "hop/_recv")] == 4
     bundle = {t.tensor_name: t.bundle for t in plan.swapped()}
     assert bundle["edge_3_a"] is None or bundle["edge_3_a"] != bundle["edge_6_c"]

@@ -9,14 +9,16 @@ import pytest
 
 import gp_builders as B
 import graph_pass as gp
-from graph_pass import _proto, cli
+from graph_pass import _proto
+from rdmadev._core import PLANNER_RULES as RULES
+from rdmadev.tools import plan as cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def sample_plan():
     ps, (w0, w1) = B.ps_worker_step(workers=2)
-    return gp.plan_partitions(B.partitions(ps, w0, w1), instance_id="inst")
+    return gp.plan_partitions(B.partitions(ps, w0, w1), instance_id="inst", rules=RULES)
 
 
 def test_json_roundtrip_is_exact_and_carries_the_layout():
@@ -24,7 +26,7 @@ def test_json_roundtrip_is_exact_and_carries_the_layout():
     text = plan.to_json(indent=1)
     data = json.loads(text)
     assert data["schema"] == "rdmadev.plan" and data["version"] == gp.PLAN_VERSION == 3
-    assert data["layout"] == gp.layout.layout_dict()
+    assert data["layout"] == RULES.layout.to_dict()
     assert set(data) == {"schema", "version", "layout", "config", "instance_id", "transfers", "regions", "tasks"}
     t = data["transfers"][0]
     for key in ("channel_id", "channel_key", "tensor_name", "send_device", "recv_device", "send_device_incarnation",
@@ -83,7 +85,7 @@ def test_picture_has_task_boxes_and_highlighted_swaps_and_marked_keeps():
     client = B.Partition("/job:localhost/replica:0/task:0/device:CPU:0")
     client.node("arg", "_Arg", T=("type", B.FLOAT), _output_shapes=("shapes", [(3,)]), index=0)
     B.pair(client, w, "edge_91_arg", "arg")
-    plan = gp.plan_partitions(B.partitions(ps, w, client), instance_id="i")
+    plan = gp.plan_partitions(B.partitions(ps, w, client), instance_id="i", rules=RULES)
     (ax,) = build_figure(plan).axes
     boxes = [t.get_text() for t in ax.texts if "registers" in t.get_text()]
     assert sorted(b.split()[0] for b in boxes) == ["localhost:0", "ps:0", "worker:0"]
@@ -144,8 +146,8 @@ def test_cli_errors(tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
 
 
-def test_python_dash_m_graph_pass_runs_the_cli(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "graph_pass", "plan", "--run-metadata",
+def test_python_dash_m_rdmadev_tools_plan_runs_the_cli(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "rdmadev.tools.plan", "--run-metadata",
                            str(_metadata_file(tmp_path))], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "2 swapped" in proc.stdout

@@ -5,6 +5,7 @@ import pytest
 import gp_builders as B
 import graph_pass as gp
 from graph_pass.devices import Device, job_of, parse_device, split_task, task_name, task_of
+from rdmadev._core import PLANNER_RULES as RULES
 
 
 def test_full_names_with_device_kind():
@@ -60,7 +61,7 @@ def test_planner_reports_a_garbage_device_attr_naming_the_node():
     ps.node("c", "Const", dtype=("type", B.FLOAT), value=("tensor", (B.FLOAT, (2,), None)))
     ps.send("c/_send", "c", "edge_1_c", "worker:0")
     with pytest.raises(gp.PlanError, match=r"_Send node 'c/_send' .* recv_device 'worker:0' is not a TF device name"):
-        gp.find_transfers(gp.load(B.partitions(ps, w)))
+        gp.find_transfers(gp.load(B.partitions(ps, w)), rules=RULES)
 
 
 def test_explain_short_task_uses_the_parser():

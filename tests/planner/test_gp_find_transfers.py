@@ -4,14 +4,14 @@ import pytest
 
 import gp_builders as B
 import graph_pass as gp
-from graph_pass.find_transfers import BRANCH_MARK
+from rdmadev._core import PLANNER_RULES as RULES
 
 PS, W0, W1 = B.dev("ps"), B.dev("worker", 0), B.dev("worker", 1)
 
 
 def find(*parts):
     g = gp.load(B.partitions(*parts))
-    return g, gp.find_transfers(g)
+    return g, gp.find_transfers(g, rules=RULES)
 
 
 def test_no_cross_task_pair():
@@ -23,7 +23,7 @@ def test_no_cross_task_pair():
     g, transfers = find(w, gpu)
     assert transfers == []
     assert g.graph[gp.NS]["same_task_pairs"] == 2
-    plan = gp.validate(gp.plan_regions(transfers))
+    plan = gp.validate(gp.plan_regions(transfers, rules=RULES))
     assert plan.transfers == [] and plan.tasks == [] and plan.instance_id is None
 
 
@@ -52,7 +52,7 @@ def test_diamond_across_two_tasks():
     assert sorted(edges) == [("edge_1_a/_send", "a/_recv"), ("edge_2_b/_send", "b/_recv"), ("edge_3_c/_send", "c/_recv")]
     assert g.nodes[(W0, "a/_recv")][gp.NS] == {"channel_id": transfers[0].channel_id, "end": "recv",
                                                  "client_terminated": False}
-    plan = gp.validate(gp.plan_regions(transfers, instance_id="i", graph=g), g)
+    plan = gp.validate(gp.plan_regions(transfers, instance_id="i", graph=g, rules=RULES), g)
     assert [r.region_id for r in plan.regions] == [
         "/job:ps/replica:0/task:0<-/job:worker/replica:0/task:0", "/job:worker/replica:0/task:0<-/job:ps/replica:0/task:0"]
     assert g.nodes[(PS, "b/_recv")][gp.NS]["decision"] == "swap"
@@ -67,7 +67,7 @@ def test_one_tensor_to_two_tasks_is_two_transfers():
     assert len(transfers) == 2 and len({t.channel_id for t in transfers}) == 2
     assert {t.recv_task for t in transfers} == {"/job:worker/replica:0/task:0", "/job:worker/replica:0/task:1"}
     assert all(t.bytes == 4000 and t.src == "v/read" for t in transfers)
-    plan = gp.validate(gp.plan_regions(transfers, instance_id="i"))
+    plan = gp.validate(gp.plan_regions(transfers, instance_id="i", rules=RULES))
     assert [b.task for b in plan.tasks] == ["/job:worker/replica:0/task:0", "/job:worker/replica:0/task:1"]
     t = plan.transfers[0]
     assert (t.slot_bytes, t.payload_offset, t.slots) == (64 + 4032, 64, 1)  # 4000 B rounded up to 64
@@ -81,7 +81,7 @@ def test_control_edge_pairs_are_signals():
     _, transfers = find(ps, w)
     (t,) = transfers
     assert t.kind == "control" and t.shape == [0] and t.bytes == 0 and t.src == "update" and t.dst == "next_step"
-    plan = gp.validate(gp.plan_regions(transfers, instance_id="i"))
+    plan = gp.validate(gp.plan_regions(transfers, instance_id="i", rules=RULES))
     (t,) = plan.transfers
     assert (t.decision, t.reason, t.slot_bytes, t.capacity_bytes) == ("swap", "control_signal", 64, 0)
     # each half alone recognises the control pair too
@@ -110,11 +110,11 @@ def test_client_terminated_and_client_task_pairs_are_kept():
     chief.node("arg", "_Arg", T=("type", B.FLOAT), _output_shapes=("shapes", [(2,)]), index=0)
     B.pair(chief, w, "edge_3_arg", "arg")
     _, transfers = find(w, chief)
-    reasons = {t.tensor_name: t for t in gp.plan_regions(transfers, instance_id="i").transfers}
+    reasons = {t.tensor_name: t for t in gp.plan_regions(transfers, instance_id="i", rules=RULES).transfers}
     assert reasons["x:0"].reason == reasons["y:0"].reason == "client_terminated"
     assert reasons["x:0"].client_terminated and reasons["x:0"].halves == "recv"
     assert reasons["edge_3_arg"].reason == "client_task" and reasons["edge_3_arg"].decision == "keep"
-    configured = gp.plan_regions(transfers, gp.Config(plan_client_pairs=True), instance_id="i")
+    configured = gp.plan_regions(transfers, gp.Config(plan_client_pairs=True), instance_id="i", rules=RULES)
     by_name = {t.tensor_name: t for t in configured.transfers}
     assert by_name["edge_3_arg"].decision == "swap" and by_name["x:0"].decision == "keep"
     gp.validate(configured)
@@ -128,20 +128,20 @@ def test_dynamic_shapes():
     B.pair(ps, w, "edge_2_blob", "blob")
     _, transfers = find(ps, w)
     assert [(t.shape, t.bytes) for t in transfers] == [([-1, 4], None), (None, None)]
-    plan = gp.validate(gp.plan_regions(transfers, instance_id="i"))
+    plan = gp.validate(gp.plan_regions(transfers, instance_id="i", rules=RULES))
     assert [t.reason for t in plan.transfers] == ["not_carried_dynamic", "not_carried_dynamic"]
     dyn = {"dynamic_shapes": True}
-    plan = gp.validate(gp.plan_regions(transfers, gp.Config(carries=dyn), instance_id="i"))
+    plan = gp.validate(gp.plan_regions(transfers, gp.Config(carries=dyn), instance_id="i", rules=RULES))
     assert [t.reason for t in plan.transfers] == ["dynamic_unbounded", "dynamic_unbounded"]
     cfg = gp.Config(capacity_hints={"edge_1_batch": 4096}, default_dynamic_capacity=100, carries=dyn)
-    plan = gp.validate(gp.plan_regions(transfers, cfg, instance_id="i"))
+    plan = gp.validate(gp.plan_regions(transfers, cfg, instance_id="i", rules=RULES))
     b, blob = plan.transfers
     assert (b.reason, b.capacity_bytes, b.rank_capacity) == ("dynamic_bounded", 4096, 2)
     # header 64 + shape block (8 + 2*8 -> 64) + payload 4096
     assert (b.payload_offset, b.slot_bytes) == (128, 128 + 4096)
     assert (blob.capacity_bytes, blob.rank_capacity) == (100, gp.Config().max_dynamic_rank)
     assert (blob.payload_offset, blob.slot_bytes) == (64 + 128, 64 + 128 + 128)
-    hinted_by_src = gp.plan_regions(transfers, gp.Config(capacity_hints={"batch": 64}, carries=dyn), instance_id="i")
+    hinted_by_src = gp.plan_regions(transfers, gp.Config(capacity_hints={"batch": 64}, carries=dyn), instance_id="i", rules=RULES)
     assert hinted_by_src.transfers[0].capacity_bytes == 64
 
 
@@ -151,7 +151,7 @@ def test_non_plain_dtypes_stay_on_grpc(dtype, name):
     ps, w = B.Partition(PS), B.Partition(W0)
     ps.node("h", "_Arg", T=("type", dtype), _output_shapes=("shapes", [()]), index=0)
     B.pair(ps, w, "edge_1_h", "h", dtype=dtype)
-    (t,) = gp.plan_regions(find(ps, w)[1], instance_id="i").transfers
+    (t,) = gp.plan_regions(find(ps, w)[1], instance_id="i", rules=RULES).transfers
     assert (t.dtype, t.decision, t.reason) == (name, "keep", "non_plain_dtype")
 
 
@@ -213,14 +213,14 @@ def test_pairs_inside_while_loops_are_kept_by_each_half():
     w.recv("out/_recv", "edge_2_out", PS, shape=(4,))
     for parts in ((ps, w), (ps,), (w,)):
         assert {t.tensor_name: t.in_loop for t in find(*parts)[1]} == {"edge_1_in": True, "edge_2_out": False}
-    plan = gp.plan_partitions(B.partitions(ps, w), instance_id="i")
+    plan = gp.plan_partitions(B.partitions(ps, w), instance_id="i", rules=RULES)
     assert {t.tensor_name: (t.decision, t.reason) for t in plan.transfers} == {
         "edge_1_in": ("keep", "in_loop"), "edge_2_out": ("swap", "static")}
     # Ops that carry loops and dead tensors (the exit iteration's) swap a loop's pairs; in_loop
     # stays set, for the pass to label TF's nodes and run the loop in order (rdmadev.tf.bridge).
     for carries, swapped in (({"loops": True}, False), ({"dead_tensors": True}, False),
                              ({"loops": True, "dead_tensors": True}, True)):
-        plan = gp.plan_partitions(B.partitions(ps, w), gp.Config(carries=carries), instance_id="i")
+        plan = gp.plan_partitions(B.partitions(ps, w), gp.Config(carries=carries), instance_id="i", rules=RULES)
         assert {t.tensor_name: (t.decision, t.reason, t.in_loop) for t in plan.transfers} == {
             "edge_1_in": ("swap", "static", True) if swapped else ("keep", "in_loop", True),
             "edge_2_out": ("swap", "static", False)}, carries
@@ -252,13 +252,13 @@ def test_pairs_inside_conditional_branches_are_kept():
         "edge_1_ctl": True, "edge_2_read": True, "edge_3_out": False}
     for half in (ps, w):
         assert not any(t.in_cond for t in find(half)[1])
-    plan = gp.plan_partitions(B.partitions(ps, w), instance_id="i")
+    plan = gp.plan_partitions(B.partitions(ps, w), instance_id="i", rules=RULES)
     assert {t.tensor_name: (t.decision, t.reason) for t in plan.transfers} == {
         "edge_1_ctl": ("keep", "in_cond"), "edge_2_read": ("keep", "in_cond"),
         "edge_3_out": ("swap", "static")}
     # Ops that carry dead tensors swap the branch's pairs like any other; in_cond stays set,
     # for the pass to label TF's own nodes (rdmadev.tf.bridge).
-    plan = gp.plan_partitions(B.partitions(ps, w), gp.Config(carries={"dead_tensors": True}), instance_id="i")
+    plan = gp.plan_partitions(B.partitions(ps, w), gp.Config(carries={"dead_tensors": True}), instance_id="i", rules=RULES)
     assert {t.tensor_name: (t.decision, t.reason, t.in_cond) for t in plan.transfers} == {
         "edge_1_ctl": ("swap", "control_signal", True), "edge_2_read": ("swap", "static", True),
         "edge_3_out": ("swap", "static", False)}
@@ -271,7 +271,7 @@ def test_halves_named_after_a_branch_mark_are_kept_each_alone():
     each half alone is in_cond, its peer likewise; a half named after any other node is not."""
     ps, w = B.Partition(PS), B.Partition(W0)
     ps.var("v", (4,))
-    mark = "cond/read" + BRANCH_MARK + "/_0"
+    mark = "cond/read" + RULES.branch_mark + "/_0"
     ps.node(mark, "Identity", ["v/read"])
     B.pair(ps, w, "edge_2_" + mark, mark, recv_name="read/_recv", shape=(4,), src=mark)
     B.pair(ps, w, "edge_3_v", "v/read", recv_name="v/_recv", shape=(4,))
@@ -281,11 +281,11 @@ def test_halves_named_after_a_branch_mark_are_kept_each_alone():
             "edge_2_" + mark: True, "edge_3_v": False}, parts
     for half in (ps, w):
         plan = gp.plan_partitions(B.partitions(half), gp.Config(carries={"half_pairs": True}, half_pair_capacity=4096),
-                                  instance_id="i")
+                                  instance_id="i", rules=RULES)
         assert {t.tensor_name: (t.decision, t.reason) for t in plan.transfers} == {
             "edge_2_" + mark: ("keep", "in_cond"), "edge_3_v": ("swap", "half_pair_capacity")}
         plan = gp.plan_partitions(B.partitions(half), gp.Config(carries={"half_pairs": True, "dead_tensors": True},
-                                                                half_pair_capacity=4096), instance_id="i")
+                                                                half_pair_capacity=4096), instance_id="i", rules=RULES)
         assert {t.tensor_name: (t.decision, t.reason, t.in_cond) for t in plan.transfers} == {
             "edge_2_" + mark: ("swap", "half_pair_capacity", True),
             "edge_3_v": ("swap", "half_pair_capacity", False)}

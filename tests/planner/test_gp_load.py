@@ -6,6 +6,7 @@ import gp_builders as B
 import graph_pass as gp
 from graph_pass import _proto
 from graph_pass.attrs import attr, parse_input, tensor_shape
+from rdmadev._core import PLANNER_RULES as RULES
 
 
 def test_bytes_and_messages_give_the_same_graph_and_plan():
@@ -16,8 +17,8 @@ def test_bytes_and_messages_give_the_same_graph_and_plan():
     assert sorted(g1.nodes) == sorted(g2.nodes) == sorted(g3.nodes)
     assert sorted((u, v, d["dst_input"]) for u, v, d in g1.edges(data=True)) == \
         sorted((u, v, d["dst_input"]) for u, v, d in g2.edges(data=True))
-    p1 = gp.plan_partitions(B.partitions(ps, w), instance_id="i")
-    p2 = gp.plan_partitions(B.partitions(ps, w, as_bytes=True), instance_id="i")
+    p1 = gp.plan_partitions(B.partitions(ps, w), instance_id="i", rules=RULES)
+    p2 = gp.plan_partitions(B.partitions(ps, w, as_bytes=True), instance_id="i", rules=RULES)
     assert p1.to_json() == p2.to_json()
 
 
@@ -72,22 +73,33 @@ def test_fast_path_skips_parsing_when_no_pair_op_exists(monkeypatch):
     p.node("x", "_Arg", T=("type", B.FLOAT), index=0)
     p.node("y", "Relu", ["x"])
     data = B.partitions(p, as_bytes=True)
-    assert gp.may_have_transfers(data) is False
-    assert gp.may_have_transfers(B.partitions(p)) is False
+    assert gp.may_have_transfers(data, RULES) is False
+    assert gp.may_have_transfers(B.partitions(p), RULES) is False
 
     def boom(_):
         raise AssertionError("load must not run on the fast path")
 
     monkeypatch.setattr("graph_pass.pipeline.load", boom)
-    plan = gp.plan_partitions(data)
+    plan = gp.plan_partitions(data, rules=RULES)
     assert plan.transfers == [] and plan.regions == [] and plan.tasks == []
     gp.validate(plan)
 
 
 def test_fast_path_is_exact_for_pair_ops():
     ps, (w,) = B.ps_worker_step()
-    assert gp.may_have_transfers(B.partitions(ps, w, as_bytes=True))
-    assert gp.may_have_transfers(B.partitions(ps, w))
+    assert gp.may_have_transfers(B.partitions(ps, w, as_bytes=True), RULES)
+    assert gp.may_have_transfers(B.partitions(ps, w), RULES)
+
+
+@pytest.mark.parametrize("op", sorted(RULES.send_ops | RULES.recv_ops))
+def test_fast_path_sees_every_pair_op_alone(op):
+    """A partition whose only pair op is a _HostSend or _HostRecv (a GPU task's host-memory
+    tensors) is planned: neither name contains "_Send" or "_Recv"."""
+    p = B.Partition("/job:worker/replica:0/task:0/device:GPU:0")
+    p.node("x", "_Arg", T=("type", B.INT32), index=0)
+    p.node("half", op, ["x"] if op in RULES.send_ops else [], T=("type", B.INT32))
+    assert gp.may_have_transfers(B.partitions(p, as_bytes=True), RULES)
+    assert gp.may_have_transfers(B.partitions(p), RULES)
 
 
 def test_partition_sets_from_run_metadata_bytes():

@@ -8,6 +8,7 @@ import pytest
 import gp_builders as B
 import graph_pass as gp
 from graph_pass import plan as plan_mod
+from rdmadev._core import PLANNER_RULES as RULES
 
 PS, W0 = B.dev("ps"), B.dev("worker")
 ON = {"dynamic_shapes": True, "half_pairs": True, "dead_tensors": True, "loops": True}
@@ -37,7 +38,7 @@ CASES = {  # name -> (transfer, reason with carries off, reason with carries on)
 def test_policy_obeys_carries(name, on):
     t, off_reason, on_reason = CASES[name]
     cfg = gp.Config(carries=ON if on else {}, default_dynamic_capacity=4096, half_pair_capacity=4096)
-    plan = gp.validate(gp.plan_regions([t], cfg, instance_id="i"))
+    plan = gp.validate(gp.plan_regions([t], cfg, instance_id="i", rules=RULES))
     (got,) = plan.transfers
     reason = on_reason if on else off_reason
     assert (got.reason, got.decision) == (reason, gp.REASONS[reason][0])
@@ -48,15 +49,15 @@ def test_policy_obeys_carries(name, on):
 def test_each_capability_is_independent():
     dyn, half = CASES["dynamic"][0], CASES["send_half"][0]
     cfg = gp.Config(carries={"dynamic_shapes": True}, default_dynamic_capacity=256, half_pair_capacity=256)
-    assert [t.reason for t in gp.plan_regions([dyn, half], cfg, "i").transfers] == \
+    assert [t.reason for t in gp.plan_regions([dyn, half], cfg, "i", rules=RULES).transfers] == \
         ["dynamic_bounded", "not_carried_half_pair"]
     cfg = gp.Config(carries={"half_pairs": True}, default_dynamic_capacity=256, half_pair_capacity=256)
-    assert [t.reason for t in gp.plan_regions([dyn, half], cfg, "i").transfers] == \
+    assert [t.reason for t in gp.plan_regions([dyn, half], cfg, "i", rules=RULES).transfers] == \
         ["not_carried_dynamic", "half_pair_capacity"]
 
 
 def test_validate_refuses_a_swap_the_ops_cannot_carry():
-    plan = gp.plan_regions([CASES["dynamic"][0]], gp.Config(carries=ON, default_dynamic_capacity=64), "i")
+    plan = gp.plan_regions([CASES["dynamic"][0]], gp.Config(carries=ON, default_dynamic_capacity=64), "i", rules=RULES)
     plan.config = gp.Config()
     with pytest.raises(gp.ValidationError, match="do not carry dynamic shapes"):
         gp.validate(plan)
@@ -81,7 +82,7 @@ def test_config_defaults_and_errors():
 def test_the_round_trip_keeps_the_v2_config():
     ps, (w,) = B.ps_worker_step()
     cfg = gp.Config(zero_copy_min_bytes=1024, deadline_s=12.5, carries={"dynamic_shapes": True})
-    plan = gp.plan_partitions(B.partitions(ps, w), cfg, instance_id="v2")
+    plan = gp.plan_partitions(B.partitions(ps, w), cfg, instance_id="v2", rules=RULES)
     data = json.loads(plan.to_json())
     assert data["version"] == 3 == gp.PLAN_VERSION
     assert data["config"]["zero_copy_min_bytes"] == 1024 and data["config"]["deadline_s"] == 12.5
@@ -92,7 +93,7 @@ def test_the_round_trip_keeps_the_v2_config():
 
 
 def test_older_plans_are_refused_with_the_reason():
-    data = json.loads(gp.plan_partitions(B.partitions(*[B.Partition(PS)])).to_json())
+    data = json.loads(gp.plan_partitions(B.partitions(*[B.Partition(PS)]), rules=RULES).to_json())
     for version in (1, 2):
         data["version"] = version
         with pytest.raises(gp.PlanFormatError, match=rf"plan version {version} is not supported .*version 3, "
@@ -105,7 +106,7 @@ def _zero_copy_plan(shape, threshold):
     ps.var("v", shape)
     B.pair(ps, w, "edge_1_v", "v/read", recv_name="v/_recv", shape=shape)
     w.node("use", "MatMul", ["v/_recv", "v/_recv"], T=("type", B.FLOAT))
-    return gp.plan_partitions(B.partitions(ps, w), gp.Config(zero_copy_min_bytes=threshold)).transfers[0]
+    return gp.plan_partitions(B.partitions(ps, w), gp.Config(zero_copy_min_bytes=threshold), rules=RULES).transfers[0]
 
 
 def test_zero_copy_threshold_comes_from_the_config():

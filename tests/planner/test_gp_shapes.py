@@ -4,7 +4,10 @@ import pytest
 
 import gp_builders as B
 import graph_pass as gp
-from graph_pass.shapes import fully_defined, trusted_output
+from graph_pass.shapes import fully_defined
+from rdmadev._core import PLANNER_RULES as RULES
+
+trusted_output = RULES.trusted_output  # rules.h's TrustedOutput, through the bindings
 
 PS, W0 = B.dev("ps"), B.dev("worker")
 MKL_BIAS_GRAD = "_MklNativeConv2DBackpropFilterWithBias"
@@ -17,7 +20,7 @@ def sent(build, recv_shape=None, halves="both"):
     ps.node("use", "Identity", ["t/_recv"], T=("type", B.FLOAT))
     parts = {"both": (ps, w), "send": (w,), "recv": (ps,)}[halves]
     (t,) = gp.plan_partitions(B.partitions(*parts), gp.Config(carries={"half_pairs": True},
-                                                               half_pair_capacity=1 << 20)).transfers
+                                                               half_pair_capacity=1 << 20), rules=RULES).transfers
     return t
 
 

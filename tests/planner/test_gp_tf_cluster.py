@@ -3,7 +3,7 @@
 Each workload runs once from this process (the coordinator, /job:localhost) with run metadata on,
 so the coordinator partitions it and the metadata holds every partition (both halves of each pair).
 Run metadata's partitions carry no shapes; as the native pass does with TF's ShapeRefiner, the
-tests first run TF's own shape functions over them (``graph_pass.tf_shapes.annotate``): these
+tests first run TF's own shape functions over them (``rdmadev.tools.tf_shapes.annotate``): these
 tests are the proof that real graphs plan statically from TF's shapes alone.
 Keras 3's ``fit`` under a worker device scope is partitioned on the worker, so its partitions never
 reach this process's run metadata; instead the test runs the model's own ``train_step`` (what
@@ -17,7 +17,8 @@ import pytest
 
 import graph_pass as gp
 from graph_pass.devices import task_of as task
-from graph_pass.tf_shapes import annotate
+from rdmadev.tools.tf_shapes import annotate
+from rdmadev._core import PLANNER_RULES as RULES
 
 import tensorflow as tf
 from tensorflow.python.eager import context  # noqa: E402
@@ -83,7 +84,7 @@ def test_matmul_relu_step_with_variables_on_ps(devices):
     y, parts, md = capture(step, tf.ones([2, 4]))
     assert float(y) == pytest.approx(128.0)
     assert len(parts) == 4  # localhost, ps, worker0, worker1
-    plan, graph = gp.plan_partitions(annotate(parts), instance_id="mm", return_graph=True)
+    plan, graph = gp.plan_partitions(annotate(parts), instance_id="mm", return_graph=True, rules=RULES)
     check_one_for_one(parts, plan)
     gp.validate(plan, graph)
     swaps = {(t.src, task(t.send_device), task(t.recv_device)): (t.shape, t.bytes) for t in plan.swapped()}
@@ -100,10 +101,10 @@ def test_matmul_relu_step_with_variables_on_ps(devices):
     assert {t.capacity_bytes for t in reads} == {second.bundle_offset + second.bytes}
     # the same plan from the serialized run metadata (graph_pass's own proto subset)
     (from_bytes,) = [s for s in gp.partition_sets(md.SerializeToString()) if len(s) == 4]
-    assert gp.plan_partitions(annotate(from_bytes), instance_id="mm").to_json() == plan.to_json()
+    assert gp.plan_partitions(annotate(from_bytes), instance_id="mm", rules=RULES).to_json() == plan.to_json()
     # TF1-style: each partition planned alone gives the same channel identities
     for gd in parts:
-        for t in gp.plan_partitions([gd]).transfers:
+        for t in gp.plan_partitions([gd], rules=RULES).transfers:
             planned = plan.transfer(t.channel_id)
             assert planned.channel_key == f"{planned.bundle or t.channel_id}@mm"
 
@@ -126,7 +127,7 @@ def test_gradient_step_writes_updates_back_to_ps(devices):
         return loss
 
     _, parts, _ = capture(step, tf.ones([2, 4]))
-    plan = gp.validate(gp.plan_partitions(annotate(parts), instance_id="g"))
+    plan = gp.validate(gp.plan_partitions(annotate(parts), instance_id="g", rules=RULES))
     check_one_for_one(parts, plan)
     up = sorted((t.shape, t.bytes, t.reason) for t in plan.transfers
                 if t.send_task.startswith("/job:worker") and t.recv_task.startswith("/job:ps"))
@@ -160,7 +161,7 @@ def test_keras3_train_step_with_variables_on_ps(devices):
     y = tf.random.normal([32, 1], seed=2)
     logs, parts, _ = capture(train_step, x, y)
     assert "loss" in logs
-    plan, graph = gp.plan_partitions(annotate(parts), instance_id="k", return_graph=True)
+    plan, graph = gp.plan_partitions(annotate(parts), instance_id="k", return_graph=True, rules=RULES)
     check_one_for_one(parts, plan)
     gp.validate(plan, graph)
     between = [t for t in plan.transfers if "localhost" not in t.send_task + t.recv_task]
@@ -194,12 +195,12 @@ def test_tf1_session_partitions_planned_per_task(devices, tf_cluster):
                  run_metadata=md)
     parts = list(md.partition_graphs)
     assert {task(n.device) for gd in parts for n in gd.node} >= {task(ps), task(w0)}
-    full = gp.plan_partitions(annotate(parts), instance_id="s")
+    full = gp.plan_partitions(annotate(parts), instance_id="s", rules=RULES)
     check_one_for_one(parts, full)
     by_task = {}
     for gd in parts:
         by_task.setdefault(task(gd.node[0].device), []).append(gd)
-    halves = [gp.plan_partitions(gds) for gds in by_task.values()]
+    halves = [gp.plan_partitions(gds, rules=RULES) for gds in by_task.values()]
     cross = [t for t in full.transfers if not t.client_terminated]
     assert cross and all(t.channel_key == f"{t.channel_id}@s" for t in cross)
     for t in cross:
@@ -223,7 +224,7 @@ def test_cli_runs_a_function_once_and_plans_it(devices, tmp_path, capsys):
         def run():
             step()
     """))
-    from graph_pass import cli
+    from rdmadev.tools import plan as cli
 
     assert cli.main([f"{script}:run", "--out", str(tmp_path / "p.svg")]) == 0
     out = capsys.readouterr().out
@@ -233,7 +234,7 @@ def test_cli_runs_a_function_once_and_plans_it(devices, tmp_path, capsys):
 
 
 def test_cli_reports_a_failing_function_and_a_missing_one(tmp_path, capsys):
-    from graph_pass import cli
+    from rdmadev.tools import plan as cli
 
     script = tmp_path / "broken_step.py"
     script.write_text("def run():\n    raise ValueError('no data')\n")
@@ -264,7 +265,7 @@ def test_conv_bias_gradient_is_never_planned_with_a_wrong_size(devices):
         return loss
 
     _, parts, _ = capture(step, tf.constant(1, tf.int64))
-    plan = gp.validate(gp.plan_partitions(annotate(parts), instance_id="c"))
+    plan = gp.validate(gp.plan_partitions(annotate(parts), instance_id="c", rules=RULES))
     check_one_for_one(parts, plan)
     up = [t for t in plan.transfers if t.kind == "data" and t.send_task == task(w0) and t.recv_task == task(ps)]
     assert len(up) == 2

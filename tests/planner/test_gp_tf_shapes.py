@@ -1,4 +1,4 @@
-"""graph_pass.tf_shapes: TF's own shape functions size the transfers of offline-planned graphs."""
+"""rdmadev.tools.tf_shapes: TF's own shape functions size the transfers of offline-planned graphs."""
 
 import pytest
 
@@ -6,7 +6,8 @@ import gp_builders as B
 import graph_pass as gp
 
 import tensorflow as tf
-from graph_pass.tf_shapes import annotate  # noqa: E402
+from rdmadev.tools.tf_shapes import annotate  # noqa: E402
+from rdmadev._core import PLANNER_RULES as RULES
 
 PS, W0 = B.dev("ps"), B.dev("worker")
 
@@ -25,12 +26,12 @@ def test_shapes_cross_partitions_both_ways():
     w.node("relu", "Relu", ["mm"], T=("type", B.FLOAT))
     B.pair(w, ps, "edge_2_relu", "relu", recv_name="relu/_recv")
     parts = [ps.gd, w.gd]
-    before = gp.plan_partitions(parts, instance_id="i")
+    before = gp.plan_partitions(parts, instance_id="i", rules=RULES)
     assert {t.reason for t in before.transfers} == {"not_carried_dynamic"}  # nothing says the shapes yet
     gds = annotate(parts)
     assert recv_shapes(gds) == {"w/_recv": [(4, 8)], "relu/_recv": [(2, 8)]}
     assert not any(n.attr["_output_shapes"].list.shape for n in ps.gd.node if n.op == "_Recv")  # input untouched
-    plan = gp.plan_partitions(gds, instance_id="i")
+    plan = gp.plan_partitions(gds, instance_id="i", rules=RULES)
     assert sorted((t.tensor_name, t.shape, t.reason) for t in plan.transfers) == [
         ("edge_1_w", [4, 8], "static"), ("edge_2_relu", [2, 8], "static")]
 
@@ -51,7 +52,7 @@ def test_onednn_bias_gradient_shape_from_tf_is_wrong_and_skipped():
     assert graph.get_operation_by_name("g").outputs[1].shape.as_list() == [3]  # TF's wrong answer (not 8)
     gds = annotate([w.gd, ps.gd])
     assert recv_shapes(gds) == {"gf/_recv": [(3, 3, 3, 8)], "gb/_recv": None}
-    plan = gp.plan_partitions(gds, instance_id="i")
+    plan = gp.plan_partitions(gds, instance_id="i", rules=RULES)
     reasons = {t.tensor_name: (t.shape, t.reason) for t in plan.transfers}
     assert reasons == {"edge_1_gf": ([3, 3, 3, 8], "static"), "edge_2_gb": (None, "not_carried_dynamic")}
 
@@ -72,13 +73,8 @@ DYNAMIC = {"dynamic_shapes": True}
 
 def bounds(gds):
     """{tensor_name: (the exact shape, the bound)} the annotation wrote on each pair's _Recv."""
-    return {gp.attrs.attr(n, "tensor_name"): (gp.attrs.attr(n, "_output_shapes"), gp.attrs.attr(n, gp.shapes.BOUND_ATTR))
+    return {gp.attrs.attr(n, "tensor_name"): (gp.attrs.attr(n, "_output_shapes"), gp.attrs.attr(n, RULES.bound_attr))
             for gd in gds for n in gd.node if n.op == "_Recv"}
-
-
-def test_the_op_library_and_the_planner_name_the_bound_attr_alike():
-    from graph_pass.tf_shapes import native_bound_attr
-    assert native_bound_attr() == gp.shapes.BOUND_ATTR
 
 
 def test_unique_ids_bound_the_rows_gathered_for_them_on_the_other_task():
@@ -101,7 +97,7 @@ def test_unique_ids_bound_the_rows_gathered_for_them_on_the_other_task():
     gds = annotate([w.gd, ps.gd])
     assert bounds(gds) == {"edge_1_ids": (None, [(2048,)]), "edge_2_idx": ([(2048,)], None),
                            "edge_3_any": (None, None), "edge_4_rows": (None, [(2048, 32)])}
-    plan = gp.plan_partitions(gds, gp.Config(default_dynamic_capacity=1 << 20, carries=DYNAMIC), instance_id="i")
+    plan = gp.plan_partitions(gds, gp.Config(default_dynamic_capacity=1 << 20, carries=DYNAMIC), instance_id="i", rules=RULES)
     got = {t.tensor_name: (t.reason, t.bytes, t.bound_bytes, t.capacity_bytes, t.rank_capacity) for t in plan.transfers}
     assert got == {"edge_1_ids": ("dynamic_bounded", None, 2048 * 8, 2048 * 8, 1),
                    "edge_2_idx": ("static", 2048 * 4, None, 2048 * 4, None),
@@ -111,7 +107,7 @@ def test_unique_ids_bound_the_rows_gathered_for_them_on_the_other_task():
 
 
 def test_rdmadev_plan_shows_the_bounds_and_the_slots_they_give(tmp_path, capsys):
-    from graph_pass import cli
+    from rdmadev.tools import plan as cli
     w, ps = B.Partition(W0), B.Partition(PS)
     w.node("ids", "_Arg", T=("type", B.INT64), _output_shapes=("shapes", [(2048,)]), index=0)
     w.node("uniq", "Unique", ["ids"], T=("type", B.INT64), out_idx=("type", B.INT32))
@@ -133,11 +129,11 @@ def test_a_bound_above_the_default_capacity_leaves_the_default():
     w.node("uniq", "Unique", ["ids"], T=("type", B.INT64), out_idx=("type", B.INT32))
     B.pair(w, ps, "edge_1_ids", "uniq", dtype=B.INT64)
     gds = annotate([w.gd, ps.gd])
-    small = gp.plan_partitions(gds, gp.Config(default_dynamic_capacity=4096, carries=DYNAMIC), instance_id="i")
+    small = gp.plan_partitions(gds, gp.Config(default_dynamic_capacity=4096, carries=DYNAMIC), instance_id="i", rules=RULES)
     assert (small.transfers[0].bound_bytes, small.transfers[0].capacity_bytes) == (16384, 4096)
     hinted = gp.Config(default_dynamic_capacity=1 << 20, capacity_hints={"edge_1_ids": 99}, carries=DYNAMIC)
-    assert gp.plan_partitions(gds, hinted, instance_id="i").transfers[0].capacity_bytes == 99
-    none = gp.plan_partitions(gds, gp.Config(carries=DYNAMIC), instance_id="i")  # no default: the bound
+    assert gp.plan_partitions(gds, hinted, instance_id="i", rules=RULES).transfers[0].capacity_bytes == 99
+    none = gp.plan_partitions(gds, gp.Config(carries=DYNAMIC), instance_id="i", rules=RULES)  # no default: the bound
     assert (none.transfers[0].reason, none.transfers[0].capacity_bytes) == ("dynamic_bounded", 16384)
 
 
@@ -173,8 +169,8 @@ def test_where_dynamic_partition_setdiff_and_unique_along_an_axis_are_bounded_by
 ])
 def test_the_op_librarys_annotation_refuses_input_that_is_not_framed_graphdefs(framed, named):
     import ctypes
-    from graph_pass import tf_shapes
-    lib, out = tf_shapes._library(), ctypes.c_void_p()
+    from rdmadev.tools import tf_shapes
+    lib, out = tf_shapes.library(), ctypes.c_void_p()
     assert lib.rdmadev_annotate_partitions(framed, len(framed), ctypes.byref(out)) == 1
     try:
         assert named in ctypes.string_at(out).decode()

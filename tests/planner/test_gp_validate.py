@@ -6,6 +6,7 @@ import pytest
 
 import gp_builders as B
 import graph_pass as gp
+from rdmadev._core import PLANNER_RULES as RULES
 
 FIX = "re-run plan_regions"
 
@@ -20,7 +21,7 @@ def good():
     B.pair(client, w1, "edge_91_arg", "arg")
     # a channel per pair: bundles' own invariants are test_gp_bundles.py's
     plan, graph = gp.plan_partitions(B.partitions(ps, w0, w1, client), gp.Config(bundle_below_bytes=0),
-                                     instance_id="inst", return_graph=True)
+                                     instance_id="inst", return_graph=True, rules=RULES)
     return plan, graph
 
 
@@ -30,10 +31,10 @@ def by_label(plan, label):
 
 def test_good_plan_passes_and_has_what_we_built():
     plan, graph = good()
-    assert gp.validate(plan, graph) is plan
+    assert gp.validate(plan, graph, RULES) is plan
     assert sorted((t.reason, t.decision) for t in plan.transfers) == [
         ("client_task", "keep"), ("control_signal", "swap")] + [("static", "swap")] * 4
-    assert gp.validate(gp.Plan.from_json(plan.to_json()), graph).to_json() == plan.to_json()
+    assert gp.validate(gp.Plan.from_json(plan.to_json()), graph, RULES).to_json() == plan.to_json()
 
 
 def broken(mutate):
@@ -41,7 +42,7 @@ def broken(mutate):
     plan = copy.deepcopy(plan)
     mutate(plan)
     with pytest.raises(gp.ValidationError) as err:
-        gp.validate(plan, graph)
+        gp.validate(plan, graph, RULES)
     return err.value
 
 
@@ -147,7 +148,7 @@ def test_write_without_exactly_one_wait_in_the_graph():
                     and d[gp.NS]["end"] == "recv")
     graph.nodes[recv_key][gp.NS]["end"] = "send"  # now two writes, no wait
     with pytest.raises(gp.ValidationError) as err:
-        gp.validate(plan, graph)
+        gp.validate(plan, graph, RULES)
     assert any(t.label in p and "exactly one partner" in p for p in err.value.problems)
 
 

@@ -1,6 +1,7 @@
 """zero_copy: a received tensor may alias its slot only if every consumer keeps nothing."""
 import graph_pass
 from gp_builders import FLOAT, Partition, dev, pair, partitions
+from rdmadev._core import PLANNER_RULES as RULES
 
 BIG = (256, 256)  # 256 KiB of float32: above Config.zero_copy_min_bytes (64 KiB by default)
 
@@ -11,7 +12,7 @@ def _plan(consumer_ops, shape=BIG):
     pair(ps, w, "edge_1_v", "v/read", recv_name="v/_recv", shape=shape)
     for i, op in enumerate(consumer_ops):
         w.node(f"use{i}", op, ["v/_recv", "v/_recv"] if op == "MatMul" else ["v/_recv"], T=("type", FLOAT))
-    (t,) = graph_pass.plan_partitions(partitions(ps, w)).transfers
+    (t,) = graph_pass.plan_partitions(partitions(ps, w), rules=RULES).transfers
     assert t.decision == "swap"
     return t
 
@@ -35,7 +36,7 @@ def _plan_chain(ops, last):
     for i, op in enumerate(ops + [last]):
         w.node(f"n{i}", op, [prev, prev] if op == "MatMul" else [prev], T=("type", FLOAT))
         prev = f"n{i}"
-    (t,) = graph_pass.plan_partitions(partitions(ps, w)).transfers
+    (t,) = graph_pass.plan_partitions(partitions(ps, w), rules=RULES).transfers
     return t.zero_copy
 
 
@@ -89,7 +90,7 @@ def test_a_views_shape_or_bounds_input_is_only_read():
         w.node("x", "Placeholder", dtype=("type", FLOAT))
         w.node("view", op, ["x", "v/_recv"], T=("type", FLOAT))
         w.node("out", "_Retval", ["view"], T=("type", FLOAT))
-        (t,) = graph_pass.plan_partitions(partitions(ps, w)).transfers
+        (t,) = graph_pass.plan_partitions(partitions(ps, w), rules=RULES).transfers
         assert t.zero_copy is True, op
 
 
@@ -121,7 +122,7 @@ def test_a_pack_is_a_view_of_its_first_input_only():
     w.node("x", "Placeholder", dtype=("type", FLOAT))
     w.node("packed", "Pack", ["x", "v/_recv"], T=("type", FLOAT), N=("i", 2))
     w.node("out", "_Retval", ["packed"], T=("type", FLOAT))
-    (t,) = graph_pass.plan_partitions(partitions(ps, w)).transfers
+    (t,) = graph_pass.plan_partitions(partitions(ps, w), rules=RULES).transfers
     assert t.zero_copy is True
 
 

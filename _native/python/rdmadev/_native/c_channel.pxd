@@ -12,13 +12,18 @@ from rdmadev._native.c_region cimport Region
 
 cdef extern from "channel.h" namespace "rdmadev":
     uint64_t kCreditBytes
-    uint64_t kSeqOffset
-    uint64_t kLengthOffset
+    uint64_t kSlotAlignment
     uint64_t kSlotHeaderBytes
+    uint64_t kSeqOffset
+    uint64_t kSeqBytes
+    uint64_t kLengthOffset
+    uint64_t kLengthBytes
     uint64_t kShapeBlockOffset
     uint64_t kShapeRankOffset
     uint64_t kShapeDimsOffset
     uint64_t kShapeDimBytes
+    uint64_t kRegionAlignment
+    bool kLittleEndian
 
     cdef cppclass RingLayout:
         uint32_t slots

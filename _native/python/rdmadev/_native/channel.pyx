@@ -12,11 +12,12 @@ from rdmadev._native.handle cimport Handle
 from rdmadev._native.c_channel cimport (BenchStreamRecv, BenchStreamSend, ChannelRegistry,
                                         LeaseRegion, Receiver, RingLayout as CLayout,
                                         RingReceiver as CReceiver, RingSender as CSender, Sender,
-                                        Slot as CSlot, kCreditBytes, kLengthOffset, kSeqOffset,
+                                        Slot as CSlot, kCreditBytes, kLengthBytes, kLengthOffset,
+                                        kLittleEndian, kRegionAlignment, kSeqBytes, kSeqOffset,
                                         kShapeBlockOffset, kShapeDimBytes, kShapeDimsOffset,
-                                        kShapeRankOffset, kSlotHeaderBytes)
-from rdmadev._native.c_common cimport Deadline, as_bytes, deadline_of, kCacheLine
-from rdmadev._native.c_fabric cimport Domain as CDomain, kSignalBytes
+                                        kShapeRankOffset, kSlotAlignment, kSlotHeaderBytes)
+from rdmadev._native.c_common cimport Deadline, as_bytes, deadline_of
+from rdmadev._native.c_fabric cimport Domain as CDomain
 from rdmadev._native.domain cimport Domain
 from rdmadev._native.endpoint cimport Endpoint, RemoteRegion
 from rdmadev._native.region cimport Region, source_view
@@ -52,25 +53,29 @@ CREDIT_BYTES = kCreditBytes
 
 
 def wire_layout():
-    """The byte positions the native protocol writes in a slot (from the C++ constants).
+    """The layout of receive regions the native protocol writes (channel.h's constants, their
+    one definition), under the names of graph_pass.layout.Layout's fields: the planner lays
+    regions out with it (rdmadev._core.LAYOUT).
 
     Returns:
-        {"seq_offset", "length_offset", "signal_bytes", "alignment", "slot_header_bytes",
-        "shape_block_offset", "shape_rank_offset", "shape_dims_offset", "shape_dim_bytes"};
-        a plan's ``layout`` must agree (the TF bridge refuses one that does not).
+        {"alignment", "slot_header_bytes", "seq_offset", "seq_bytes", "length_offset",
+        "length_bytes", "shape_block_offset", "shape_rank_offset", "shape_dims_offset",
+        "shape_dim_bytes", "region_alignment", "byte_order"}.
     """
-    return {"seq_offset": kSeqOffset, "length_offset": kLengthOffset,
-            "signal_bytes": kSignalBytes, "alignment": kCacheLine,
-            "slot_header_bytes": kSlotHeaderBytes, "shape_block_offset": kShapeBlockOffset,
-            "shape_rank_offset": kShapeRankOffset, "shape_dims_offset": kShapeDimsOffset,
-            "shape_dim_bytes": kShapeDimBytes}
+    return {"alignment": kSlotAlignment, "slot_header_bytes": kSlotHeaderBytes,
+            "seq_offset": kSeqOffset, "seq_bytes": kSeqBytes,
+            "length_offset": kLengthOffset, "length_bytes": kLengthBytes,
+            "shape_block_offset": kShapeBlockOffset, "shape_rank_offset": kShapeRankOffset,
+            "shape_dims_offset": kShapeDimsOffset, "shape_dim_bytes": kShapeDimBytes,
+            "region_alignment": kRegionAlignment, "byte_order": "little" if kLittleEndian else "big"}
 
 
 cdef class RingLayout:
     """Where a ring's slots lie in its region, exactly as the plan laid them out.
 
     The native ring never computes a stride: it takes this, validated (kConfig naming the
-    bad field). graph_pass.layout.slot_bytes(capacity) gives slot_bytes and payload_offset.
+    bad field). rdmadev._core.LAYOUT.slot_bytes(capacity) (graph_pass.layout.Layout) gives
+    slot_bytes and payload_offset.
 
     Example:
         >>> lay = RingLayout.of(transfer)  # any object with the five attributes

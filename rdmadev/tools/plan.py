@@ -1,6 +1,6 @@
 """``rdmadev plan``: show what rdmadev would swap, without changing anything.
 
-Usage (``rdmadev plan ...`` dispatches here; ``python -m graph_pass ...`` too)::
+Usage (``rdmadev plan ...`` dispatches here, to ``main``; ``python -m rdmadev.tools.plan ...`` too)::
 
     rdmadev plan train.py:step --cluster cluster.json --out plan.png
     rdmadev plan --run-metadata step.runmeta --json plan.json
@@ -13,10 +13,11 @@ coordinator first; otherwise the script connects itself. Every instantiation wit
 transfers is planned, printed as a table and, with ``--out``, drawn.
 
 Shapes come from TF's own shape functions: before planning, each instantiation's partitions go
-through ``graph_pass.tf_shapes.annotate``, the native pass's own shape code (TF's ShapeRefiner
+through ``rdmadev.tools.tf_shapes.annotate``, the native pass's own shape code (TF's ShapeRefiner
 across the partitions, bounds of run-time shapes included) run through rdmadev's op library,
-so the plan is the one the pass would make. Without an importable TensorFlow or a built op
-library (``--run-metadata``/``--graphdef`` only), shapes are what the graphs carry.
+so the plan is the one the pass would make, with the pass's own rules and slot layout
+(``rdmadev._core.PLANNER_RULES``). Without an importable TensorFlow or a built op library
+(``--run-metadata``/``--graphdef`` only), shapes are what the graphs carry.
 
 Exit codes: 0 planned, 1 planning or running failed (the message says why), 2 bad usage.
 """
@@ -29,11 +30,13 @@ import os
 import sys
 from pathlib import Path
 
-from .errors import GraphPassError
-from .explain import explain
-from .load import as_graph_def, partition_sets
-from .pipeline import plan_partitions
-from .plan import CARRIES, Config
+from graph_pass.errors import GraphPassError
+from graph_pass.explain import explain
+from graph_pass.load import as_graph_def, partition_sets
+from graph_pass.pipeline import plan_partitions
+from graph_pass.plan import CARRIES, Config
+
+from .._core import PLANNER_RULES
 
 __all__ = ["main", "build_parser"]
 
@@ -122,9 +125,9 @@ def _run_target(target, cluster):
 def _tf_shapes(sets):
     """Each partition set with TF's inferred shapes on its `_Recv` nodes (unchanged without TF)."""
     try:
-        from .tf_shapes import annotate, native_bound_attr
+        from .tf_shapes import annotate, library
         import tensorflow  # noqa: F401
-        native_bound_attr()  # loads rdmadev's op library
+        library()  # loads rdmadev's op library
     except ImportError as exc:
         print(f"rdmadev plan: TensorFlow is not importable ({exc}); shapes are only what the graphs carry",
               file=sys.stderr)
@@ -166,7 +169,8 @@ def main(argv=None):
         else:
             sets = _run_target(args.target, _cluster_spec(args.cluster))
         sets = _tf_shapes(sets)
-        plans = [p for p in (plan_partitions(s, config, args.instance_id) for s in sets) if p.transfers]
+        plans = [p for p in (plan_partitions(s, config, args.instance_id, rules=PLANNER_RULES) for s in sets)
+                 if p.transfers]
     except _UsageError as exc:
         print(f"rdmadev plan: {exc}", file=sys.stderr)
         return 2
@@ -186,3 +190,7 @@ def main(argv=None):
         Path(args.json).write_text(json.dumps([p.to_dict() for p in plans], indent=1, sort_keys=True))
         print(f"plan JSON: {args.json}")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

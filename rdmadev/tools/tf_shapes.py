@@ -5,8 +5,8 @@ Partition graphs from run metadata carry almost no shapes (``_output_shapes`` on
 planner (``_native/tf/shapes.h``: TF's ShapeRefiner across the partitions, each pair's shape
 and, for a run-time shape, its bound); this module runs that same code on graphs planned
 offline, through the op library's ``rdmadev_annotate_partitions``, so an offline plan is the one
-the pass would make. It imports TensorFlow and rdmadev's op library; graph_pass's planner never
-imports it (only the CLI does).
+the pass would make. It imports TensorFlow and rdmadev's op library; ``rdmadev plan``
+(rdmadev.tools.plan) uses it, the planner (graph_pass) never does.
 """
 
 import ctypes
@@ -14,34 +14,32 @@ import functools
 import logging
 import struct
 
-from .attrs import attr
-from .errors import GraphPassError
-from .load import RECV_OPS, SEND_OPS
-from .shapes import BOUND_ATTR
+from graph_pass.attrs import attr
+from graph_pass.errors import GraphPassError
 
-__all__ = ["annotate", "native_bound_attr"]
+from .._core import PLANNER_RULES
+
+__all__ = ["annotate", "library"]
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
 
 
-
 @functools.lru_cache(maxsize=None)
-def _library():
-    from rdmadev.tf import ops  # the op library registers its ops (RdmadevSend/Recv) with TF
+def library():
+    """rdmadev's op library, loaded into this process (its ops registered with TF), for ctypes.
+
+    Raises:
+        ConfigError: the library is missing or was built against another TensorFlow.
+    """
+    from ..tf import ops  # the op library registers its ops (RdmadevSend/Recv) with TF
 
     ops.load()
     lib = ctypes.CDLL(ops.library_path())
     lib.rdmadev_annotate_partitions.argtypes = [ctypes.c_char_p, ctypes.c_uint64, ctypes.POINTER(ctypes.c_void_p)]
     lib.rdmadev_annotate_partitions.restype = ctypes.c_int
     lib.rdmadev_free.argtypes = [ctypes.c_void_p]
-    lib.rdmadev_bound_attr.restype = ctypes.c_char_p
     return lib
-
-
-def native_bound_attr():
-    """The attr name the op library writes a bound under (``kBoundAttr``, shapes.h)."""
-    return _library().rdmadev_bound_attr().decode()
 
 
 def _pair_key(nd):
@@ -51,7 +49,7 @@ def _pair_key(nd):
 def _native_shapes(gds):
     """``{pair key: {attr: dims}}`` the op library gives the partitions ``gds``."""
     framed = b"".join(struct.pack("<Q", len(b)) + b for b in (gd.SerializeToString() for gd in gds))
-    lib, out = _library(), ctypes.c_void_p()
+    lib, out = library(), ctypes.c_void_p()
     rc = lib.rdmadev_annotate_partitions(framed, len(framed), ctypes.byref(out))
     try:
         text = ctypes.string_at(out).decode() if out.value else ""
@@ -69,7 +67,7 @@ def _native_shapes(gds):
 def annotate(partitions):
     """Return copies of ``partitions`` whose `_Send` and `_Recv` nodes carry what rdmadev's pass
     would write on them: ``_output_shapes`` where TF's shape functions prove the pair's shape,
-    ``BOUND_ATTR`` where they bound a run-time one.
+    the pass's bound attr (``PLANNER_RULES.bound_attr``) where they bound a run-time one.
 
     Args:
         partitions: the GraphDefs of one instantiation (TF's messages, graph_pass's, or bytes).
@@ -83,7 +81,7 @@ def annotate(partitions):
         GraphPassError: a partition is not a GraphDef.
 
     Example:
-        >>> plan = plan_partitions(annotate(partition_sets(run_metadata)[0]))  # doctest: +SKIP
+        >>> plan = plan_partitions(annotate(partition_sets(run_metadata)[0]), rules=PLANNER_RULES)  # doctest: +SKIP
     """
     from tensorflow.core.framework import graph_pb2
 
@@ -94,7 +92,7 @@ def annotate(partitions):
     shapes = _native_shapes(gds)
     for gd in gds:
         for nd in gd.node:
-            if nd.op not in SEND_OPS and nd.op not in RECV_OPS:
+            if not PLANNER_RULES.is_pair_op(nd.op):
                 continue
             for name, dims in shapes.get(_pair_key(nd), {}).items():
                 nd.attr[name].list.Clear()
