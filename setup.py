@@ -39,8 +39,14 @@ CXXFLAGS = ["-std=c++17", "-O2", "-fvisibility=default", "-Wall", "-Wno-unused-p
 BINDINGS = os.path.join("_native", "python", "rdmadev", "_native")
 BINDING_FAMILIES = ("handle", "domain", "region", "endpoint", "channel", "registry", "crypto",
                     "bench", "rules")
-# The partition pass's rules (rules.h), which the planner asks through the "rules" bindings.
-PASS_DIR = os.path.join("_native", "tf")
+# The TF-facing code, one folder per library: the partition pass (pass/) and the kernels
+# (kernels/) make the op library, plugin/ the protocol library and its loader; the headers
+# both of the first two include (labelled.h, tf_status.h) sit in TF_DIR itself.
+TF_DIR = os.path.join("_native", "tf")
+# The partition pass's rules (pass/rules.h), which the planner asks through the "rules" bindings.
+PASS_DIR = os.path.join(TF_DIR, "pass")
+KERNELS_DIR = os.path.join(TF_DIR, "kernels")
+TF_PLUGIN_DIR = os.path.join(TF_DIR, "plugin")
 CORE_LIB = "librdmadev_core.so"
 TF_OPS_LIB = "_tf_ops.so"
 TF_PROTOCOL_LIB = "_tf_protocol.so"
@@ -160,11 +166,12 @@ def tf_ops_extension():
                 f"TF_VERSION = {tf.__version__!r}\n")
     return Extension(
         "rdmadev._tf_ops",
-        [os.path.join("_native", "tf", f) for f in (
+        [os.path.join(KERNELS_DIR, f) for f in (
             "ops.cc", "send_op.cc", "send_write.cc", "recv_op.cc", "recv_delivery.cc",
-            "recv_output.cc",
+            "recv_output.cc")]
+        + [os.path.join(PASS_DIR, f) for f in (
             "pass.cc", "opt_in.cc", "branch_exits.cc", "planner_call.cc", "shapes.cc")],
-        include_dirs=[CORE, sysconfig.get_paths()["include"]], language="c++", depends=HEADERS,
+        include_dirs=[CORE, TF_DIR, sysconfig.get_paths()["include"]], language="c++", depends=HEADERS,
         extra_compile_args=CXXFLAGS + tf.sysconfig.get_compile_flags() + [
             "-DNDEBUG", "-Wno-sign-compare", "-Wno-deprecated-declarations",
             "-Wno-interference-size", "-Wno-unused-but-set-variable"],
@@ -178,13 +185,13 @@ def tf_protocol_extensions():
     import tensorflow as tf
 
     protocol = Extension(
-        "rdmadev._tf_protocol", [os.path.join("_native", "tf", "protocol.cc")],
+        "rdmadev._tf_protocol", [os.path.join(TF_PLUGIN_DIR, "protocol.cc")],
         include_dirs=[sysconfig.get_paths()["include"]], language="c++", depends=HEADERS,
         extra_compile_args=CXXFLAGS + tf.sysconfig.get_compile_flags() + [
             "-DNDEBUG", "-Wno-sign-compare", "-Wno-deprecated-declarations"],
         extra_link_args=tf.sysconfig.get_link_flags())
     loader = Extension(
-        LOADER, [os.path.join("_native", "tf", "plugin_loader.cc")],
+        LOADER, [os.path.join(TF_PLUGIN_DIR, "plugin_loader.cc")],
         language="c++", extra_compile_args=CXXFLAGS + [
             f'-DRDMADEV_BUILT_TF_VERSION="{tf.__version__}"'],
         extra_link_args=["-ldl"])

@@ -1,7 +1,7 @@
 """What the planner must decide exactly as rdmadev's native passes and kernels do, handed in by
 its caller: the planner keeps no copy of any of it.
 
-Each rule is decided once, in C++ (``_native/tf/rules.h`` for the graph rules, the slot
+Each rule is decided once, in C++ (``_native/tf/pass/rules.h`` for the graph rules, the slot
 layout in ``_native/core/channel.h``), and rdmadev's bindings hand the same ones to the planner
 (``rdmadev._core.PLANNER_RULES``), as torch.fx passes policy into a pass. graph_pass imports
 nothing of rdmadev; a caller without rdmadev's native library (a test of the planner alone)

@@ -1,7 +1,7 @@
 """The view of a plan the native pass applies: the one contract between the planner and the pass.
 
 rdmadev's bridge returns a ``PassView`` of the plan it made, and the POST_PARTITIONING pass
-(``_native/tf/planner_call.cc``) reads it attribute by attribute, by the names below: nothing
+(``_native/tf/pass/planner_call.cc``) reads it attribute by attribute, by the names below: nothing
 crosses by position. A view holds one ``SwappedHalf`` per half of a swapped transfer with a
 channel of its own and one ``BundleHalf`` per side of a bundle (``graph_pass.bundles``); each
 refers to its ``Transfer`` and reads it, in three parts:

@@ -2,7 +2,7 @@
 
 TF's shape functions are the one source. The native pass runs TF's ShapeRefiner across the
 partitions and writes each `_Recv`'s refined shape as its ``_output_shapes``
-(``_native/tf/shapes.cc``); ``rdmadev plan`` runs that same code through the op library
+(``_native/tf/pass/shapes.cc``); ``rdmadev plan`` runs that same code through the op library
 (``rdmadev.tools.tf_shapes``) before planning. This module only reads what TF wrote:
 
 1. ``_output_shapes`` on the `_Recv` (authoritative when present);
@@ -19,7 +19,7 @@ unless the ops carry dynamic shapes.
 For a tensor of run-time shape the same annotation may also give a bound on every dim (the
 rules' ``bound_attr``; ``transfer_bound``): from the few ops whose output size depends on their
 inputs' values, sized by those inputs, and TF's shape functions after them
-(``_native/tf/shapes.h`` says which ops). The policy starts such a channel's slots at the
+(``_native/tf/pass/shapes.h`` says which ops). The policy starts such a channel's slots at the
 bound when it is below the configured capacity.
 """
 

@@ -1,5 +1,5 @@
 """The grpc+rdmadev server protocol and the plugin that brings it into every TF process
-(rdmadev/tf/protocol.py, _native/tf/protocol.cc, _native/tf/plugin_loader.cc).
+(rdmadev/tf/protocol.py, _native/tf/plugin/protocol.cc, _native/tf/plugin/plugin_loader.cc).
 
 Every task and coordinator here is a script that never imports rdmadev for its steps
 (tests/protocol_task.py, tests/protocol_client.py): real TF servers, real transfers, results

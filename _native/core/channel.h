@@ -26,7 +26,7 @@
 // an RPC that can arrive before that part starts, and is then lost). So a reservation
 // records its step's tag, and a receive of another step takes the place of receives still
 // waiting (Reserve supersedes them: Take then refuses them, Abandon does nothing for them).
-// The receive layer (_native/tf/recv_op.cc) leaves a transfer of a step not known to have failed here for
+// The receive layer (_native/tf/kernels/recv_op.cc) leaves a transfer of a step not known to have failed here for
 // that step's own receive for a while before taking it as a late one.
 #pragma once
 
@@ -55,7 +55,7 @@ constexpr uint64_t kMovedLength = kMaxPayloadBytes - 1;
 constexpr uint64_t kStagedLength = kMaxPayloadBytes - 2;
 // The length of a dead transfer: TF's sending half ran with a dead input (the branch of a
 // conditional not taken), so the receiving half outputs a dead tensor, as TF's rendezvous
-// does (_native/tf/recv_op.cc). No payload; below kStagedLength and above every capacity too.
+// does (_native/tf/kernels/recv_op.cc). No payload; below kStagedLength and above every capacity too.
 constexpr uint64_t kDeadLength = kMaxPayloadBytes - 3;
 // Bytes of an encoded StageRecord: the stage's region descriptor, u64 offset, u64 length.
 constexpr uint64_t kStageRecordBytes = RegionDesc::kEncodedSize + 16;

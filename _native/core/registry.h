@@ -11,7 +11,7 @@
 // unbound by the control plane: when the process that planned them saw TF drop the function
 // (rdmadev.cluster.instances), when their peer task died, or with their Domain. TF kernels do
 // not own an instantiation's halves: TF destroys and re-creates the kernels of functions it
-// still runs (_native/tf/ops.cc). A half pair's kernels (TF1 sessions) hold theirs, and the last one
+// still runs (_native/tf/kernels/ops.cc). A half pair's kernels (TF1 sessions) hold theirs, and the last one
 // unbinds it (Hold/LetGo).
 #pragma once
 

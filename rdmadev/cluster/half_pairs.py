@@ -17,7 +17,7 @@ Either pass may run first; a half that never meets its peer fails at the deadlin
 once when setting it up failed (the peer task runs without rdmadev: _give_up). A pair
 whose connection broke is met again by reopen (recovery.py: ``held``, ``meet_again``). The
 kernels wait for their half to be bound (the registry's deadline) and hold it while they
-live; the last one TF destroys unbinds it (the `owned` attr: _native/tf/ops.cc).
+live; the last one TF destroys unbinds it (the `owned` attr: _native/tf/kernels/ops.cc).
 """
 import logging
 import threading

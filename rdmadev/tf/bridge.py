@@ -3,7 +3,7 @@ the GIL) for every function instantiation that has cross-task pairs. It runs the
 (graph_pass, the one place policy lives), sets up every swapped channel through the
 tasks' control services (rdmadev.cluster.channels), records a report, and tells the C++
 side what to replace: a graph_pass.pass_view.PassView of the plan, which the pass reads field
-by field, by name (_native/tf/planner_call.cc; the fields are documented there).
+by field, by name (_native/tf/pass/planner_call.cc; the fields are documented there).
 
 Half pairs: a TF1 task's GraphMgr runs the pass on that task's partition alone (the function
 name is empty there), so each half is planned by its own task as a dynamic channel, and the

@@ -1,6 +1,6 @@
 """Where the time of swapped transfers goes, read from TensorFlow's profiler.
 
-rdmadev's ops put every transfer on TF's profiler timeline (`_native/tf/trace.h`): an
+rdmadev's ops put every transfer on TF's profiler timeline (`_native/tf/kernels/trace.h`): an
 ``rdmadev.send`` or ``rdmadev.recv`` event per kernel execution with its channel, peer task,
 bytes and chunks, and inside it the phases ``rdmadev.wait_credit``, ``rdmadev.write``,
 ``rdmadev.wait_data`` and ``rdmadev.copy``. They show in TensorBoard's trace viewer next to

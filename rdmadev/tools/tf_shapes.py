@@ -2,7 +2,7 @@
 
 Partition graphs from run metadata carry almost no shapes (``_output_shapes`` on ``_Arg`` nodes,
 ``_handle_shapes`` on resource arguments). rdmadev's pass fills them in before it calls the
-planner (``_native/tf/shapes.h``: TF's ShapeRefiner across the partitions, each pair's shape
+planner (``_native/tf/pass/shapes.h``: TF's ShapeRefiner across the partitions, each pair's shape
 and, for a run-time shape, its bound); this module runs that same code on graphs planned
 offline, through the op library's ``rdmadev_annotate_partitions``, so an offline plan is the one
 the pass would make. It imports TensorFlow and rdmadev's op library; ``rdmadev plan``

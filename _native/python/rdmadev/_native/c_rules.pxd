@@ -1,4 +1,4 @@
-# Raw declarations of _native/tf/rules.h: the rules the planner applies as the passes do.
+# Raw declarations of _native/tf/pass/rules.h: the rules the planner applies as the passes do.
 from libcpp cimport bool
 from libcpp.string cimport string
 

@@ -1,6 +1,6 @@
 # cython: language_level=3
 """The rules graph_pass applies exactly as rdmadev's passes do, from their one definition
-(_native/tf/rules.h): the planner asks these instead of keeping a copy. rdmadev._core
+(_native/tf/pass/rules.h): the planner asks these instead of keeping a copy. rdmadev._core
 hands them to it as graph_pass.native_rules.NativeRules (PLANNER_RULES)."""
 from rdmadev._native.c_rules cimport (CrossesTasks, TrustedOutput, kBoundAttr, kBranchMark,
                                       kRecvOps, kSendOps)
