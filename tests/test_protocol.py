@@ -142,7 +142,7 @@ def test_a_task_that_cannot_start_rdmadev_fails_its_server_with_the_fix():
 def _build_loader(out, tf_version, package_dir):
     subprocess.run(["g++", "-std=c++17", "-O2", "-shared", "-fPIC", "-Wall",
                     f'-DRDMADEV_BUILT_TF_VERSION="{tf_version}"', f'-DRDMADEV_PACKAGE_DIR="{package_dir}"',
-                    str(ROOT / "_native" / "tf" / "plugin_loader.cc"), "-o", str(out), "-ldl"],
+                    str(ROOT / "_native" / "tf" / "plugin" / "plugin_loader.cc"), "-o", str(out), "-ldl"],
                    check=True, timeout=IMPORT_TIMEOUT_S)
 
 

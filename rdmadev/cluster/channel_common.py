@@ -37,7 +37,7 @@ def error_naming(e, what):
 
 def ring_layout(channel):
     """The ring layout a channel entry carries: the plan's, field for field."""
-    return _core.RingLayout(*(channel[f] for f in LAYOUT_FIELDS))
+    return _core.RingLayout(**{f: channel[f] for f in LAYOUT_FIELDS})
 
 
 def planned_bytes(size, layouts, label):

@@ -331,6 +331,12 @@ class ChannelTable:
                 grouped.setdefault(self.peers[address], []).append(ep)
             return grouped
 
+    def silent_peers(self):
+        """The peer tasks with an endpoint marked silent, read under self.lock: an endpoint
+        leaves self.endpoints under it before _buried closes it."""
+        with self.lock:
+            return sorted({self.peers[a] for a, ep in self.endpoints.items() if ep.silent})
+
     def sweep_dead_peers(self):
         """For the parts (and the watcher): unbinds the halves whose peer's endpoint died,
         and has those of peers that still run set up again (_buried)."""
@@ -417,9 +423,7 @@ class ChannelTable:
                 "waits": self.domain.pending_waits, "fds": len(os.listdir("/proc/self/fd")),
                 "memfd_maps": _memfd_maps(), "notices": dict(self.notices),
                 **self.recovery.counters(), **self.growth.counters(), **self.halves.counters(),
-                "peers": sorted(peers),
-                "silent_peers": sorted(t for t, eps in peers.items()
-                                       if any(ep.silent for ep in eps)),
+                "peers": sorted(peers), "silent_peers": self.silent_peers(),
                 "py_threads": threading.active_count()}
 
     def close(self):

@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 
-from ..errors import errno_hint
+from ..errors import ClosedError, errno_hint
 
 __all__ = ["Heartbeats", "LANES", "PINGS_PER_LIVENESS"]
 
@@ -159,15 +159,12 @@ class Heartbeats:
                                 "waits on it fail until it answers", p.task, quiet, cause)
                 why = (f"silent: no answer to rdmadev heartbeats for {quiet:.1f} s" +
                        (f": {cause}" if local else f" ({cause})"))
-                for ep in endpoints[p.task]:
-                    if not ep.silent:  # including endpoints made since the mark
-                        ep.set_silent(why)
+                _mark(endpoints[p.task], why, only_unmarked=True)  # and those made since
             elif p.silent_since is not None:
                 log.warning("rdmadev: task %s answers again after %.1f s", p.task,
                             now - p.silent_since)
                 p.silent_since = None
-                for ep in endpoints[p.task]:
-                    ep.set_silent("")
+                _mark(endpoints[p.task], "")
 
     def connections(self):
         """The ping connections open now: one per lane that reached its peer (LANES per
@@ -185,3 +182,15 @@ class Heartbeats:
             p.stop()
         if self.thread is not threading.current_thread():
             self.thread.join(2 * self.interval)
+
+
+def _mark(endpoints, why, only_unmarked=False):
+    """Marks `endpoints` silent for `why` ("" clears the mark). One the channel table closed
+    since it handed them over (a broken connection: channels.py) is skipped: it has left the
+    watch by the next round, and the others still get their mark."""
+    for ep in endpoints:
+        try:
+            if not (only_unmarked and ep.silent):
+                ep.set_silent(why)
+        except ClosedError:
+            pass
