@@ -170,7 +170,7 @@ def tf_ops_extension():
             "ops.cc", "send_op.cc", "send_write.cc", "recv_op.cc", "recv_delivery.cc",
             "recv_output.cc")]
         + [os.path.join(PASS_DIR, f) for f in (
-            "pass.cc", "opt_in.cc", "branch_exits.cc", "planner_call.cc", "shapes.cc")],
+            "pass.cc", "opt_in.cc", "branch_exits.cc", "planner_call.cc", "shapes.cc", "host_hop.cc")],
         include_dirs=[CORE, TF_DIR, sysconfig.get_paths()["include"]], language="c++", depends=HEADERS,
         extra_compile_args=CXXFLAGS + tf.sysconfig.get_compile_flags() + [
             "-DNDEBUG", "-Wno-sign-compare", "-Wno-deprecated-declarations",

@@ -78,7 +78,8 @@ def format_table(plan):
         region = "" if t.region is None else f"{short_task(t.recv_task)}<-{short_task(t.send_task)}"
         rows.append((_clip(t.label, LABEL_WIDTH), f"{short_task(t.send_task)} -> {short_task(t.recv_task)}",
                      t.kind, t.dtype.replace("DT_", "").lower(), shape, str(size), t.decision or "-",
-                     (t.reason or "-") + (f" bundle {t.bundle[:BUNDLE_ID_SHOWN]}" if t.bundle else ""), region,
+                     (t.reason or "-") + (f" bundle {t.bundle[:BUNDLE_ID_SHOWN]}" if t.bundle else "")
+                     + (" via host" if t.via_host and t.decision == "swap" else ""), region,
                      "" if t.task_offset is None else str(t.task_offset) +
                      (f"+{t.bundle_offset}" if t.bundle else "")))
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(head)]
@@ -102,6 +103,11 @@ def format_table(plan):
     if bundles:
         lines.append(f"  {sum(bundles.values())} small tensors share {len(bundles)} bundle(s): "
                      f"{len({t.channel_key for t in swapped})} channels for {len(swapped)} swapped transfers")
+    hosted = [t for t in swapped if t.via_host]
+    if hosted:
+        lines.append(f"  {len(hosted)} swapped with an end on a device other than its task's CPU cross via host: "
+                     f"{sum(t.via_host for t in hosted)} device copies per step "
+                     f"({human_bytes(sum(t.via_host * (t.bytes or 0) for t in hosted))} of static shape)")
     for b in plan.tasks:
         lines.append(f"  {short_task(b.task)} registers {human_bytes(b.total_bytes)} ({b.total_bytes} B) in "
                      f"{len(b.regions)} region(s)")

@@ -205,6 +205,13 @@ def _bytes(dims, size):
     return size
 
 
+def _host(device, rules):
+    """The CPU a half on `device` crosses through (``NativeRules.kernel_device``), or None when
+    rdmadev's node runs on `device` itself."""
+    kernel = rules.kernel_device(device)
+    return None if kernel == device else kernel
+
+
 def _transfer(g, rv, s_key, r_key, rules):
     tensor_name, send_device, recv_device, incarnation = rv
     cid = channel_id(tensor_name, send_device, recv_device, incarnation)
@@ -234,7 +241,9 @@ def _transfer(g, rv, s_key, r_key, rules):
                  src=attr(either, "_src"), dst=attr(either, "_dst"), kind="control" if control else "data",
                  dtype=dtype_name(dtype) if dtype is not None else "DT_INVALID",
                  shape=list(shape) if shape is not None else None, shape_source=source, bytes=nbytes,
-                 bound=list(bound) if bound is not None else None, bound_bytes=_bytes(bound, size))
+                 bound=list(bound) if bound is not None else None, bound_bytes=_bytes(bound, size),
+                 send_host=_host(send_device, rules) if s_key else None,
+                 recv_host=_host(recv_device, rules) if r_key else None)
     for end, key in (("send", s_key), ("recv", r_key)):
         if key is not None:
             g.nodes[key][NS].update(channel_id=cid, end=end)

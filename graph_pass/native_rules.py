@@ -36,6 +36,9 @@ class NativeRules:
         trusted_output: ``trusted_output(op, index)``: False where TF's shape function for that
             output is known to be wrong (oneDNN's fused ops), whose declared shape then counts
             as unknown.
+        kernel_device: ``kernel_device(device)``: the device rdmadev's node for a half on
+            `device` runs on: `device` if it is a CPU, else its task's CPU, through which the
+            half then crosses (TF's own copy between the two).
     """
 
     layout: Layout
@@ -45,6 +48,7 @@ class NativeRules:
     branch_mark: str
     bound_attr: str
     trusted_output: Callable
+    kernel_device: Callable
 
     def is_pair_op(self, op):
         """Whether `op` is either half of a rendezvous pair."""

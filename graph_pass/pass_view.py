@@ -76,6 +76,10 @@ class HalfDecision:
         dead: its tensor may be dead (a conditional's branch, a loop's exit): the pass keeps
             TF's own node and labels it for rdmadev's kernels.
         loop: it runs in a while loop's frame: the pass runs that frame one iteration at a time.
+        host: "" when rdmadev's node replaces the half's own, on its device; else the task's
+            CPU, where rdmadev's node runs while the half's node stays on its device, its
+            tensor crossing to (from) the CPU by TF's own copy (a GPU, PluggableDevice or XLA
+            device has no rdmadev kernel).
     """
 
     channel: str
@@ -83,12 +87,14 @@ class HalfDecision:
     owned: bool
     dead: bool
     loop: bool
+    host: str
 
     @classmethod
     def of(cls, t, side):
         """The decision for `side` of the swapped Transfer `t`."""
         return cls(channel=t.channel_key, zero_copy=_side(side) == "recv" and bool(t.zero_copy),
-                   owned=t.halves != "both", dead=bool(t.in_cond or t.in_loop), loop=bool(t.in_loop))
+                   owned=t.halves != "both", dead=bool(t.in_cond or t.in_loop), loop=bool(t.in_loop),
+                   host=getattr(t, f"{side}_host") or "")
 
 
 @dataclass(frozen=True)
@@ -166,6 +172,11 @@ class BundleHalf:
     def device(self):
         """The partition the side's nodes are in (every member's)."""
         return getattr(self.transfers[0], f"{self.side}_device")
+
+    @property
+    def host(self):
+        """The task's CPU every member crosses through, or "" (``HalfDecision.host``)."""
+        return getattr(self.transfers[0], f"{self.side}_host") or ""
 
     @property
     def channel(self):

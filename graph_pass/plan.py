@@ -2,7 +2,7 @@
 
 Schema ``rdmadev.plan`` version ``PLAN_VERSION`` (see ``Plan.to_dict`` for the exact keys)::
 
-    {"schema": "rdmadev.plan", "version": 3,
+    {"schema": "rdmadev.plan", "version": 4,
      "layout": {...graph_pass.layout.Layout.to_dict(): the native one it was laid out with...},
      "config": {...Config fields...},
      "instance_id": "9f2c..." | null,
@@ -14,6 +14,8 @@ Version 2 added ``config.zero_copy_min_bytes``, ``config.deadline_s`` and ``conf
 runtime tells the planner what its ops can carry and the policy obeys, so nothing downstream
 re-decides. Version 3 added bundles: small static transfers of a step between the same two
 devices that share one channel (``Transfer.bundle``, ``bundle_offset``; graph_pass.bundles).
+Version 4 added ``Transfer.send_host``/``recv_host``: a half on a device that is not a CPU (a
+GPU, a PluggableDevice, an XLA device) crosses via its task's CPU, where rdmadev's node runs.
 The native side applies a plan and never re-decides: a transfer with ``decision == "swap"`` becomes
 a write on ``send_task`` into ``region`` at ``offset`` and a wait on ``recv_task``; a ``"keep"``
 transfer is left to TF's gRPC rendezvous. Offsets are authoritative on the receiving task, which
@@ -36,7 +38,8 @@ PLAN_SCHEMA = "rdmadev.plan"
 #: Version of the schema; bump on any incompatible change (the native side refuses other versions).
 #: 2: config gained zero_copy_min_bytes, deadline_s and carries.
 #: 3: transfers gained bundle and bundle_offset (several share a channel), config bundle_below_bytes.
-PLAN_VERSION = 3
+#: 4: transfers gained send_host and recv_host (a half on a device other than a CPU crosses via its task's CPU).
+PLAN_VERSION = 4
 #: Slots of a channel whose tensors have a static shape (and of a control signal): one. Such a
 #: channel carries one tensor per step, and the steps rdmadev rewrites run one at a time per
 #: instantiation (a tf.function call returns once all of its components finished;
@@ -203,7 +206,9 @@ class Transfer:
     ``bound_bytes`` (for a run-time shape: a bound on every dim that TF's shapes give, from
     rdmadev's pass, and the bytes a tensor within it has; else None), ``in_loop`` (a half runs
     inside a while loop's frame: once per iteration), ``in_cond`` (a pair inside a branch of a
-    lowered conditional: its tensor may be dead).
+    lowered conditional: its tensor may be dead), ``send_host``/``recv_host`` (for a half on a
+    device other than a CPU: its task's CPU, where rdmadev's node for it runs, the tensor
+    crossing between the two by TF's own copy; else None).
     Decision (set by ``plan_regions``): ``decision`` ("swap"/"keep"), ``reason`` (a code of
     ``graph_pass.policy.REASONS``), ``detail`` (text), ``channel_key`` and, for swaps, the layout:
     ``region``, ``offset`` (in the region), ``task_offset`` (in the task block), ``slots``,
@@ -236,6 +241,8 @@ class Transfer:
     bound_bytes: int = None
     in_loop: bool = False
     in_cond: bool = False
+    send_host: str = None
+    recv_host: str = None
     decision: str = None
     reason: str = None
     detail: str = None
@@ -261,6 +268,12 @@ class Transfer:
     def recv_task(self):
         """The receiving task."""
         return task_of(self.recv_device)
+
+    @property
+    def via_host(self):
+        """The device copies a step of this transfer makes: one per half that crosses through
+        its task's CPU (``send_host``, ``recv_host``)."""
+        return sum(1 for h in (self.send_host, self.recv_host) if h)
 
     @property
     def halves(self):
@@ -360,7 +373,7 @@ class Plan:
             older = isinstance(data.get("version"), int) and data["version"] < PLAN_VERSION
             raise PlanFormatError(
                 f"plan version {data.get('version')!r} is not supported (this graph_pass reads version "
-                f"{PLAN_VERSION}{', which added bundles' if older else ''}); "
+                f"{PLAN_VERSION}{', which added bundles and halves via host' if older else ''}); "
                 f"re-plan with the graph_pass that matches the native library")
         cfg = dict(data.get("config", {}))
         return cls(transfers=[_build(Transfer, t, "a transfer") for t in data.get("transfers", [])],

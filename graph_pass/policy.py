@@ -51,6 +51,8 @@ REASONS = {
     "in_cond": ("keep", "inside a branch of a tf.cond / tf.case (lowered to Switch/Merge): on the branch not "
                         "taken the tensor is dead, and the runtime's ops do not carry a dead tensor "
                         "(config.carries['dead_tensors'] is False)"),
+    "device_loop": ("keep", "inside a while loop, with an end on a device other than its task's CPU: "
+                            "the copy through the CPU would need the loop's frame in the CPU's partition"),
     "non_plain_dtype": ("keep", "string/variant/resource, reference or unknown dtype: not flat bytes"),
     "dynamic_unbounded": ("keep", "dynamic shape without a bound (set capacity_hints or "
                                   "default_dynamic_capacity)"),
@@ -99,6 +101,9 @@ def decide(t, config):
         return Decision("in_loop", f"{t.label}: in a while loop's frame")
     if t.in_cond and not config.carries["dead_tensors"]:
         return Decision("in_cond", f"{t.label}: in a conditional branch")
+    if t.in_loop and t.via_host:
+        device = t.send_device if t.send_host else t.recv_device
+        return Decision("device_loop", f"{t.label}: in a while loop's frame, on {device}")
     if t.dtype in UNSUPPORTED or _SIZES.get(t.dtype) is None:
         return Decision("non_plain_dtype", f"{t.label}: dtype {t.dtype}")
     if t.halves != "both":

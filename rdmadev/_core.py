@@ -43,7 +43,8 @@ LAYOUT = _Layout(**wire_layout())
 #: ``rules`` rdmadev hands the planner (graph_pass.plan_partitions(..., rules=PLANNER_RULES)).
 PLANNER_RULES = _NativeRules(layout=LAYOUT, send_ops=_rules.SEND_OPS, recv_ops=_rules.RECV_OPS,
                              crosses_tasks=_rules.crosses_tasks, branch_mark=_rules.BRANCH_MARK,
-                             bound_attr=_rules.BOUND_ATTR, trusted_output=_rules.trusted_output)
+                             bound_attr=_rules.BOUND_ATTR, trusted_output=_rules.trusted_output,
+                             kernel_device=_rules.kernel_device)
 
 # Fails the import if the core has an error kind rdmadev/errors.py does not map.
 _errors._bind_native_kinds(error_kinds())

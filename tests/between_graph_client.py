@@ -21,13 +21,16 @@ STEPS = 4
 ROWS, DIM, IDS = 1000, 32, 256
 
 
-def train(cluster, index):
+def train(cluster, index, device=None):
+    """STEPS steps of worker `index` (its ops on its `device`, a device type, if given; TF's
+    soft placement puts those without a kernel there on the worker's CPU)."""
     tf.compat.v1.disable_eager_execution()
     spec = tf.train.ClusterSpec(cluster)
     with tf.Graph().as_default():
         tf.compat.v1.set_random_seed(7)
         setter = tf.compat.v1.train.replica_device_setter(
-            worker_device=f"/job:worker/task:{index}", cluster=spec)
+            worker_device=f"/job:worker/task:{index}" + (f"/device:{device}:0" if device else ""),
+            cluster=spec)
         with tf.compat.v1.device(setter), tf.compat.v1.variable_scope(f"worker{index}"):
             table = tf.compat.v1.get_variable(
                 "table", [ROWS, DIM], initializer=tf.compat.v1.random_uniform_initializer(seed=1))
@@ -40,7 +43,8 @@ def train(cluster, index):
             labels = tf.random.stateless_normal([IDS, 8], seed=[index, 4])
             loss = tf.reduce_mean(tf.square(tf.matmul(x, w) - labels))
             train_op = tf.compat.v1.train.GradientDescentOptimizer(0.5).minimize(loss)
-        config = tf.compat.v1.ConfigProto(device_filters=["/job:ps", f"/job:worker/task:{index}"])
+        config = tf.compat.v1.ConfigProto(device_filters=["/job:ps", f"/job:worker/task:{index}"],
+                                          allow_soft_placement=bool(device))
         master = f"grpc://{cluster['worker'][index]}"
         with tf.compat.v1.train.MonitoredTrainingSession(master=master, is_chief=True,
                                                          config=config) as sess:

@@ -151,6 +151,7 @@ def test_the_pass_reads_the_view_field_by_field_by_name():
         assert fields[f"{at}.decision.channel"] == d.channel == h.transfer.channel_key
         for name in ("zero_copy", "owned", "dead", "loop"):
             assert fields[f"{at}.decision.{name}"] == str(int(getattr(d, name)))
+        assert fields[f"{at}.decision.host"] == d.host
         limits(f"{at}.limits", h.limits)
     assert [(h.side, h.decision.zero_copy) for h in view.halves] == [
         ("send", False), ("recv", True), ("send", False), ("recv", False)]  # the read aliases
@@ -158,6 +159,7 @@ def test_the_pass_reads_the_view_field_by_field_by_name():
     for i, b in enumerate(view.bundles):
         at = f"bundles[{i}]"
         assert (fields[f"{at}.side"], fields[f"{at}.device"], fields[f"{at}.channel"]) == (b.side, b.device, b.channel)
+        assert fields[f"{at}.host"] == b.host
         limits(f"{at}.limits", b.limits)
         for j, m in enumerate(b.members):
             facts(f"{at}.members[{j}].facts", m.facts)
@@ -210,6 +212,8 @@ def _changed(view, where, field, value):
     ("halves[2].limits", "timeout_s", "300", r"halves\[2\]\.limits\.timeout_s has type str, expected float"),
     ("halves[2].limits", "max_bytes", True, r"halves\[2\]\.limits\.max_bytes has type bool, expected int"),
     ("halves[2]", "side", "sned", r"halves\[2\]\.side is 'sned', expected 'send' or 'recv'"),
+    ("halves[0].decision", "host", None, r"halves\[0\]\.decision\.host has type NoneType, expected str"),
+    ("bundles[0]", "host", _Changed.GONE, r"bundles\[0\] \(_Changed\) has no field 'host'"),
     ("bundles[1].members[0]", "offset", 0.5, r"bundles\[1\]\.members\[0\]\.offset has type float, expected int"),
     ("bundles[0]", "members", (), r"bundles\[0\]\.members is empty"),
     ("view", "halves", None, r"view\.halves has type NoneType, expected tuple"),
@@ -242,12 +246,26 @@ def test_the_pass_and_the_planner_tell_a_cross_task_pair_alike(send, recv):
     assert RULES.crosses_tasks(send, recv) == (task_of(send) != task_of(recv))
 
 
+@pytest.mark.parametrize("device, kernel", [
+    ("/job:ps/replica:0/task:0/device:CPU:0", "/job:ps/replica:0/task:0/device:CPU:0"),
+    ("/job:worker/replica:0/task:1/cpu:0", "/job:worker/replica:0/task:1/cpu:0"),
+    ("/job:worker/replica:0/task:1/device:GPU:0", "/job:worker/replica:0/task:1/device:CPU:0"),
+    ("/job:worker/replica:0/task:1/device:XLA_CPU:0", "/job:worker/replica:0/task:1/device:CPU:0"),
+    ("/job:worker/replica:0/task:0/device:RDMADEV_TEST:0", "/job:worker/replica:0/task:0/device:CPU:0"),
+    ("/job:worker/replica:0/task:0/gpu:1", "/job:worker/replica:0/task:0/device:CPU:0"),
+])
+def test_a_half_on_a_device_other_than_a_cpu_runs_rdmadevs_node_on_its_tasks_cpu(device, kernel):
+    """rdmadev's kernels are CPU kernels: the rule (rules.h, KernelDevice) the planner asks."""
+    assert RULES.kernel_device(device) == kernel
+
+
 def test_the_planner_rules_are_the_native_libraries():
     from rdmadev._native import rules
 
     assert RULES.send_ops == rules.SEND_OPS and RULES.recv_ops == rules.RECV_OPS
     assert not RULES.send_ops & RULES.recv_ops and {"_Send", "_Recv"} <= RULES.send_ops | RULES.recv_ops
     assert (RULES.branch_mark, RULES.bound_attr) == (rules.BRANCH_MARK, rules.BOUND_ATTR)
+    assert RULES.kernel_device is rules.kernel_device
     assert RULES.layout.to_dict() == rdmadev._core.wire_layout()
 
 

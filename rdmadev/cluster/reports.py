@@ -40,6 +40,9 @@ class Report:
     capacities: dict = dataclasses.field(default_factory=dict)
     #: swapped tensor name -> the bundle (graph_pass.bundles) it shares a channel with, short id
     bundled: dict = dataclasses.field(default_factory=dict)
+    #: swapped tensor name -> the devices, not CPUs, of its ends: each crosses to or from its
+    #: task's CPU by TF's own copy, one device copy a step (pass.cc, host_hop.h)
+    via_host: dict = dataclasses.field(default_factory=dict)
     error: str = ""      # set when the report could not be read (see unreachable)
 
     @classmethod
@@ -77,10 +80,17 @@ class Report:
                 what += " each loop iteration"
             if name in self.bundled:
                 fabric += f" bundle {self.bundled[name]}"
+            if name in self.via_host:
+                what += " via host from/to " + ", ".join(self.via_host[name])
             lines.append(f"  {fabric:<8} {route}  {name} {dtype} {what}")
         if self.bundled:
             lines.append(f"  {len(self.bundled)} small tensors share {len(set(self.bundled.values()))} "
                          f"bundle(s): one write and one wait move each bundle")
+        if self.via_host:
+            copies = sum(len(d) for d in self.via_host.values())
+            copied = sum(len(self.via_host[n]) * (b or 0) for n, _, _, b, _ in self.swapped if n in self.via_host)
+            lines.append(f"  {len(self.via_host)} swapped with an end on a device other than its task's CPU "
+                         f"cross via host: {copies} device copies a step ({copied} B of static shape)")
         if looped:
             lines.append(f"  {len(looped)} swapped in while loops: their loops run one iteration at a "
                          f"time on each task that sends or receives them")

@@ -104,7 +104,10 @@ def rewrites(partitions, function="", marked=()):
     report = reports.Report(instance, swapped, kept, registered, function=function,
                             task=rt.task or "coordinator", marked=list(marked),
                             looped=[t.tensor_name for t in swap if t.in_loop], capacities=capacities,
-                            bundled={t.tensor_name: t.bundle[:BUNDLE_ID_SHOWN] for t in swap if t.bundle})
+                            bundled={t.tensor_name: t.bundle[:BUNDLE_ID_SHOWN] for t in swap if t.bundle},
+                            via_host={t.tensor_name: [d for d, h in ((t.send_device, t.send_host),
+                                                                     (t.recv_device, t.recv_host)) if h]
+                                      for t in swap if t.via_host})
     if halves:
         _meet_halves(rt, [t for t in swap if t.halves != "both"], report)
     reports.record(report)

@@ -4,6 +4,7 @@ import pytest
 
 import gp_builders as B
 import graph_pass as gp
+from graph_pass.explain import format_table
 from rdmadev._core import PLANNER_RULES as RULES
 
 PS, W0, W1 = B.dev("ps"), B.dev("worker", 0), B.dev("worker", 1)
@@ -289,3 +290,44 @@ def test_halves_named_after_a_branch_mark_are_kept_each_alone():
         assert {t.tensor_name: (t.decision, t.reason, t.in_cond) for t in plan.transfers} == {
             "edge_2_" + mark: ("swap", "half_pair_capacity", True),
             "edge_3_v": ("swap", "half_pair_capacity", False)}
+
+
+def test_a_half_on_a_device_other_than_a_cpu_crosses_via_its_tasks_cpu():
+    """A GPU (or PluggableDevice, XLA device) end has no rdmadev kernel: the plan names the
+    task's CPU the half crosses through (``send_host``/``recv_host``), the view hands it to the
+    pass (``HalfDecision.host``), and the table says ``via host`` with the device copies a step."""
+    gpu = B.dev("worker", 0, "GPU")
+    ps, w = B.Partition(PS), B.Partition(gpu)
+    ps.var("v", (16, 16))
+    B.pair(ps, w, "edge_1_v", "v/read", recv_name="v/_recv", shape=(16, 16))
+    w.node("g", "Relu", ["v/_recv"])
+    B.pair(w, ps, "edge_2_g", "g", recv_name="g/_recv", shape=(16, 16))
+    plan = gp.plan_partitions(B.partitions(ps, w), instance_id="i", rules=RULES)
+    assert {t.tensor_name: (t.decision, t.send_host, t.recv_host, t.via_host) for t in plan.transfers} == {
+        "edge_1_v": ("swap", None, W0, 1), "edge_2_g": ("swap", W0, None, 1)}
+    view = gp.PassView.of(plan)
+    assert [(h.side, h.facts.device, h.decision.host) for h in view.halves] == [
+        ("send", PS, ""), ("recv", gpu, W0), ("send", gpu, W0), ("recv", PS, "")]
+    table = format_table(plan)
+    assert table.count("static via host") == 2, table
+    assert "2 swapped with an end on a device other than its task's CPU cross via host: 2 device copies " \
+           "per step (2.0 KiB of static shape)" in table, table
+
+
+def test_a_pair_in_a_loop_on_a_device_stays_on_grpc_saying_why():
+    """Its copy through the CPU would need the loop's frame in the CPU's partition: kept, with
+    the reason, even when the ops carry loops."""
+    gpu = B.dev("worker", 0, "GPU")
+    ps, w = B.Partition(PS), B.Partition(gpu)
+    ps.var("v", (4,))
+    ps.node("loop/enter", "Enter", ["v/read"], frame_name="loop")
+    ps.send("in/_send", "loop/enter", "edge_1_in", gpu)
+    w.node("_cloop/x", "Const")
+    w.node("_cloop/enter", "Enter", ["_cloop/x"], frame_name="loop")
+    w.node("_cloop/merge", "Merge", ["_cloop/enter", "_cloop/next"])
+    w.node("_cloop/next", "NextIteration", ["_cloop/merge"])
+    w.recv("in/_recv", "edge_1_in", PS, shape=(4,)).input.append("^_cloop/merge")
+    config = gp.Config(carries={"loops": True, "dead_tensors": True})
+    (t,) = gp.plan_partitions(B.partitions(ps, w), config, instance_id="i", rules=RULES).transfers
+    assert (t.decision, t.reason, t.recv_host) == ("keep", "device_loop", W0)
+    assert gp.REASONS["device_loop"][0] == "keep" and gpu in t.detail

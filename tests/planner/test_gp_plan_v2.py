@@ -94,9 +94,9 @@ def test_the_round_trip_keeps_the_v2_config():
 
 def test_older_plans_are_refused_with_the_reason():
     data = json.loads(gp.plan_partitions(B.partitions(*[B.Partition(PS)]), rules=RULES).to_json())
-    for version in (1, 2):
+    for version in (1, 2, 3):
         data["version"] = version
-        with pytest.raises(gp.PlanFormatError, match=rf"plan version {version} is not supported .*version 3, "
+        with pytest.raises(gp.PlanFormatError, match=rf"plan version {version} is not supported .*version 4, "
                                                      r"which added bundles.*re-plan"):
             gp.Plan.from_dict(data)
 

@@ -23,6 +23,7 @@
 #include "tensorflow/core/graph/node_builder.h"
 
 #include "common.h"
+#include "host_hop.h"
 #include "labelled.h"
 #include "opt_in.h"
 #include "pairs.h"
@@ -121,18 +122,25 @@ absl::Status RunIterationsInOrder(Graph* g, const std::vector<const Node*>& node
   return absl::OkStatus();
 }
 
-absl::Status Apply(Graph* g, Node* old, const SwappedHalf& h) {
-  if (h.decision.dead) return ApplyLabelled(old, h);
-  Node* fresh = nullptr;
+// The data input of _Send `send`.
+absl::Status DataInput(const Node* send, tensorflow::NodeBuilder::NodeOut* out) {
+  for (const auto* e : send->in_edges()) {
+    if (!e->IsControlEdge()) {
+      *out = tensorflow::NodeBuilder::NodeOut(e->src(), e->src_output());
+      return absl::OkStatus();
+    }
+  }
+  return absl::InternalError("_Send " + send->name() + " has no data input");
+}
+
+// rdmadev's node for half `h` in `g`, on `device` (as requested: `requested`): an RdmadevSend
+// of `input`, or an RdmadevRecv.
+absl::Status NewNode(Graph* g, const SwappedHalf& h, const std::string& requested, const std::string& device,
+                     const tensorflow::NodeBuilder::NodeOut& input, Node** fresh) {
   const auto dtype = static_cast<tensorflow::DataType>(h.facts.dtype);
   tensorflow::NodeBuilder b(NodeName(h), h.send ? "RdmadevSend" : "RdmadevRecv");
-  std::vector<const tensorflow::Edge*> in(old->in_edges().begin(), old->in_edges().end());
-  std::vector<const tensorflow::Edge*> outs(old->out_edges().begin(), old->out_edges().end());
   if (h.send) {
-    const tensorflow::Edge* data = nullptr;
-    for (const auto* e : in) if (!e->IsControlEdge()) data = e;
-    if (!data) return absl::InternalError("_Send " + old->name() + " has no data input");
-    b.Input(data->src(), data->src_output());
+    b.Input(input);
     b.Attr("T", dtype);
   } else {
     b.Attr("dtype", dtype);
@@ -140,9 +148,52 @@ absl::Status Apply(Graph* g, Node* old, const SwappedHalf& h) {
   TF_RETURN_IF_ERROR(WriteSettings(h, [&b](const std::string& name, const auto& value) {
     b.Attr(name, value);
   }));
-  b.Device(old->requested_device());
-  TF_RETURN_IF_ERROR(b.Finalize(g, &fresh));
-  fresh->set_assigned_device_name(old->assigned_device_name());
+  b.Device(requested);
+  TF_RETURN_IF_ERROR(b.Finalize(g, fresh));
+  (*fresh)->set_assigned_device_name(device);
+  return absl::OkStatus();
+}
+
+// A half on a device with no rdmadev kernel (h.decision.host names its task's CPU): rdmadev's
+// node, or a labelled copy of TF's for a tensor that may be dead, runs on the host, and the
+// half's own node stays on its device, now TF's transfer to or from the host (host_hop.h).
+absl::Status ApplyViaHost(Node* old, const SwappedHalf& h, HostHops& hops) {
+  const std::string& host = h.decision.host;
+  if (h.decision.loop) return absl::InternalError("rdmadev plan moves " + h.facts.node + " in a loop to " + host);
+  Graph* g = hops.Partition(host);
+  Node* fresh = nullptr;
+  if (h.decision.dead) {
+    tensorflow::NodeDef def = old->def();
+    def.clear_input();
+    def.set_device(host);
+    absl::Status added;
+    fresh = g->AddNode(std::move(def), &added);
+    TF_RETURN_IF_ERROR(added);
+    fresh->set_assigned_device_name(host);
+    TF_RETURN_IF_ERROR(ApplyLabelled(fresh, h));
+  }
+  if (h.send) {
+    Node* taken = nullptr;
+    TF_RETURN_IF_ERROR(hops.ToHost(old, host, &taken));
+    if (fresh) {
+      g->AddEdge(taken, 0, fresh, 0);
+      return absl::OkStatus();
+    }
+    return NewNode(g, h, host, host, tensorflow::NodeBuilder::NodeOut(taken, 0), &fresh);
+  }
+  if (!fresh) TF_RETURN_IF_ERROR(NewNode(g, h, host, host, {}, &fresh));
+  return hops.FromHost(old, host, fresh, 0);
+}
+
+absl::Status Apply(Graph* g, Node* old, const SwappedHalf& h, HostHops& hops) {
+  if (!h.decision.host.empty()) return ApplyViaHost(old, h, hops);
+  if (h.decision.dead) return ApplyLabelled(old, h);
+  tensorflow::NodeBuilder::NodeOut data;
+  if (h.send) TF_RETURN_IF_ERROR(DataInput(old, &data));
+  Node* fresh = nullptr;
+  TF_RETURN_IF_ERROR(NewNode(g, h, old->requested_device(), old->assigned_device_name(), data, &fresh));
+  std::vector<const tensorflow::Edge*> in(old->in_edges().begin(), old->in_edges().end());
+  std::vector<const tensorflow::Edge*> outs(old->out_edges().begin(), old->out_edges().end());
   for (const auto* e : in) if (e->IsControlEdge()) g->AddControlEdge(e->src(), fresh);
   for (const auto* e : outs) {
     if (e->IsControlEdge()) g->AddControlEdge(fresh, e->dst());
@@ -156,8 +207,10 @@ absl::Status Apply(Graph* g, Node* old, const SwappedHalf& h) {
 // (RdmadevRecvBundle) whose input (output) i is member i's: it takes every edge of theirs,
 // their control edges once each. The planner made sure no member waits for another's
 // arrival (graph_pass.bundles), so the merged node closes no cycle.
-absl::Status ApplyBundle(Graph* g, const std::map<std::string, Node*>& nodes, const BundleHalf& r) {
+absl::Status ApplyBundle(Graph* g, const std::map<std::string, Node*>& nodes, const BundleHalf& r,
+                         HostHops& hops) {
   const bool send = r.send;
+  const bool via_host = !r.host.empty();
   std::vector<Node*> olds;
   for (const auto& m : r.members) {
     auto it = nodes.find(m.facts.node);
@@ -178,10 +231,14 @@ absl::Status ApplyBundle(Graph* g, const std::map<std::string, Node*>& nodes, co
     TF_RETURN_IF_ERROR(PlannedShape(m.facts, &shape));
     shapes.push_back(shape);
     if (!send) continue;
-    const tensorflow::Edge* data = nullptr;
-    for (const auto* e : olds[i]->in_edges()) if (!e->IsControlEdge()) data = e;
-    if (!data) return absl::InternalError("_Send " + olds[i]->name() + " has no data input");
-    inputs.emplace_back(data->src(), data->src_output());
+    inputs.emplace_back();
+    if (!via_host) {
+      TF_RETURN_IF_ERROR(DataInput(olds[i], &inputs.back()));
+      continue;
+    }
+    Node* taken = nullptr;
+    TF_RETURN_IF_ERROR(hops.ToHost(olds[i], r.host, &taken));
+    inputs.back() = tensorflow::NodeBuilder::NodeOut(taken, 0);
   }
   if (send) {
     b.Input(inputs);
@@ -192,10 +249,18 @@ absl::Status ApplyBundle(Graph* g, const std::map<std::string, Node*>& nodes, co
   b.Attr("offsets", offsets);
   b.Attr("channel", r.channel);
   b.Attr("timeout_s", static_cast<float>(r.limits.timeout_s));
-  b.Device(olds[0]->requested_device());
+  b.Device(via_host ? r.host : olds[0]->requested_device());
   Node* fresh = nullptr;
-  TF_RETURN_IF_ERROR(b.Finalize(g, &fresh));
-  fresh->set_assigned_device_name(olds[0]->assigned_device_name());
+  TF_RETURN_IF_ERROR(b.Finalize(via_host ? hops.Partition(r.host) : g, &fresh));
+  fresh->set_assigned_device_name(via_host ? r.host : olds[0]->assigned_device_name());
+  if (via_host) {  // the members' nodes stay, each now a hop to or from the host
+    if (!send) {
+      for (size_t i = 0; i < olds.size(); ++i) {
+        TF_RETURN_IF_ERROR(hops.FromHost(olds[i], r.host, fresh, static_cast<int>(i)));
+      }
+    }
+    return absl::OkStatus();
+  }
   std::set<Node*> before, after;
   for (size_t i = 0; i < olds.size(); ++i) {
     std::vector<const tensorflow::Edge*> in(olds[i]->in_edges().begin(), olds[i]->in_edges().end());
@@ -248,6 +313,7 @@ class RdmadevPass : public tensorflow::GraphOptimizationPass {
       auto it = parts->find(device);
       return it == parts->end() ? nullptr : it->second.get();
     };
+    HostHops hops(parts, options.device_set);
     std::map<Graph*, std::vector<const Node*>> in_loops;  // labelled nodes in a loop, by partition
     for (const SwappedHalf& h : view.halves) {
       Graph* g = partition(h.facts.device);
@@ -255,7 +321,7 @@ class RdmadevPass : public tensorflow::GraphOptimizationPass {
       Node* old = nullptr;
       for (Node* n : g->op_nodes()) if (n->name() == h.facts.node) { old = n; break; }
       if (!old) return absl::InternalError("rdmadev plan names unknown node " + h.facts.node + " on " + h.facts.device);
-      TF_RETURN_IF_ERROR(Apply(g, old, h));
+      TF_RETURN_IF_ERROR(Apply(g, old, h, hops));
       if (h.decision.loop) in_loops[g].push_back(old);  // labelled in place: `old` is still the node
     }
     for (const BundleHalf& b : view.bundles) {
@@ -263,7 +329,7 @@ class RdmadevPass : public tensorflow::GraphOptimizationPass {
       if (!g) return absl::InternalError("rdmadev plan names unknown partition " + b.device);
       std::map<std::string, Node*> nodes;
       for (Node* n : g->op_nodes()) nodes[n->name()] = n;
-      TF_RETURN_IF_ERROR(ApplyBundle(g, nodes, b));
+      TF_RETURN_IF_ERROR(ApplyBundle(g, nodes, b, hops));
     }
     for (const auto& [g, nodes] : in_loops) TF_RETURN_IF_ERROR(RunIterationsInOrder(g, nodes));
     return absl::OkStatus();

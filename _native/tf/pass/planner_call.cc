@@ -179,7 +179,7 @@ bool ReadDecision(Reader& r, PyObject* obj, const std::string& path, HalfDecisio
   return decision.get() && r.Str(decision.get(), at, "channel", &d->channel) &&
          r.Bool(decision.get(), at, "zero_copy", &d->zero_copy) &&
          r.Bool(decision.get(), at, "owned", &d->owned) && r.Bool(decision.get(), at, "dead", &d->dead) &&
-         r.Bool(decision.get(), at, "loop", &d->loop);
+         r.Bool(decision.get(), at, "loop", &d->loop) && r.Str(decision.get(), at, "host", &d->host);
 }
 
 bool ReadLimits(Reader& r, PyObject* obj, const std::string& path, Limits* l) {
@@ -197,6 +197,7 @@ bool ReadHalf(Reader& r, PyObject* obj, const std::string& path, SwappedHalf* h)
 
 bool ReadBundle(Reader& r, PyObject* obj, const std::string& path, BundleHalf* b) {
   if (!ReadSide(r, obj, path, &b->send) || !r.Str(obj, path, "device", &b->device) ||
+      !r.Str(obj, path, "host", &b->host) ||
       !r.Str(obj, path, "channel", &b->channel) || !ReadLimits(r, obj, path, &b->limits))
     return false;
   Ref members(r.Sequence(obj, path, "members"));
@@ -310,12 +311,13 @@ extern "C" int rdmadev_read_pass_view(PyObject* view, char** text) {
              at + ".decision.channel=" + d.channel + "\n" + at + ".decision.zero_copy=" +
              std::to_string(d.zero_copy) + "\n" + at + ".decision.owned=" + std::to_string(d.owned) +
              "\n" + at + ".decision.dead=" + std::to_string(d.dead) + "\n" + at +
-             ".decision.loop=" + std::to_string(d.loop) + "\n" + limits(at + ".limits", h.limits);
+             ".decision.loop=" + std::to_string(d.loop) + "\n" + at + ".decision.host=" + d.host + "\n" +
+             limits(at + ".limits", h.limits);
     }
     for (size_t i = 0; i < v.bundles.size(); ++i) {
       const BundleHalf& b = v.bundles[i];
       const std::string at = "bundles[" + std::to_string(i) + "]";
-      out += at + ".side=" + (b.send ? "send" : "recv") + "\n" + at + ".device=" + b.device + "\n" + at +
+      out += at + ".side=" + (b.send ? "send" : "recv") + "\n" + at + ".device=" + b.device + "\n" + at + ".host=" + b.host + "\n" + at +
              ".channel=" + b.channel + "\n" + limits(at + ".limits", b.limits);
       for (size_t j = 0; j < b.members.size(); ++j) {
         const std::string m = at + ".members[" + std::to_string(j) + "]";

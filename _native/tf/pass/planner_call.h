@@ -31,6 +31,7 @@ struct HalfDecision {
   bool owned = false;  // a half pair's op: its kernel holds the half while it lives
   bool dead = false;   // its tensor may be dead (a branch, a loop): TF's node, labelled (ApplyLabelled)
   bool loop = false;   // in a while loop's frame: the frame runs in order (RunIterationsInOrder)
+  std::string host;    // "" or the task's CPU the half crosses through from its device (host_hop.h)
 };
 
 // The bounds every node of a view gets (graph_pass Limits).
@@ -58,6 +59,7 @@ struct BundleMember {
 struct BundleHalf {
   bool send = false;
   std::string device;
+  std::string host;  // "" or the task's CPU every member crosses through (host_hop.h)
   std::string channel;
   std::vector<BundleMember> members;  // in the order of their bytes in the slot
   Limits limits;

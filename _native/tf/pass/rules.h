@@ -1,12 +1,13 @@
 // The rules the planner (graph_pass, Python) must apply exactly as rdmadev's passes do, decided
 // here once: which ops are a rendezvous pair's halves, when a pair crosses tasks, the mark of a
 // pair that leaves a conditional's branch, the attr of a run-time shape's bound, and where
-// oneDNN's shape functions are wrong. Plain C++ on strings, without TensorFlow: the passes use
+// oneDNN's shape functions are wrong, and on which device rdmadev's node for a half runs. Plain C++ on strings, without TensorFlow: the passes use
 // them (pairs.h, branch_exits.cc, shapes.cc), and the Cython bindings (rdmadev._native.rules)
 // hand the same ones to the planner through rdmadev._core.planner_rules(), so that no Python
 // copy exists to keep equal.
 #pragma once
 
+#include <cctype>
 #include <string>
 
 namespace rdmadev_tf {
@@ -38,6 +39,24 @@ inline std::string TaskOf(const std::string& device) {
 // plans (a pair within a task is TF's local rendezvous).
 inline bool CrossesTasks(const std::string& send_device, const std::string& recv_device) {
   return TaskOf(send_device) != TaskOf(recv_device);
+}
+
+// The device kind rdmadev's kernels are registered for (kernels/recv_op.cc, send_op.cc): its
+// ops run on a task's CPU, whatever device computes the tensor.
+inline constexpr char kKernelDeviceKind[] = "CPU";
+
+// The device rdmadev's node for a pair's half on `device` runs on: `device` itself when it is a
+// CPU, else its task's CPU, through which the half crosses (the pass adds TF's own copy between
+// the two: a GPU, PluggableDevice or XLA device has no rdmadev kernel). Legacy `.../cpu:0` names
+// count as CPUs.
+inline std::string KernelDevice(const std::string& device) {
+  size_t last = device.rfind('/');
+  std::string leaf = last == std::string::npos ? device : device.substr(last + 1);
+  if (leaf.rfind("device:", 0) == 0) leaf = leaf.substr(7);
+  std::string kind = leaf.substr(0, leaf.find(':'));
+  for (char& c : kind) c = static_cast<char>(toupper(static_cast<unsigned char>(c)));
+  if (kind == kKernelDeviceKind) return device;
+  return TaskOf(device) + "/device:" + kKernelDeviceKind + ":0";
 }
 
 // What MarkBranchExitsPass (branch_exits.cc) names the node it puts between a branch's value

@@ -10,3 +10,4 @@ cdef extern from "rules.h" namespace "rdmadev_tf":
     const char* kBoundAttr
     bool CrossesTasks(const string& send_device, const string& recv_device)
     bool TrustedOutput(const string& op, int index)
+    string KernelDevice(const string& device)

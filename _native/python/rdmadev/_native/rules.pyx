@@ -2,10 +2,11 @@
 """The rules graph_pass applies exactly as rdmadev's passes do, from their one definition
 (_native/tf/pass/rules.h): the planner asks these instead of keeping a copy. rdmadev._core
 hands them to it as graph_pass.native_rules.NativeRules (PLANNER_RULES)."""
-from rdmadev._native.c_rules cimport (CrossesTasks, TrustedOutput, kBoundAttr, kBranchMark,
+from rdmadev._native.c_rules cimport (CrossesTasks, KernelDevice, TrustedOutput, kBoundAttr, kBranchMark,
                                       kRecvOps, kSendOps)
 
-__all__ = ["SEND_OPS", "RECV_OPS", "BRANCH_MARK", "BOUND_ATTR", "crosses_tasks", "trusted_output"]
+__all__ = ["SEND_OPS", "RECV_OPS", "BRANCH_MARK", "BOUND_ATTR", "crosses_tasks", "trusted_output",
+           "kernel_device"]
 
 
 cdef frozenset _names(const char* const* names):
@@ -33,3 +34,9 @@ def crosses_tasks(str send_device, str recv_device):
 def trusted_output(str op, int index):
     """False where TF's shape function for output `index` of op `op` is known to be wrong."""
     return TrustedOutput(op.encode(), index)
+
+
+def kernel_device(str device):
+    """The device rdmadev's node for a half on `device` runs on: `device` if it is a CPU, else
+    its task's CPU (the half crosses through host memory)."""
+    return KernelDevice(device.encode()).decode()
