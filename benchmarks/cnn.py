@@ -83,6 +83,10 @@ def parse_args(argv=None):
     ap.add_argument("--compare_bundles", action="store_true",
                     help="add rdmadev_1ch: rdmadev with every pair on a channel of its own "
                          "(RDMADEV_BUNDLE_BELOW_BYTES=0), alternated with the rest")
+    ap.add_argument("--device", metavar="TYPE",
+                    help="each worker computes on its /device:TYPE:0 (XLA_CPU, GPU, a PluggableDevice's "
+                         "type): its tensors cross via host; XLA_* devices are enabled here, a "
+                         "PluggableDevice must be installed where the tasks load it")
     ap.add_argument("--json", help="write the result as JSON here")
     ap.add_argument("--no_progress", action="store_true")
     args = ap.parse_args(argv)
@@ -100,18 +104,21 @@ def parse_args(argv=None):
         if args.fabric not in ("auto", "tcp"):
             ap.error("--netns uses the tcp fabric")
         args.fabric = "tcp"
+    if args.device and args.between_graph:
+        ap.error("--device is for the in-graph job; --between_graph places its workers' ops itself")
     return args
 
 
-def build_step(tf, forward, params_for, workers, counters, batch, size, lr):
+def build_step(tf, forward, params_for, workers, counters, batch, size, lr, device=None):
     """The training step over ``params_for[k]`` (worker k's variable set; the same set for
-    every worker on ps). Gradients of a shared set are averaged on each variable's device."""
+    every worker on ps), computed on each worker's `device` (a type) if given. Gradients of a
+    shared set are averaged on each variable's device."""
 
     def step():
         losses, grads = [], []
         for k, worker in enumerate(workers):
             p = params_for[k]
-            with tf.device(worker):
+            with tf.device(worker + (f"/device:{device}:0" if device else "")):
                 c = counters[k].assign_add(1)
                 images = tf.random.stateless_uniform([batch, size, size, 3], tf.stack([c, 2 * k]))
                 labels = tf.random.stateless_uniform([batch], tf.stack([c, 2 * k + 1]),
@@ -254,7 +261,9 @@ def summarize_reports(reports):
             "registered_bytes": {t: b for r in reports for t, b in r.registered.items()},
             "moved_bytes_per_step": moved,
             "bundled": sum(len(r.bundled) for r in reports),
-            "bundles": len({(r.instance, b) for r in reports for b in r.bundled.values()})}
+            "bundles": len({(r.instance, b) for r in reports for b in r.bundled.values()}),
+            "via_host": sum(len(r.via_host) for r in reports),
+            "device_copies": sum(len(d) for r in reports for d in r.via_host.values())}
 
 
 def run(args):
@@ -272,6 +281,8 @@ def run(args):
         import cnn_between_graph
         return cnn_between_graph.run(args)
     sys.path.insert(0, os.path.dirname(HERE))
+    if args.device and args.device.startswith("XLA_"):  # before TF starts: TF's own switch
+        os.environ["TF_XLA_FLAGS"] = "--tf_xla_enable_xla_devices"
     from rdmadev.tf.startup import import_tensorflow
     tf = import_tensorflow()  # without TF's start-up lines
     import rdmadev
@@ -281,6 +292,8 @@ def run(args):
     from models import MODELS, Params
 
     env = {"RDMADEV_SECRET": os.environ["RDMADEV_SECRET"]}
+    if args.device and args.device.startswith("XLA_"):
+        env["TF_XLA_FLAGS"] = "--tf_xla_enable_xla_devices"
     if args.fabric != "auto":
         env["RDMADEV_FABRIC"] = args.fabric
     forward = MODELS[args.model]
@@ -311,7 +324,7 @@ def run(args):
         print(f"{args.model}: {len(shared.order)} variables, {shared.nbytes / 2**20:.1f} MiB on "
               f"{args.num_ps} ps", file=sys.stderr, flush=True)
         step = build_step(tf, forward, [shared] * len(workers), workers, counters,
-                          args.batch_size, args.image_size, args.learning_rate)
+                          args.batch_size, args.image_size, args.learning_rate, args.device)
         variants = {}
         if args.server_protocol in ("grpc", "both"):
             variants["grpc"] = tf.function(step)
@@ -323,7 +336,7 @@ def run(args):
             local = [params_on([w]) for w in workers]
             variants["local"] = tf.function(build_step(
                 tf, forward, local, workers, counters, args.batch_size, args.image_size,
-                args.learning_rate))
+                args.learning_rate, args.device))
         if args.profile:
             variants["floor"] = tf.function(build_floor_step(tf, workers, counters))
             comm = build_comm_step(tf, shared, workers, counters, args.learning_rate)
@@ -346,7 +359,7 @@ def run(args):
         result = {
             "model": args.model, "batch_size": args.batch_size, "num_workers": args.num_workers,
             "num_ps": args.num_ps, "image_size": args.image_size, "fabric": args.fabric,
-            "netns": args.netns,
+            "netns": args.netns, "device": args.device,
             "variables": len(shared.order), "model_bytes": shared.nbytes,
             "num_batches": args.num_batches, "num_windows": len(next(iter(rates.values()))),
             "images_per_sec": {k: statistics.median(v) for k, v in rates.items() if v},
@@ -379,7 +392,8 @@ def print_result(r):
     how = (f"between-graph (a client per worker), windows of {r['window_s']:g} s"
            if r.get("between_graph") else "small images: communication-bound CPU run")
     print(f"{r['model']} batch {r['batch_size']} x {r['num_workers']} workers, {r['num_ps']} ps, "
-          f"{r['image_size']}px, {r['model_bytes'] / 2**20:.1f} MiB of variables; median of "
+          f"{r['image_size']}px, {r['model_bytes'] / 2**20:.1f} MiB of variables"
+          f"{', workers on ' + r['device'] if r.get('device') else ''}; median of "
           f"{r['num_windows']} windows ({how})")
     for name, v in ips.items():
         if name in ("floor", "grpc_comm", "rdmadev_comm"):
@@ -412,6 +426,9 @@ def print_result(r):
               f"{','.join(rep['fabrics']) or '-'}), {rep['kept']} stayed on gRPC "
               f"({'; '.join(rep['kept_reasons']) or '-'}); {rep.get('bundled', 0)} of the swapped "
               f"in {rep.get('bundles', 0)} bundles")
+        if rep.get("via_host"):
+            print(f"  {rep['via_host']} of the swapped cross via host (an end on {r['device']}): "
+                  f"{rep['device_copies']} device copies a step")
         from graph_pass.explain import short_task
         moved = rep.get("moved_bytes_per_step", {})
         print("  registered: " + ", ".join(
