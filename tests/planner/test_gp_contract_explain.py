@@ -25,7 +25,7 @@ def test_json_roundtrip_is_exact_and_carries_the_layout():
     plan = sample_plan()
     text = plan.to_json(indent=1)
     data = json.loads(text)
-    assert data["schema"] == "rdmadev.plan" and data["version"] == gp.PLAN_VERSION == 3
+    assert data["schema"] == "rdmadev.plan" and data["version"] == gp.PLAN_VERSION == 4
     assert data["layout"] == RULES.layout.to_dict()
     assert set(data) == {"schema", "version", "layout", "config", "instance_id", "transfers", "regions", "tasks"}
     t = data["transfers"][0]
@@ -39,8 +39,8 @@ def test_json_roundtrip_is_exact_and_carries_the_layout():
 
 def test_from_json_rejects_other_schemas_and_versions():
     data = sample_plan().to_dict()
-    with pytest.raises(gp.PlanFormatError, match="version 4 is not supported"):
-        gp.Plan.from_dict(dict(data, version=4))
+    with pytest.raises(gp.PlanFormatError, match="version 5 is not supported"):
+        gp.Plan.from_dict(dict(data, version=5))
     with pytest.raises(gp.PlanFormatError, match="not an rdmadev.plan document"):
         gp.Plan.from_dict(dict(data, schema="other"))
     with pytest.raises(gp.PlanFormatError, match="not valid JSON"):

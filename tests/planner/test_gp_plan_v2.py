@@ -84,7 +84,7 @@ def test_the_round_trip_keeps_the_v2_config():
     cfg = gp.Config(zero_copy_min_bytes=1024, deadline_s=12.5, carries={"dynamic_shapes": True})
     plan = gp.plan_partitions(B.partitions(ps, w), cfg, instance_id="v2", rules=RULES)
     data = json.loads(plan.to_json())
-    assert data["version"] == 3 == gp.PLAN_VERSION
+    assert data["version"] == 4 == gp.PLAN_VERSION
     assert data["config"]["zero_copy_min_bytes"] == 1024 and data["config"]["deadline_s"] == 12.5
     assert data["config"]["carries"] == {"dynamic_shapes": True, "half_pairs": False, "dead_tensors": False,
                                          "loops": False}

@@ -138,7 +138,7 @@ def test_layout_or_version_mismatch():
         plan.version = 0
     problems = broken(old).problems
     assert any("layout differs" in p and "slot_header_bytes" in p for p in problems)
-    assert any("expected 'rdmadev.plan' v3" in p for p in problems)
+    assert any("expected 'rdmadev.plan' v4" in p for p in problems)
 
 
 def test_write_without_exactly_one_wait_in_the_graph():
