@@ -4,6 +4,7 @@ import logging
 import os
 import socket
 import subprocess
+import struct
 import sys
 
 import time
@@ -57,6 +58,42 @@ def test_control_connection_with_wrong_secret_is_refused():
         while server.rejected < 1 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert server.rejected == 1
+    finally:
+        server.close()
+
+
+def test_a_connection_that_breaks_or_stalls_the_handshake_is_refused_on_record(caplog, monkeypatch):
+    """Bytes that are not rdmadev's handshake (an HTTP request, a control request sent in its
+    place) and a handshake too slow are refused at WARNING and counted in `rejected`, as a wrong
+    secret is; a peer that only connects and closes is neither (a port probe)."""
+    from rdmadev.cluster import control
+
+    monkeypatch.setattr(control, "HANDSHAKE_TIMEOUT_S", 0.5)
+    server = ControlServer(("127.0.0.1", 0), b"right", lambda r: {"echo": r})
+
+    def rejected_after(send, hold_s=0.0, expect=0):
+        before = server.rejected
+        with socket.create_connection(server.server_address) as sock:
+            sock.sendall(send)
+            time.sleep(hold_s)
+        deadline = time.monotonic() + 10  # counted after the connection ended
+        while server.rejected < before + expect and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)
+        return server.rejected - before
+
+    try:
+        with caplog.at_level(logging.INFO, logger=control.log.name):
+            assert rejected_after(b"GET / HTTP/1.0\r\n\r\n", 0.2, expect=1) == 1
+            request = json.dumps({"op": "ping"}).encode()
+            assert rejected_after(struct.pack("!I", len(request)) + request, 1.0, expect=1) == 1
+            assert rejected_after(b"", 1.0, expect=1) == 1  # connected, said nothing: too slow
+            assert rejected_after(b"", 0.0) == 0
+        warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warned) == 3 and all("refused 127.0.0.1:" in w and "before authentication" in w
+                                        for w in warned), warned
+        assert "malformed handshake" in warned[0] and "Timed out" in warned[2], warned
+        assert ControlClient(server.server_address, b"right").call({"op": "x"}) == {"echo": {"op": "x"}}
     finally:
         server.close()
 

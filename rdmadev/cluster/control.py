@@ -200,7 +200,11 @@ class _Handler(socketserver.BaseRequestHandler):
             server.rejected += 1
             server.budgets["auth"].warning("control: peer %s failed authentication (wrong "
                                            "cluster secret)", where)
-        except RdmadevError as e:
+        except (ProtocolError, DeadlineExceeded) as e:  # not rdmadev's handshake, or too slow
+            server.rejected += 1
+            server.budgets["handshake"].warning("control: refused %s before authentication: %s",
+                                                where, e)
+        except RdmadevError as e:  # it closed the connection before or during its handshake
             log.info("control: handshake with %s failed: %s", where, e)
         if not server.admit(sock, authenticated):
             return
@@ -260,6 +264,7 @@ class ControlServer(socketserver.ThreadingTCPServer):
         self.handler = handler
         self.rejected = 0
         self.budgets = {"auth": _LogBudget("failed authentication"),
+                        "handshake": _LogBudget("broken or slow handshakes"),
                         "requests": _LogBudget("malformed requests"),
                         "refused": _LogBudget("refused connections")}
         self.dropped = {"handshaking": 0, "connections": 0}  # connections let go, by cap
