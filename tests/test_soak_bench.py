@@ -63,3 +63,20 @@ def test_the_verdicts_call_growth_by_its_name():
     noisy = soak.verdicts(samples(0, 10**9, rss_noise=(10 * mib, 6 * mib, 8 * mib, 10 * mib),
                                   last=2000))["t"]["rss"]
     assert noisy["flat"] and noisy["slope_per_1000"] > soak.RSS_SLOPE_BOUND, noisy
+
+
+def test_a_pool_that_grows_within_its_slack_is_flat_and_a_thread_leak_is_not():
+    """A short CI soak (two judged samples, 400 steps apart) once saw the ps's threads go
+    119 -> 121 and its control connections 10 -> 14: bounded pools, a steep slope. A thread
+    leaked every 100 steps passes the slack within the soak."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import soak
+
+    def samples(threads, control):
+        return [{"steps": n, "processes": {"t": {"threads": t, "control_fds": c}}}
+                for n, t, c in zip((400, 800, 1200, 1600), threads, control)]
+
+    pool = soak.verdicts(samples((117, 118, 119, 121), (8, 9, 10, 14)))["t"]
+    assert pool["threads"]["flat"] and pool["control_fds"]["flat"], pool
+    leak = soak.verdicts(samples((117, 118, 119, 124), (8, 9, 10, 15)))["t"]
+    assert not leak["threads"]["flat"] and not leak["control_fds"]["flat"], leak
