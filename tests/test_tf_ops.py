@@ -381,42 +381,9 @@ def test_a_write_to_a_task_that_went_names_that_task(secret):
         said = str(failed.value)
         assert f"rdmadev channel {key} to task /job:ps/replica:0/task:0: " in said, said
         assert "the channels between the two tasks are set up again" in said, said
-        _assert_tf_takes_it_for_a_lost_ps(failed.value)
     finally:
         _core.unbind_channel(key)
         a.close()
-
-
-def _assert_tf_takes_it_for_a_lost_ps(error):
-    """ClusterCoordinator's own classifiers: a lost ps (raised to the user), not a lost worker
-    (a closure retried), as for TF's gRPC error naming the ps."""
-    from tensorflow.python.distribute.coordinator import cluster_coordinator as cc
-
-    assert "GRPC error information from remote target /job:ps/replica:0/task:0" in str(error), error
-    assert cc._is_ps_failure(error) and not cc._is_worker_failure(error), error
-
-
-def test_a_step_that_finds_its_half_unbound_with_its_lost_peer_names_it_as_tfs_grpc_does(secret):
-    """The control plane unbinds the halves of a peer task that died (unbind_peer): a receive
-    looking for one fails at once, naming the task in the words TF's ClusterCoordinator reads."""
-    cfg = rdmadev.Config(fabric="shm", secret=secret)
-    a, b = rdmadev.open_domain("tx", cfg), rdmadev.open_domain("rx", cfg)
-    layout = ring_layout(SLOTS, 4096)
-    ring, credit = b.allocate(layout.bytes, label="ring"), a.allocate(_core.CREDIT_BYTES, label="credit")
-    to_tx = b.connect(a.address)
-    key = "half-of-a-lost-ps"
-    ps = "/job:ps/replica:0/task:0"
-    _core.RingReceiver(ring, layout, to_tx, to_tx.attach(credit.descriptor)).bind(key, None, peer=ps)
-    try:
-        assert _core.unbind_peer(b, ps, f"task {ps} is gone") == 1
-        with pytest.raises(tf.errors.UnavailableError) as failed:
-            ops.recv(tf.float32, [16], key, timeout_s=30)
-        assert f"task {ps} is gone" in str(failed.value), failed.value
-        _assert_tf_takes_it_for_a_lost_ps(failed.value)
-    finally:
-        _core.unbind_channel(key)
-        a.close()
-        b.close()
 
 
 def _block(dims):

@@ -319,11 +319,10 @@ size_t ChannelRegistry::UnbindDomain(const Domain* domain) {
 
 size_t ChannelRegistry::UnbindPeer(const Domain* domain, const std::string& peer,
                                    const std::string& why, const Endpoint* via) {
-  const std::string lost = why + FromRemoteTarget(peer);
   return UnbindWhere(kBoth, [&](const std::string&, const auto& e) {
     return e.domain.get() == domain && e.peer == peer &&
            (via == nullptr || e.ring->endpoint().get() == via);
-  }, /*park_s=*/0, &lost);
+  }, /*park_s=*/0, &why);
 }
 
 void ChannelRegistry::Hold(const std::string& key, Half half) {

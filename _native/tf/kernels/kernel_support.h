@@ -30,24 +30,22 @@ rdmadev::Liveness AliveOf(const std::shared_ptr<Ring>& ring, const std::string& 
       return false;
     }
     if (ring->endpoint()->Alive(why)) return true;
-    if (!peer.empty()) *why = "task " + peer + ": " + *why + rdmadev::FromRemoteTarget(peer);
+    if (!peer.empty()) *why = "task " + peer + ": " + *why;
     return false;
   };
 }
 
-// The status of a failed wait on `ring`, a half of `channel` whose peer is task `peer`. One
-// that ended because the control plane unbound the half says why that happens, instead of
-// "peer lost"; both name the peer as TF's gRPC would (FromRemoteTarget).
+// The status of a failed wait on `ring`, a half of `channel`. One that ended because the
+// control plane unbound the half says why that happens, instead of "peer lost".
 template <typename Ring>
-absl::Status WaitStatus(const rdmadev::Status& st, const Ring& ring, const std::string& channel,
-                        const std::string& peer) {
+absl::Status WaitStatus(const rdmadev::Status& st, const Ring& ring, const std::string& channel) {
   if (st.kind != rdmadev::ErrorKind::kPeerLost || !ring.unbound()) return ToStatus(st);
   return tensorflow::errors::Unavailable(
       "rdmadev channel ", channel, " was unbound in this task while this step waited on it: ",
       "its function was released, its peer task failed or restarted, or the connection to it "
       "broke (a running peer's channels are then set up again), so the transfer will not "
       "come. This step was cut short by a failure elsewhere; run it again once the cluster "
-      "is whole", rdmadev::FromRemoteTarget(peer));
+      "is whole");
 }
 
 // The step tag of this execution (channel.h): from TF's step id, which the tasks of one

@@ -182,7 +182,7 @@ void RecvOp::Receive::WaitForASlot(uint64_t gen, uint64_t let_go, const rdmadev:
         if (st.ok || (st.kind == rdmadev::ErrorKind::kTimeout && !self->deadline_.passed())) {
           self->Wait();  // a slot went, or the grace is over: Reserve again (or fail)
         } else {
-          self->Finish(WaitStatus(st, *self->r_.ring, self->op_->channel_, self->r_.peer));
+          self->Finish(WaitStatus(st, *self->r_.ring, self->op_->channel_));
         }
       },
       "a slot of channel " + op_->channel_ + " held by an earlier step to be let go");
@@ -273,7 +273,7 @@ bool RecvOp::Receive::Took(const rdmadev::Status& st) {
                         " was given up while a later one was reserved (overlapping steps); "
                         "the channel is out of step");
     }
-    Finish(WaitStatus(st, *r_.ring, op_->channel_, r_.peer));
+    Finish(WaitStatus(st, *r_.ring, op_->channel_));
     return false;
   }
   const uint32_t tag = r_.ring->TagAt(res_.n);

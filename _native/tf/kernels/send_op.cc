@@ -201,7 +201,7 @@ class SendOp : public AsyncOpKernel {
               cancel->Disarm();
               self->trace_.Phase("rdmadev.wait_credit", self->credit_since_);
               if (!st.ok) {
-                self->ctx_->SetStatus(WaitStatus(st, *ring, self->channel_, self->s_.peer));
+                self->ctx_->SetStatus(WaitStatus(st, *ring, self->channel_));
                 self->Done();
                 return;
               }
@@ -225,8 +225,7 @@ class SendOp : public AsyncOpKernel {
       return ToStatus(e.kind(), "rdmadev channel " + channel_ + " to task " + s_.peer + ": " +
                                     e.what() + ". Fix: the task died, or the connection to it "
                                     "broke: if it still runs, the channels between the two "
-                                    "tasks are set up again and the next steps run on them" +
-                                    rdmadev::FromRemoteTarget(s_.peer));
+                                    "tasks are set up again and the next steps run on them");
     }
 
     OpKernelContext* ctx_;
