@@ -386,6 +386,76 @@ def test_a_write_to_a_task_that_went_names_that_task(secret):
         a.close()
 
 
+@pytest.fixture
+def lost_half(secret):
+    """A receiving half of channel "half-of-a-lost-ps" whose peer, the ps, the control plane
+    unbound (unbind_peer, as the break of its connection does): yields (receiving domain,
+    ps task, key)."""
+    cfg = rdmadev.Config(fabric="shm", secret=secret)
+    a, b = rdmadev.open_domain("tx", cfg), rdmadev.open_domain("rx", cfg)
+    layout = ring_layout(SLOTS, 4096)
+    ring, credit = b.allocate(layout.bytes, label="ring"), a.allocate(_core.CREDIT_BYTES, label="credit")
+    to_tx = b.connect(a.address)
+    key, ps = "half-of-a-lost-ps", "/job:ps/replica:0/task:0"
+    _core.RingReceiver(ring, layout, to_tx, to_tx.attach(credit.descriptor)).bind(key, None, peer=ps)
+    assert _core.unbind_peer(b, ps, f"task {ps} is gone or the connection to it broke") == 1
+    try:
+        yield b, ps, key
+    finally:
+        _core.unbind_channel(key)
+        a.close()
+        b.close()
+
+
+def _classified(error):
+    """ClusterCoordinator's own classifiers of `error`: (a lost ps, a lost worker)."""
+    from tensorflow.python.distribute.coordinator import cluster_coordinator as cc
+
+    return cc._is_ps_failure(error), cc._is_worker_failure(error)
+
+
+def test_a_step_that_finds_its_half_lost_waits_for_the_verdict_and_names_a_gone_peer_as_tfs_grpc_does(lost_half):
+    """The control plane's ping finds the ps gone (dead or restarted): a receive that found
+    its half lost meanwhile waits for that verdict, then fails naming the task in the words
+    TF's ClusterCoordinator reads, so the coordinator raises PSUnavailableError to the user
+    instead of running the closure again as a lost worker's."""
+    b, ps, key = lost_half
+    threading.Timer(0.5, _core.peer_verdict, (b, ps, f"task {ps} is gone: it does not answer")).start()
+    t0 = time.monotonic()
+    with pytest.raises(tf.errors.UnavailableError) as failed:
+        ops.recv(tf.float32, [16], key, timeout_s=30)
+    assert 0.4 < time.monotonic() - t0 < 3, "did not wait for the verdict, or waited past it"
+    said = str(failed.value)
+    assert f"task {ps} is gone: it does not answer (GRPC error information from remote target {ps})" in said, said
+    assert _classified(failed.value) == (True, False)
+    with pytest.raises(tf.errors.UnavailableError, match="is gone: it does not answer"):
+        ops.recv(tf.float32, [16], key, timeout_s=30)  # the next finds the verdict at once
+
+
+def test_a_step_that_finds_its_half_lost_to_a_cut_connection_fails_as_transient(lost_half):
+    """The ping finds the same ps running (a cut connection, set up again): the receive fails
+    without naming the ps as a remote target, which TF's ClusterCoordinator would take for a
+    lost ps; the closure runs again on the channels set up again."""
+    b, ps, key = lost_half
+    assert _core.peer_verdict(b, ps, None) == 1
+    t0 = time.monotonic()
+    with pytest.raises(tf.errors.UnavailableError) as failed:
+        ops.recv(tf.float32, [16], key, timeout_s=30)
+    assert time.monotonic() - t0 < 1
+    assert "is gone or the connection to it broke" in str(failed.value)
+    assert _classified(failed.value)[0] is False, failed.value
+
+
+def test_a_step_that_finds_its_half_lost_fails_as_transient_without_a_verdict(lost_half):
+    """No verdict (the ping of a stopped or unreachable peer answers nothing): the receive
+    waits at most VERDICT_WAIT_S for it, then fails as a transient failure."""
+    _, _, key = lost_half
+    t0 = time.monotonic()
+    with pytest.raises(tf.errors.UnavailableError, match="is gone or the connection to it broke"):
+        ops.recv(tf.float32, [16], key, timeout_s=30)
+    assert _core.VERDICT_WAIT_S - 0.5 < time.monotonic() - t0 < _core.VERDICT_WAIT_S + 2
+
+
 def _block(dims):
     """A shape block claiming `dims` (rank first), as a sender writes it."""
     return struct.pack(f"<{len(dims)}Q", *dims)

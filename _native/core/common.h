@@ -81,6 +81,16 @@ struct Deadline {
   int remaining_ms(int cap_ms) const;
 };
 
+// How an error names the peer task it came from, in the words of TF's gRPC: " (GRPC error
+// information from remote target /job:ps/replica:0/task:0)". TF's ClusterCoordinator reads
+// them to tell a lost parameter server (PSUnavailableError, raised to the user, who restores
+// the variables) from a lost worker (its closure runs again once the worker is back):
+// tensorflow/python/distribute/coordinator/cluster_coordinator.py, _RPC_ERROR_FROM_PS. ""
+// when `task` is.
+inline std::string FromRemoteTarget(const std::string& task) {
+  return task.empty() ? std::string() : " (GRPC error information from remote target " + task + ")";
+}
+
 // Logs one line to stderr ("rdmadev[pid]: ...") and keeps it in a bounded in-memory ring
 // that tests and `rdmadev doctor` can read back. Lines carry text peers chose (the name a
 // peer claims, its error text), so every byte outside printable ASCII is written as \xNN

@@ -105,7 +105,9 @@ T ChannelRegistry::Find(std::map<std::string, T>& table, const std::string& key,
     auto it = table.find(key);
     if (it != table.end()) return it->second;
     auto failed = failed_.find({key, half});
-    if (failed != failed_.end()) {
+    const bool judging = failed != failed_.end() && failed->second.verdict_by &&
+                         Clock::now() < *failed->second.verdict_by;
+    if (failed != failed_.end() && (!judging || deadline.passed())) {
       const Failure& f = failed->second;
       throw Error(f.kind, no + ": " + f.why, 0, f.hint);
     }
@@ -281,7 +283,8 @@ size_t ChannelRegistry::UnbindWhere(Half half, Pred pred, double park_s, const s
       failed_[{key, sending ? kSend : kRecv}] = {
           ErrorKind::kPeerLost, *lost,
           "run the step again: once the peer task runs again or its connection is set up "
-          "again, the next step finds its channels"};
+          "again, the next step finds its channels",
+          entry.domain.get(), entry.peer, After(kVerdictWaitS)};
     }
     RetireLocked(key, std::move(entry), park_s, &graveyard);
   };
@@ -323,6 +326,27 @@ size_t ChannelRegistry::UnbindPeer(const Domain* domain, const std::string& peer
     return e.domain.get() == domain && e.peer == peer &&
            (via == nullptr || e.ring->endpoint().get() == via);
   }, /*park_s=*/0, &why);
+}
+
+size_t ChannelRegistry::PeerVerdict(const Domain* domain, const std::string& peer,
+                                     const std::string& gone) {
+  size_t n = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [_, f] : failed_) {
+      if (f.kind != ErrorKind::kPeerLost || f.domain != domain || f.peer != peer) continue;
+      f.verdict_by.reset();
+      if (!gone.empty()) {
+        f.why = gone + FromRemoteTarget(peer);
+        f.hint = "the task is gone with what it held: TF's ClusterCoordinator raises a lost "
+                 "parameter server to the caller (restore the variables from a checkpoint) "
+                 "and runs a lost worker's closures again once it is back";
+      }
+      ++n;
+    }
+  }
+  bound_.notify_all();  // kernels waiting in Find for the verdict
+  return n;
 }
 
 void ChannelRegistry::Hold(const std::string& key, Half half) {

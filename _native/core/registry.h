@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,12 @@ std::shared_ptr<void> LeaseRegion(const std::shared_ptr<Domain>& domain,
 
 // How long a wait for a half to be bound sleeps between looks at its step's cancellation.
 constexpr int kFindPollMs = 100;
+// How long a kernel that finds its half lost to a broken connection (UnbindPeer) waits for
+// the control plane's verdict on the peer (PeerVerdict) before failing without it. The
+// verdict is one control round trip (rdmadev/cluster/recovery.py pings the peer): refused
+// at once by a dead task's host, answered at once by a running task; a stopped or
+// unreachable one answers neither, and the step then fails as a transient one.
+constexpr double kVerdictWaitS = 3;
 
 // How long a sending half unbound before its receiver credited all it sent stays parked at
 // most (ChannelRegistry::Unbind). A receiver reads a stage or writes a credit within the
@@ -148,6 +155,15 @@ class ChannelRegistry {
   // and a step that began before then must not take halves meant for the steps after it.
   size_t UnbindPeer(const Domain* domain, const std::string& peer, const std::string& why,
                     const Endpoint* via = nullptr);
+  // The control plane's verdict on task `peer`, whose halves on `domain` UnbindPeer marked
+  // lost: `gone` empty, it still runs (its channels are set up again: a step finding one of
+  // them lost fails as a transient one, and runs again); else it does not (`gone` says why:
+  // it died, restarted or does not answer), and a step finding one of them lost fails with
+  // `gone`, naming the task as TF's gRPC names a remote target (FromRemoteTarget), so that
+  // TF's ClusterCoordinator takes it for what it is: a lost ps is raised to the user, a lost
+  // worker's closure runs again. Until the verdict (at most kVerdictWaitS), such a step
+  // waits for it. Returns how many lost halves it judged.
+  size_t PeerVerdict(const Domain* domain, const std::string& peer, const std::string& gone);
   // Releases the parked sending halves whose receiver has credited all they sent, and the
   // parked or retired halves whose time is up or whose Domain closed; returns how many went.
   // Every unbind does it too, and the control plane's watcher every WATCH_INTERVAL_S
@@ -211,10 +227,14 @@ class ChannelRegistry {
   std::condition_variable bound_;
   std::map<std::pair<std::string, int>, int> holders_;  // (key, half) -> kernels holding it
   // Why a kernel looking for an unbound half fails at once: given up on (Fail: kConfig), or
-  // its peer lost (UnbindPeer: kPeerLost).
+  // its peer lost (UnbindPeer: kPeerLost, on `domain` with task `peer`, which until
+  // `verdict_by` awaits the control plane's verdict: PeerVerdict).
   struct Failure {
     ErrorKind kind;
     std::string why, hint;
+    const Domain* domain = nullptr;
+    std::string peer;
+    std::optional<Clock::time_point> verdict_by;
   };
   std::map<std::pair<std::string, int>, Failure> failed_;  // (key, half) -> why
   std::map<std::string, Sender> senders_;

@@ -19,8 +19,11 @@ pairs (TF1) are met again likewise, those whose receiving half a graph's kernels
 hold here, or will (HalfPairs.held), one setup at a time with new graphs' offers
 (HalfPairs.one_at_a_time: two setups of one key crossing would bind a sender to the
 other's ring). The step the break hit fails, and so does one that looks for the halves
-before they are bound again (Unavailable: they are marked lost, registry.h UnbindPeer);
-the next run on fresh rings (epoch 0 on both sides; a late write of the failed step
+before they are bound again (Unavailable: they are marked lost, registry.h UnbindPeer),
+once the ping's verdict is in (judge): as a transient failure if the peer still runs, else
+naming the peer task in the words TF's gRPC uses, so that TF's ClusterCoordinator tells a
+lost ps (raised to the user) from a lost worker (its closure runs again). The next run
+on fresh rings (epoch 0 on both sides; a late write of the failed step
 carries its step tag and is discarded).
 """
 import logging
@@ -84,8 +87,13 @@ class Recovery:
         except Exception as e:  # gone: TF fails the steps that need it
             log.info("rdmadev: %s does not answer (%s); its channels here stay unbound", task,
                      reason_of(e))
+            self.judge(task, f"task {task} is gone: it does not answer ({reason_of(e)})")
             return
-        if not same or table.closing.is_set():  # restarted: TF instantiates its functions again
+        if not same:  # restarted: TF instantiates its functions again
+            self.judge(task, f"task {task} restarted: another process answers at its address")
+            return
+        self.judge(task, None)
+        if table.closing.is_set():
             return
         try:
             n = self.reopen({"sender": task})["reopened"]
@@ -99,6 +107,14 @@ class Recovery:
             log.warning("rdmadev: the connection between %s and %s broke while both run; "
                         "%d region(s) of channels between them were set up again", table.task,
                         task, n)
+
+    def judge(self, task, gone):
+        """The verdict on `task`, whose halves here went with a broken connection: `gone`
+        None, it still runs (a step finding one of them lost is a transient failure, run
+        again once they are set up again); else why it does not, which such a step fails
+        with, naming the task as TF's gRPC does: TF's ClusterCoordinator raises a lost ps to
+        the user and runs a lost worker's closures again (registry.h PeerVerdict)."""
+        _core.peer_verdict(self.table.domain, task, gone)
 
     def reopen(self, r):
         """Sets up again each pair task ``r["sender"]`` sends here that lost a half to a

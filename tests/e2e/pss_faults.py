@@ -134,7 +134,7 @@ def restart_worker(cluster):
 
 
 def kill_ps(cluster):
-    """kill -9 the ps mid-training: the coordinator gets TF's error, promptly."""
+    """kill -9 the ps mid-training: the coordinator gets TF's error for a lost ps, promptly."""
     strategy, coordinator = _strategy(cluster)
     w, step = _model(strategy)
     _run(coordinator, step, STEPS)
@@ -142,13 +142,15 @@ def kill_ps(cluster):
         coordinator.schedule(step)
     cluster.kill("ps", 0)
     t0 = time.monotonic()
-    error = ""
+    error, classified = "", {}
     try:
         coordinator.join()
         _run(coordinator, step, STEPS)
-    except Exception as e:  # TF's error type for a lost ps varies (Unavailable, Aborted, ...)
+    except Exception as e:  # TF's Unavailable or Aborted, naming the ps as gRPC does
+        from tensorflow.python.distribute.coordinator import cluster_coordinator as cc
         error = f"{type(e).__name__}: {e}"
-    return {"error": error[:500], "seconds": time.monotonic() - t0}
+        classified = {"ps_failure": cc._is_ps_failure(e), "worker_failure": cc._is_worker_failure(e)}
+    return {"error": error[:500], "seconds": time.monotonic() - t0, **classified}
 
 
 def _cut_and_train_on(cluster, coordinator, step):

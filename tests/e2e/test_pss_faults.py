@@ -50,8 +50,13 @@ def test_a_killed_worker_restarted_at_its_address_trains_through_rdmadev_again()
 
 
 def test_a_killed_ps_fails_the_coordinator_promptly():
+    """And as TF's gRPC does: ClusterCoordinator tells a lost ps (raised to the user, who
+    restores the variables) from a lost worker (its closure runs again) by the task an error
+    names; rdmadev's errors name a task its control plane found gone as gRPC names a remote
+    target (recovery.py judge). TF's own classifiers judge the error the user got."""
     r = _run("kill_ps")
     assert r["error"], "training went on without its ps"
+    assert r["ps_failure"] and not r["worker_failure"], r
     # from the ps's death being noticed, not from rdmadev's deadline running out
     assert r["seconds"] < float(ENV["RDMADEV_DEADLINE_S"]), r
 

@@ -84,6 +84,7 @@ cdef extern from "registry.h" namespace "rdmadev":
     double kParkedGraceS
     double kReleasedGraceS
     double kLateWriteGraceS
+    double kVerdictWaitS
     shared_ptr[void] LeaseRegion(const shared_ptr[Domain]& domain, const shared_ptr[Region]& region)
 
     cdef enum Half "rdmadev::ChannelRegistry::Half":
@@ -136,6 +137,7 @@ cdef extern from "registry.h" namespace "rdmadev":
         size_t UnbindDomain(const Domain* domain)
         size_t UnbindPeer(const Domain* domain, const string& peer, const string& why,
                           const Endpoint* via)
+        size_t PeerVerdict(const Domain* domain, const string& peer, const string& gone)
         size_t ReleaseDrained()
         Counts CountsFor(const Domain* domain)
         vector[string] Keys()

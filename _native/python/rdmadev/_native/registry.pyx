@@ -9,15 +9,16 @@ from libcpp.vector cimport vector
 from rdmadev._native.c_channel cimport (ChannelRegistry, Counts, CountedTransfers, Growth, Half,
                                         Receiver, Sender, Slot as CSlot, TransferCounts, kBoth,
                                         kLateWriteGraceS, kParkedGraceS, kRecv, kReleasedGraceS,
-                                        kSend)
+                                        kSend, kVerdictWaitS)
 from rdmadev._native.c_common cimport Deadline, as_bytes, deadline_of
 from rdmadev._native.domain cimport Domain
 from rdmadev._native.endpoint cimport Endpoint
 
 from rdmadev import errors as _errors
 
-__all__ = ["PARKED_GRACE_S", "RELEASED_GRACE_S", "LATE_WRITE_GRACE_S", "unbind_channel",
-           "fail_half", "unfail_half", "half_held", "half_lost", "unbind_domain", "unbind_peer",
+__all__ = ["PARKED_GRACE_S", "RELEASED_GRACE_S", "LATE_WRITE_GRACE_S", "VERDICT_WAIT_S",
+           "unbind_channel",
+           "fail_half", "unfail_half", "half_held", "half_lost", "unbind_domain", "unbind_peer", "peer_verdict",
            "release_drained", "channel_counts", "transfer_counts", "growing_channels",
            "channel_send", "channel_recv", "channel_want", "bound_channels"]
 
@@ -29,6 +30,9 @@ RELEASED_GRACE_S = kReleasedGraceS
 #: Seconds a receiving half unbound on a fabric where a late write breaks the connection
 #: (verbs) keeps its ring registered at most (unbind_channel; registry.h explains the figure).
 LATE_WRITE_GRACE_S = kLateWriteGraceS
+#: Seconds a kernel finding its half lost to a broken connection waits for the control
+#: plane's verdict on the peer at most (peer_verdict; registry.h explains the figure).
+VERDICT_WAIT_S = kVerdictWaitS
 
 _HALVES = {"send": kSend, "recv": kRecv, "both": kBoth}
 
@@ -94,6 +98,16 @@ def unbind_peer(Domain domain, peer, why="its peer task is gone", Endpoint via=N
     Unavailable: "No sender/receiver bound for channel ...: <why>")."""
     return ChannelRegistry.Global().UnbindPeer(domain.p.get(), as_bytes(peer), as_bytes(why),
                                                via.p.get() if via is not None else NULL)
+
+
+def peer_verdict(Domain domain, peer, gone=None):
+    """The control plane's verdict on task `peer`, whose halves on `domain` unbind_peer
+    marked lost: `gone` None, it still runs (a kernel finding one of them lost fails as a
+    transient error); else why it does not (died, restarted, does not answer), which such a
+    kernel fails with, naming the task as TF's gRPC does for TF's ClusterCoordinator
+    (registry.h PeerVerdict). Returns how many lost halves it judged."""
+    return ChannelRegistry.Global().PeerVerdict(domain.p.get(), as_bytes(peer),
+                                                as_bytes(gone or ""))
 
 
 def release_drained():
