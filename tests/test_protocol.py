@@ -107,17 +107,22 @@ def test_a_tf1_server_with_the_protocol_starts_the_tasks_rdmadev():
 
 
 @pytest.mark.tf
-def test_a_second_task_in_one_process_is_refused_by_name():
+def test_several_tasks_in_one_process_each_get_a_runtime_of_their_own():
+    """Two grpc+rdmadev servers in one process (as TF's in-process clusters build them): each
+    task has its own Domain and control service, answering as itself."""
     ports = tf_cluster.free_ports(2)
     spec = {"ps": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{ports[1]}"]}
     code = ("import tensorflow as tf\n"
             f"tf.distribute.Server({spec!r}, 'ps', 0, protocol='grpc+rdmadev')\n"
-            "print('FIRST STARTED', flush=True)\n"
-            f"tf.distribute.Server({spec!r}, 'worker', 0, protocol='grpc+rdmadev')")
+            f"tf.distribute.Server({spec!r}, 'worker', 0, protocol='grpc+rdmadev')\n"
+            "from rdmadev.cluster import runtime\n"
+            "ps, w = (runtime.of_task(t) for t in ('/job:ps/replica:0/task:0', '/job:worker/replica:0/task:0'))\n"
+            "print('TASKS', ps.task, w.task, ps.domain.address != w.domain.address,\n"
+            "      w.call(ps.task, {'op': 'ping'})['task'], ps.call(w.task, {'op': 'ping'})['task'])")
     proc = _run(["-c", code])
-    assert "FIRST STARTED" in proc.stdout and proc.returncode != 0, proc.stderr[-2000:]
-    assert ("already runs rdmadev as /job:ps/replica:0/task:0, so it cannot also be "
-            "/job:worker/replica:0/task:0") in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert ("TASKS /job:ps/replica:0/task:0 /job:worker/replica:0/task:0 True "
+            "/job:ps/replica:0/task:0 /job:worker/replica:0/task:0") in proc.stdout, proc.stdout
 
 
 @pytest.mark.tf

@@ -1,6 +1,9 @@
-"""This process's place in a TF cluster: its task, its Domain, its control service, and
-control clients to the other tasks. A task server (`rdmadev serve`) has all of them; the
-coordinator has only clients (its own traffic to the tasks stays on gRPC).
+"""A task's place in a TF cluster: its Domain, its control service, and control clients to
+the other tasks. A task server (`rdmadev serve`, a ``grpc+rdmadev`` server) has all of them;
+the coordinator has only clients (its own traffic to the tasks stays on gRPC). One process
+may run several: TF's in-process clusters host every ps and worker server, and often the
+coordinator, in one process, and each task gets a runtime of its own (``start`` per task,
+``of_task`` to find it; ``current`` is the one a coordinator's calls go through).
 
 The runtime knows nothing of TensorFlow: requests it does not serve itself (e.g. the TF
 layer's ``pass_mode``) are served by handlers registered with ``register_handler``.
@@ -28,13 +31,13 @@ from .control import ControlClient, ControlServer, control_address
 from .liveness import Heartbeats
 from .spec import parse_cluster, split_address
 
-__all__ = ["Runtime", "checked", "start", "current", "register_handler", "log_to_stderr"]
+__all__ = ["Runtime", "checked", "start", "current", "of_task", "register_handler",
+           "log_to_stderr"]
 
-_current = None
+_runtimes = {}  # task (None: the coordinator) -> its Runtime in this process, in start order
 _lock = threading.Lock()
 # Control requests served by other layers: op -> handler(request) -> JSON-able result.
-_handlers = {"reports": lambda request: [dataclasses.asdict(r) for r in reports.reports()],
-             "release_function": instances.release_function,
+_handlers = {"release_function": instances.release_function,
              "own_function": instances.own_function}
 
 
@@ -103,6 +106,9 @@ class Runtime:
         op = request.get("op")
         if op == "ping":
             return {"task": self.task, "address": self.domain.address}
+        if op == "reports":  # those this task planned: its process may plan for others too
+            return [dataclasses.asdict(r) for r in reports.reports()
+                    if r.task == (self.task or "coordinator")]
         if op == "counters" and self.table is not None:
             return {**self.table.counters(request),
                     "control_connections": self._control_connections()}
@@ -248,14 +254,26 @@ def log_to_stderr():
 
 
 def start(cluster, job=None, index=None, config=None):
-    """Creates this process's runtime (once) and returns it."""
-    global _current
+    """The runtime of task `job`:`index` (None: the coordinator) in this process, created at
+    the first call for that task (a later one returns it as it is)."""
+    task = None if job is None else task_name(job, index)
     with _lock:
-        if _current is None:
-            _current = Runtime(cluster, job, index, config)
-        return _current
+        if task not in _runtimes:
+            _runtimes[task] = Runtime(cluster, job, index, config)
+        return _runtimes[task]
 
 
 def current():
-    """This process's runtime, or None."""
-    return _current
+    """The runtime a coordinator's calls go through: this process's coordinator runtime, else
+    the first task runtime it started (a task process), else None."""
+    with _lock:
+        return _runtimes.get(None) or next(iter(_runtimes.values()), None)
+
+
+def of_task(task):
+    """The runtime of `task` ("/job:worker/replica:0/task:1") in this process: the one the
+    pass plans a task's partitions with when it can tell the task (pass.cc,
+    PartitioningTask). Without one (a function's partitions span tasks: TF does not tell
+    the pass which of them instantiates), current()."""
+    with _lock:
+        return _runtimes.get(task) or _runtimes.get(None) or next(iter(_runtimes.values()), None)

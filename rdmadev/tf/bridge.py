@@ -64,14 +64,17 @@ def lineage_scope(function):
     return re.sub(r"_\d+$", "", function.split(opt_in_marker(), 1)[0])
 
 
-def rewrites(partitions, function="", marked=()):
+def rewrites(partitions, function="", marked=(), task=""):
     """Plans `partitions` ({device: GraphDef bytes}) of an instantiation of `function`, which
-    is or calls the rdmadev.optimize'd functions `marked`, and sets up the swapped channels.
+    is or calls the rdmadev.optimize'd functions `marked`, and sets up the swapped channels
+    through the runtime of `task`, the task partitioning when the pass can tell (a TF1
+    task's own partition; "" else): a process may run several tasks (an in-process cluster),
+    and without a task the coordinator's runtime plans (runtime.of_task).
 
     Returns:
         The ``PassView`` of the plan that the pass applies (empty when nothing is swapped).
     """
-    rt = runtime.current()
+    rt = runtime.of_task(task)
     if rt is None:
         log.warning("rdmadev pass: this process has no rdmadev runtime (start tasks with "
                     "`rdmadev serve`, call rdmadev.enable()/optimize() in the coordinator); "

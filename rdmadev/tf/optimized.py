@@ -140,9 +140,11 @@ class Optimized(polymorphic_function.Function):
         every task that instantiated one, oldest first per task. Tasks that did not answer
         appear as a report saying so."""
         token = opt_in_marker() + self.rdmadev_token
-        out = [r for r in reports.reports() if r.concerns(token)]
         rt = serving.coordinator(getattr(self, "_rdmadev_cluster", None))
-        for task, result in serving.gather(rt, "reports").items():
+        gathered = serving.gather(rt, "reports")
+        # this process's own, but those a task it runs answered for (an in-process cluster)
+        out = [r for r in reports.reports() if r.concerns(token) and r.task not in gathered]
+        for task, result in gathered.items():
             if isinstance(result, Exception):
                 out.append(reports.Report.unreachable(task, result))
                 continue

@@ -8,7 +8,10 @@ protocol (``tf.distribute.Server(..., protocol="grpc+rdmadev")``, ``tf.compat.v1
 ``rpc_layer`` is ``grpc+rdmadev``) gets TF's own gRPC server plus this task's rdmadev runtime,
 started here by ``start_task``: the Domain and control service of a task, or the control
 clients of a coordinator, and the partition pass rewriting every function the process
-partitions (the protocol is the opt-in, as RDMADEV_AUTO=1 is for ``rdmadev serve``).
+partitions (the protocol is the opt-in, as RDMADEV_AUTO=1 is for ``rdmadev serve``). A
+process may create several such servers (TF's in-process clusters do): each task gets a
+runtime of its own, and the pass plans a partitioning with the runtime of the task that
+partitions it (runtime.of_task).
 
 Example:
     $ RDMADEV_SECRET=... python -c 'import tensorflow as tf; tf.distribute.Server(
@@ -18,10 +21,8 @@ import functools
 import os
 import threading
 
-from graph_pass.devices import task_name
-
 from ..cluster import runtime
-from ..errors import ConfigError, RdmadevError
+from ..errors import RdmadevError
 from . import api, ops
 
 __all__ = ["PROTOCOL", "COORDINATOR_JOBS", "load", "start_task", "library_path", "plugin_path"]
@@ -71,7 +72,7 @@ def start_task(server_def):
     Args:
         server_def: the serialized tensorflow.ServerDef of the server being created.
     Returns:
-        None once this process's rdmadev runtime is up (or was already), else the message,
+        None once the server's task (or coordinator) has its rdmadev runtime (new, or already), else the message,
         with its fix, that TF raises from the server's creation.
     """
     from tensorflow.core.protobuf import tensorflow_server_pb2
@@ -82,13 +83,7 @@ def start_task(server_def):
         who = f"/job:{d.job_name}/task:{d.task_index}"
         cluster = {job.name: dict(job.tasks) for job in d.cluster.job}
         coordinator = d.job_name in COORDINATOR_JOBS
-        task = None if coordinator else task_name(d.job_name, d.task_index)
-        current = runtime.current()
-        if current is not None and current.task != task:
-            raise ConfigError(
-                f"this process already runs rdmadev as {current.task or 'a coordinator'}, so it "
-                f"cannot also be {task or 'a coordinator'}",
-                hint=f"start each task in its own process (one {PROTOCOL} server per process)")
+        # A runtime per task: an in-process cluster runs every task's server here.
         if coordinator:
             runtime.start(cluster)
         else:

@@ -277,6 +277,21 @@ absl::Status ApplyBundle(Graph* g, const std::map<std::string, Node*>& nodes, co
   return absl::OkStatus();
 }
 
+// The task that partitions, "/job:worker/replica:0/task:1", when the partitions say: a TF1
+// GraphMgr partitions its own task's graph alone. A process may run several tasks (an
+// in-process cluster), and the planner then sets channels up through that task's runtime.
+// A function's partitions span tasks, and TF 2.21 gives a POST_PARTITIONING pass no device
+// set to tell its own from (measured: options.device_set and default_function_device are
+// null there), so "": the process's coordinator runtime plans (rdmadev/cluster/runtime.py).
+std::string PartitioningTask(const tensorflow::GraphOptimizationPassOptions& options) {
+  std::string task;
+  for (const auto& kv : *options.partition_graphs) {
+    if (!task.empty() && TaskOf(kv.first) != task) return "";
+    task = TaskOf(kv.first);
+  }
+  return task;
+}
+
 class RdmadevPass : public tensorflow::GraphOptimizationPass {
  public:
   absl::Status Run(const tensorflow::GraphOptimizationPassOptions& options) override {
@@ -303,7 +318,8 @@ class RdmadevPass : public tensorflow::GraphOptimizationPass {
     }
     PassView view;
     std::string error;
-    if (!CallPlanner(serialized, options.debug_filename_prefix, marked, &view, &error)) {
+    if (!CallPlanner(serialized, options.debug_filename_prefix, marked, PartitioningTask(options),
+                     &view, &error)) {
       // rdmadev was asked for: falling back to gRPC silently would hide the problem (a
       // wrong secret, a task started without rdmadev). Fail the instantiation with the cause.
       rdmadev::LogEvent("pass: planning failed: " + error);

@@ -238,7 +238,8 @@ bool ReadPassView(PyObject* view, PassView* out, std::string* error) {
 }
 
 bool CallPlanner(const std::map<std::string, std::string>& parts, const std::string& function,
-                 const std::vector<std::string>& marked, PassView* out, std::string* error) {
+                 const std::vector<std::string>& marked, const std::string& task, PassView* out,
+                 std::string* error) {
   if (!Py_IsInitialized()) {
     *error = "no Python interpreter in this process";
     return false;
@@ -259,7 +260,7 @@ bool CallPlanner(const std::map<std::string, std::string>& parts, const std::str
       PyDict_SetItemString(arg, kv.first.c_str(), v);
       Py_XDECREF(v);
     }
-    res = PyObject_CallMethod(mod, "rewrites", "OsO", arg, function.c_str(), names);
+    res = PyObject_CallMethod(mod, "rewrites", "OsOs", arg, function.c_str(), names, task.c_str());
   }
   bool ok = false;
   if (!res) {

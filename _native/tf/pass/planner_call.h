@@ -76,10 +76,12 @@ struct PassView {
 // another type; never raises into Python.
 bool ReadPassView(PyObject* view, PassView* out, std::string* error);
 
-// Calls rdmadev.tf.bridge.rewrites({device: GraphDef bytes}, function, [marked names]) with
-// the GIL held and reads the view it returns. False with `*error` set when there is no
-// interpreter, the call raised, or it returned something ReadPassView refuses.
+// Calls rdmadev.tf.bridge.rewrites({device: GraphDef bytes}, function, [marked names], task)
+// with the GIL held and reads the view it returns; `task` is the task that partitions ("" when
+// unknown: the process's runtime plans). False with `*error` set when there is no interpreter,
+// the call raised, or it returned something ReadPassView refuses.
 bool CallPlanner(const std::map<std::string, std::string>& parts, const std::string& function,
-                 const std::vector<std::string>& marked, PassView* out, std::string* error);
+                 const std::vector<std::string>& marked, const std::string& task, PassView* out,
+                 std::string* error);
 
 }  // namespace rdmadev_tf
