@@ -306,7 +306,7 @@ GROUPS = {
     "shm": ({"RDMADEV_DYNAMIC_CAPACITY": "256"},
             (release, restart_worker, restart_grown, kill_ps)),
     "tcp": ({"RDMADEV_FABRIC": "tcp", "RDMADEV_DYNAMIC_CAPACITY": "256"},
-            (cut_connection, cut_grown)),
+            (cut_connection, cut_grown, kill_ps)),
 }
 
 

@@ -17,11 +17,12 @@ TIMEOUT_S = 600
 _groups = {}
 
 
-def _run(scenario):
-    """The result of `scenario`, from the run of its group (pss_faults.GROUPS), which runs once."""
+def _run(scenario, group=None):
+    """The result of `scenario`, from the run of its group (pss_faults.GROUPS; `group`: that
+    one, else the first that runs it), which runs once."""
     import pss_faults
-    group = next(g for g, (_, scenarios) in pss_faults.GROUPS.items()
-                 if scenario in [f.__name__ for f in scenarios])
+    group = group or next(g for g, (_, scenarios) in pss_faults.GROUPS.items()
+                          if scenario in [f.__name__ for f in scenarios])
     if group not in _groups:
         proc = subprocess.run([sys.executable, os.path.join(HERE, "pss_faults.py"), group],
                               capture_output=True, text=True, timeout=TIMEOUT_S, cwd=HERE,
@@ -49,12 +50,13 @@ def test_a_killed_worker_restarted_at_its_address_trains_through_rdmadev_again()
     assert r["after"] == r["before"], r
 
 
-def test_a_killed_ps_fails_the_coordinator_promptly():
+@pytest.mark.parametrize("fabric", ["shm", "tcp"])
+def test_a_killed_ps_fails_the_coordinator_promptly(fabric):
     """And as TF's gRPC does: ClusterCoordinator tells a lost ps (raised to the user, who
     restores the variables) from a lost worker (its closure runs again) by the task an error
     names; rdmadev's errors name a task its control plane found gone as gRPC names a remote
     target (recovery.py judge). TF's own classifiers judge the error the user got."""
-    r = _run("kill_ps")
+    r = _run("kill_ps", group=fabric)
     assert r["error"], "training went on without its ps"
     assert r["ps_failure"] and not r["worker_failure"], r
     # from the ps's death being noticed, not from rdmadev's deadline running out
