@@ -1,12 +1,13 @@
 """TF's in-process cluster, built as TF's own tests and its parameter-server tutorial build it
-(multi_worker_test_base.create_in_process_cluster: every ps and worker server in this
-process, and the coordinator too), trained unchanged over any protocol:
-``python in_process_client.py PROTOCOL``. The script never imports rdmadev: the protocol is
-the opt-in.
+(multi_worker_test_base: every ps and worker server in this process, and the coordinator
+too), trained unchanged over any protocol: ``python in_process_client.py PROTOCOL pss|tf1``.
+The script never imports rdmadev: the protocol is the opt-in.
 
-A ParameterServerStrategy over 2 workers and 2 ps trains a linear model through
+``pss``: a ParameterServerStrategy over 2 workers and 2 ps trains a linear model through
 ClusterCoordinator: gradient steps one at a time (their order fixes the result), then steps
-scheduled all at once whose updates commute (each adds exactly 1). Afterwards it prints
+scheduled all at once whose updates commute (each adds exactly 1). ``tf1``: a TF1
+between-graph job, 1 ps and 2 workers, each worker's graph and session of its own, one worker
+after the other (each task partitions its own graph: TF1's GraphMgr). Afterwards it prints
 ``RESULT {json}``: the variables and losses as hex bytes, from the reports of the
 instantiations this process planned (every task's: they all run here) the runtime that
 planned each, the tensors swapped (and over which fabric) and kept, and each task's channel
@@ -24,7 +25,31 @@ SERIAL_STEPS = 6
 CONCURRENT_STEPS = 20
 
 
-def main(protocol):
+def tf1(protocol):
+    """The TF1 job (the module docstring); returns what each run of its update gave."""
+    tf.compat.v1.disable_eager_execution()
+    ports = [multi_worker_test_base.pick_unused_port() for _ in range(3)]
+    spec = {"ps": [f"localhost:{ports[0]}"],
+            "worker": [f"localhost:{ports[1]}", f"localhost:{ports[2]}"]}
+    servers = {w: tf.distribute.Server(spec, job, i, protocol=protocol)
+               for w, (job, i) in enumerate((("ps", 0), ("worker", 0), ("worker", 1)))}
+    out = []
+    for w in (0, 1):
+        with tf.Graph().as_default():
+            with tf.device("/job:ps/task:0"):
+                v = tf.compat.v1.get_variable("v", initializer=tf.reshape(tf.range(64.0), [8, 8]))
+            with tf.device(f"/job:worker/task:{w}"):
+                update = v.assign_add((tf.matmul(v, v) + 1.0) / 100.0)
+            with tf.compat.v1.Session(servers[1 + w].target) as session:
+                if w == 0:
+                    session.run(tf.compat.v1.global_variables_initializer())
+                out += [session.run(update).tobytes().hex() for _ in range(3)]
+    return {"updates": out}
+
+
+def pss(protocol):
+    """The ParameterServerStrategy job (the module docstring); returns its variables and
+    losses."""
     cluster = multi_worker_test_base.create_in_process_cluster(num_workers=2, num_ps=2,
                                                                rpc_layer=protocol)
     cluster["chief"] = [f"localhost:{multi_worker_test_base.pick_unused_port()}"]
@@ -60,9 +85,13 @@ def main(protocol):
     for _ in range(CONCURRENT_STEPS):
         coordinator.schedule(add_one)
     coordinator.join()
-    results = {"w": w.numpy().tobytes().hex(), "b": b.numpy().tobytes().hex(),
-               "count": count.numpy().tobytes().hex(),
-               "losses": [l.fetch().tobytes().hex() for l in losses]}
+    return {"w": w.numpy().tobytes().hex(), "b": b.numpy().tobytes().hex(),
+            "count": count.numpy().tobytes().hex(),
+            "losses": [l.fetch().tobytes().hex() for l in losses]}
+
+
+def main(protocol, mode):
+    results = {"pss": pss, "tf1": tf1}[mode](protocol)
     planned, carried = [], {}
     if "rdmadev" in sys.modules:  # the protocol loaded it; TF's own gRPC never does
         import rdmadev
@@ -70,12 +99,13 @@ def main(protocol):
         planned = [{"task": r.task, "function": r.function, "swapped": len(r.swapped),
                     "fabrics": sorted({s[4] for s in r.swapped}), "kept": [list(k) for k in r.kept]}
                    for r in reports.reports()]
-        carried = {task: {k: c[k] for k in ("channels", "transfers")}
-                   for task, c in rdmadev.counters().items()}
+        if mode == "pss":  # the coordinator's runtime asks every task (TF1's has none)
+            carried = {task: {k: c[k] for k in ("channels", "transfers")}
+                       for task, c in rdmadev.counters().items()}
     print("RESULT " + json.dumps({"results": results, "planned": planned, "carried": carried}),
           flush=True)
     os._exit(0)  # in-process servers cannot be stopped; their threads would hold the exit
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2])

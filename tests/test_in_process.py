@@ -4,6 +4,7 @@ parameter-server tutorial build it, each task with a runtime of its own. The sam
 script (tests/in_process_client.py) runs once over gRPC and once over grpc+rdmadev, each in a
 process of its own (in-process servers cannot be stopped); results compared bitwise."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,9 +20,8 @@ ENV = {"RDMADEV_SECRET": "rdmadev-in-process-secret", "RDMADEV_DEADLINE_S": "60"
 TIMEOUT_S = 300
 
 
-def _run(protocol):
-    import os
-    proc = subprocess.run([sys.executable, str(HERE / "in_process_client.py"), protocol],
+def _run(protocol, mode):
+    proc = subprocess.run([sys.executable, str(HERE / "in_process_client.py"), protocol, mode],
                           capture_output=True, text=True, timeout=TIMEOUT_S, cwd=HERE,
                           env={**os.environ, **ENV})
     lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
@@ -30,7 +30,7 @@ def _run(protocol):
 
 
 def test_tfs_in_process_cluster_trains_through_rdmadev_bitwise_as_on_grpc():
-    grpc, ours = _run("grpc"), _run("grpc+rdmadev")
+    grpc, ours = _run("grpc", "pss"), _run("grpc+rdmadev", "pss")
     assert ours["results"] == grpc["results"], "grpc+rdmadev must compute what gRPC computes"
     steps = [p for p in ours["planned"] if p["function"].startswith(("__inference_train",
                                                                      "__inference_add_one"))]
@@ -47,3 +47,14 @@ def test_tfs_in_process_cluster_trains_through_rdmadev_bitwise_as_on_grpc():
     assert all(c["channels"] > 0 for c in ours["carried"].values()), ours["carried"]
     assert len({c["transfers"] for c in ours["carried"].values()}) == 1, ours["carried"]
     assert ours["carried"][tasks[0]]["transfers"] > 0, ours["carried"]
+
+
+def test_a_tf1_job_in_one_process_plans_each_tasks_graph_with_that_tasks_runtime():
+    """TF1 between-graph, 1 ps and 2 workers in one process: each task's GraphMgr partitions its
+    own graph, planned through that task's runtime, whose channel table meets its halves."""
+    grpc, ours = _run("grpc", "tf1"), _run("grpc+rdmadev", "tf1")
+    assert ours["results"] == grpc["results"], "grpc+rdmadev must compute what gRPC computes"
+    planned = ours["planned"]
+    assert sorted({p["task"] for p in planned}) == [
+        "/job:ps/replica:0/task:0", "/job:worker/replica:0/task:0", "/job:worker/replica:0/task:1"], planned
+    assert all(p["swapped"] and not p["kept"] for p in planned), planned
