@@ -47,16 +47,23 @@ def tf1(protocol):
     return {"updates": out}
 
 
-def pss(protocol):
-    """The ParameterServerStrategy job (the module docstring); returns its variables and
-    losses."""
+def in_process_pss(protocol, **strategy_kwargs):
+    """TF's in-process cluster of 2 workers and 2 ps serving `protocol`, built by TF's
+    multi_worker_test_base, with this process as its chief: (ParameterServerStrategy over it,
+    its ClusterCoordinator). Imports nothing of rdmadev (tests/pss_behaviours.py uses it too)."""
     cluster = multi_worker_test_base.create_in_process_cluster(num_workers=2, num_ps=2,
                                                                rpc_layer=protocol)
     cluster["chief"] = [f"localhost:{multi_worker_test_base.pick_unused_port()}"]
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(cluster), task_type="chief", task_id=0, rpc_layer=protocol)
-    strategy = tf.distribute.ParameterServerStrategy(resolver)
-    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    strategy = tf.distribute.ParameterServerStrategy(resolver, **strategy_kwargs)
+    return strategy, tf.distribute.coordinator.ClusterCoordinator(strategy)
+
+
+def pss(protocol):
+    """The ParameterServerStrategy job (the module docstring); returns its variables and
+    losses."""
+    strategy, coordinator = in_process_pss(protocol)
     with strategy.scope():  # round-robin over the ps: w on ps:0, b on ps:1, count on ps:0
         w = tf.Variable(tf.reshape(tf.range(64 * 8, dtype=tf.float32), [64, 8]) / 100.0, name="w")
         b = tf.Variable(tf.zeros([8]), name="b")

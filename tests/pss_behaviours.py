@@ -19,7 +19,9 @@ import traceback
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from tensorflow.python.distribute import distribute_utils, multi_worker_test_base  # noqa: E402
+from tensorflow.python.distribute import distribute_utils  # noqa: E402
+
+from in_process_client import in_process_pss  # noqa: E402
 
 BEHAVIOURS = []
 
@@ -243,14 +245,8 @@ def _swapped():
 
 
 def main(protocol):
-    cluster = multi_worker_test_base.create_in_process_cluster(num_workers=2, num_ps=2,
-                                                               rpc_layer=protocol)
-    cluster["chief"] = [f"localhost:{multi_worker_test_base.pick_unused_port()}"]
-    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-        tf.train.ClusterSpec(cluster), task_type="chief", task_id=0, rpc_layer=protocol)
-    strategy = tf.distribute.ParameterServerStrategy(
-        resolver, variable_partitioner=tf.distribute.experimental.partitioners.FixedShardsPartitioner(2))
-    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    strategy, coordinator = in_process_pss(
+        protocol, variable_partitioner=tf.distribute.experimental.partitioners.FixedShardsPartitioner(2))
     names = sys.argv[2:] or [b.__name__ for b in BEHAVIOURS]
     for fn in (b for b in BEHAVIOURS if b.__name__ in names):
         before = _swapped()

@@ -97,6 +97,11 @@ class Runtime:
                 self.heartbeats = Heartbeats(self.config.liveness_s, self.table.peer_endpoints,
                                              self._connect, self.task)
 
+    @property
+    def name(self):
+        """This runtime's task, or "coordinator": how its reports and control clients name it."""
+        return self.task or "coordinator"
+
     def _address(self, job, index):
         checked(self.cluster, job, index, self.config)
         return self.cluster[job][index]
@@ -108,7 +113,7 @@ class Runtime:
             return {"task": self.task, "address": self.domain.address}
         if op == "reports":  # those this task planned: its process may plan for others too
             return [dataclasses.asdict(r) for r in reports.reports()
-                    if r.task == (self.task or "coordinator")]
+                    if r.task == self.name]
         if op == "counters" and self.table is not None:
             return {**self.table.counters(request),
                     "control_connections": self._control_connections()}
@@ -194,7 +199,7 @@ class Runtime:
         address = self._address(*split_task(task))
         return ControlClient(control_address(address, self.config.control_port_offset),
                              self.config.secret, timeout=timeout,
-                             name=self.task or "coordinator")
+                             name=self.name)
 
     def close(self):
         if self.heartbeats:
@@ -276,4 +281,5 @@ def of_task(task):
     PartitioningTask). Without one (a function's partitions span tasks: TF does not tell
     the pass which of them instantiates), current()."""
     with _lock:
-        return _runtimes.get(task) or _runtimes.get(None) or next(iter(_runtimes.values()), None)
+        own = _runtimes.get(task)
+    return own or current()

@@ -36,8 +36,8 @@ from ..cluster.control import control_address
 from ..cluster.spec import parse_cluster, split_address
 from . import reaper
 
-__all__ = ["Cluster", "ClusterError", "coordinated", "free_ports", "rdmadev_launcher",
-           "release_remote_functions"]
+__all__ = ["Cluster", "ClusterError", "coordinated", "free_ports", "pss_coordinator",
+           "rdmadev_launcher", "release_remote_functions"]
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
@@ -345,7 +345,11 @@ class Cluster:
 
     def alive(self):
         """Return True when every started task is still running."""
-        return bool(self._procs) and all(p.poll() is None for p, _ in self._procs.values())
+        return bool(self._procs) and all(self.running(job, i) for job, i in self._procs)
+
+    def running(self, job, index):
+        """Whether task `job`:`index` runs (not killed, not exited)."""
+        return self._procs[(job, index)][0].poll() is None
 
     def __enter__(self):
         return self.start()
@@ -355,6 +359,21 @@ class Cluster:
         return False
 
 
+
+
+def pss_coordinator(spec, rpc_layer="grpc", **strategy_kwargs):
+    """A ParameterServerStrategy over the tasks of `spec` ({job: [address]}), with this process
+    as its chief (at a free port of 127.0.0.1), and its ClusterCoordinator.
+
+    Returns:
+        (strategy, coordinator).
+    """
+    import tensorflow as tf
+    spec = {**spec, "chief": [f"127.0.0.1:{free_ports(1)[0]}"]}
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(spec), task_type="chief", task_id=0, rpc_layer=rpc_layer)
+    strategy = tf.distribute.ParameterServerStrategy(resolver, **strategy_kwargs)
+    return strategy, tf.distribute.coordinator.ClusterCoordinator(strategy)
 
 
 @contextlib.contextmanager

@@ -105,7 +105,7 @@ def rewrites(partitions, function="", marked=(), task=""):
             if t.bytes is None and t.halves != "recv":  # a receiving half's slots: what its sender says
                 capacities[t.tensor_name] = [t.capacity_bytes, t.capacity_bytes == t.bound_bytes]
     report = reports.Report(instance, swapped, kept, registered, function=function,
-                            task=rt.task or "coordinator", marked=list(marked),
+                            task=rt.name, marked=list(marked),
                             looped=[t.tensor_name for t in swap if t.in_loop], capacities=capacities,
                             bundled={t.tensor_name: t.bundle[:BUNDLE_ID_SHOWN] for t in swap if t.bundle},
                             via_host={t.tensor_name: [d for d, h in ((t.send_device, t.send_host),

@@ -72,8 +72,8 @@ def start_task(server_def):
     Args:
         server_def: the serialized tensorflow.ServerDef of the server being created.
     Returns:
-        None once the server's task (or coordinator) has its rdmadev runtime (new, or already), else the message,
-        with its fix, that TF raises from the server's creation.
+        None once the server's task (or coordinator) has its rdmadev runtime (new, or
+        already), else the message, with its fix, that TF raises from the server's creation.
     """
     from tensorflow.core.protobuf import tensorflow_server_pb2
 

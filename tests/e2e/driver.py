@@ -181,12 +181,7 @@ def _pss_strategy(cluster, workers):
 
 def _new_pss_strategy(cluster, workers):
     from rdmadev.testing import launch
-    spec = {"ps": cluster["ps"], "worker": cluster["worker"][:workers],
-            "chief": [f"127.0.0.1:{launch.free_ports(1)[0]}"]}
-    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-        tf.train.ClusterSpec(spec), task_type="chief", task_id=0, rpc_layer="grpc")
-    strategy = tf.distribute.ParameterServerStrategy(resolver)
-    return strategy, tf.distribute.coordinator.ClusterCoordinator(strategy)
+    return launch.pss_coordinator({"ps": cluster["ps"], "worker": cluster["worker"][:workers]})
 
 
 def pss(mode, cluster, workers=1, steps=20):

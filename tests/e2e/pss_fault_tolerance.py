@@ -52,14 +52,16 @@ def _schedule(coordinator, job, n):
     return [coordinator.schedule(job.step) for _ in range(n)]
 
 
-def _train_while(coordinator, job, fault):
-    """Schedules STEPS steps, calls `fault()` while they run, schedules STEPS more and joins:
-    returns the steps scheduled."""
+def _train_through(coordinator, job, fault, scheduled_by_fault=0):
+    """Schedules STEPS steps, calls `fault()` while they run (it may schedule
+    `scheduled_by_fault` steps of its own), schedules STEPS more and joins; returns the
+    steps scheduled, applied and in flight when the fault hit."""
     _schedule(coordinator, job, STEPS)
     fault()
     _schedule(coordinator, job, STEPS)
     coordinator.join()
-    return 2 * STEPS
+    return {"scheduled": 2 * STEPS + scheduled_by_fault, "applied": job.applied(),
+            "in_flight": STEPS + scheduled_by_fault}
 
 
 def _restart_soon(cluster, job, index, delay_s=1.0):
@@ -96,8 +98,7 @@ def worker_preempted_midst_functions(cluster, coordinator, job):
         cluster.kill("worker", 0)
         cluster.restart("worker", 0)
 
-    scheduled = _train_while(coordinator, job, fault)
-    return {"scheduled": scheduled, "applied": job.applied(), "in_flight": STEPS}
+    return _train_through(coordinator, job, fault)
 
 
 def two_workers_preempted(cluster, coordinator, job):
@@ -108,8 +109,7 @@ def two_workers_preempted(cluster, coordinator, job):
         cluster.restart("worker", 0)
         cluster.restart("worker", 1)
 
-    scheduled = _train_while(coordinator, job, fault)
-    return {"scheduled": scheduled, "applied": job.applied(), "in_flight": STEPS}
+    return _train_through(coordinator, job, fault)
 
 
 def worker_continuous_failure(cluster, coordinator, job):
@@ -120,8 +120,7 @@ def worker_continuous_failure(cluster, coordinator, job):
             cluster.restart("worker", 1)
             _schedule(coordinator, job, 4)
 
-    scheduled = _train_while(coordinator, job, fault) + 12
-    return {"scheduled": scheduled, "applied": job.applied(), "in_flight": STEPS + 12}
+    return _train_through(coordinator, job, fault, scheduled_by_fault=12)
 
 
 def values_fetched_after_a_worker_failure(cluster, coordinator, job):
@@ -145,11 +144,7 @@ def main():
     cluster = launch.Cluster(num_ps=1, num_workers=2, env=ENV).start()
     code = 0
     try:
-        spec = {**cluster.spec, "chief": [f"127.0.0.1:{launch.free_ports(1)[0]}"]}
-        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-            tf.train.ClusterSpec(spec), task_type="chief", task_id=0, rpc_layer="grpc")
-        strategy = tf.distribute.ParameterServerStrategy(resolver)
-        coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+        strategy, coordinator = launch.pss_coordinator(cluster.spec)
         for scenario in SCENARIOS:
             for path in PATHS:
                 t0 = time.monotonic()
@@ -168,9 +163,9 @@ def main():
                     print(f"FAILED {scenario.__name__} {path} {type(e).__name__}: "
                           f"{str(e)[:300]!r}", flush=True)
                     code = 1
-                    for job, i in (("worker", 0), ("worker", 1)):  # whole again for the next
-                        if cluster._procs[(job, i)][0].poll() is not None:  # noqa: SLF001
-                            cluster.restart(job, i)
+                    for i in (0, 1):  # whole again for the next
+                        if not cluster.running("worker", i):
+                            cluster.restart("worker", i)
     finally:
         cluster.stop()
     os._exit(code)  # the coordinator's threads may still retry: do not wait for them

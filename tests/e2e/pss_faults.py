@@ -33,11 +33,7 @@ def _strategy(cluster):
     """The process's ParameterServerStrategy and ClusterCoordinator, made at the first call
     (the scenarios of a group share them, as one job's phases would)."""
     if not _strategies:
-        spec = {**cluster.spec, "chief": [f"127.0.0.1:{launch.free_ports(1)[0]}"]}
-        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-            tf.train.ClusterSpec(spec), task_type="chief", task_id=0, rpc_layer="grpc")
-        strategy = tf.distribute.ParameterServerStrategy(resolver)
-        _strategies.append((strategy, tf.distribute.coordinator.ClusterCoordinator(strategy)))
+        _strategies.append(launch.pss_coordinator(cluster.spec))
     return _strategies[0]
 
 

@@ -17,9 +17,8 @@ from rdmadev._native.endpoint cimport Endpoint
 from rdmadev import errors as _errors
 
 __all__ = ["PARKED_GRACE_S", "RELEASED_GRACE_S", "LATE_WRITE_GRACE_S", "VERDICT_WAIT_S",
-           "unbind_channel",
-           "fail_half", "unfail_half", "half_held", "half_lost", "unbind_domain", "unbind_peer", "peer_verdict",
-           "release_drained", "channel_counts", "transfer_counts", "growing_channels",
+           "unbind_channel", "fail_half", "unfail_half", "half_held", "half_lost", "unbind_domain",
+           "unbind_peer", "peer_verdict", "release_drained", "channel_counts", "transfer_counts", "growing_channels",
            "channel_send", "channel_recv", "channel_want", "bound_channels"]
 
 #: Seconds a sending half unbound before its receiver credited all it sent stays parked at
