@@ -22,6 +22,14 @@ void SleepNs(uint64_t ns) {
 // Spin iterations between clock reads: a clock read costs ~20 ns, a pause ~40 ns here.
 constexpr int kSpinBatch = 64;
 
+// What a timed-out wait adds about its peer: the heartbeats' silent mark, when the peer is
+// alive but has not answered them (Endpoint::Alive), which is why it never wrote.
+std::string SilentNote(const Liveness& alive) {
+  std::string why;
+  if (!alive || !alive(&why) || why.empty()) return "";
+  return ": " + why;
+}
+
 }  // namespace
 
 uint64_t WaitWord(const std::atomic<uint64_t>* word, uint64_t target, const Deadline& deadline,
@@ -51,7 +59,7 @@ uint64_t WaitWord(const std::atomic<uint64_t>* word, uint64_t target, const Dead
         if (v >= target) return v;
         throw Error(ErrorKind::kTimeout,
                     "Timed out waiting for " + what + " (sequence " + std::to_string(target) +
-                        ", last seen " + std::to_string(v) + ")",
+                        ", last seen " + std::to_string(v) + ")" + SilentNote(alive),
                     ETIMEDOUT,
                     "the peer never wrote it: check that the sending task is running the same "
                     "step, or raise RDMADEV_DEADLINE_S");
@@ -163,7 +171,7 @@ void Progress::Loop() {
             st = Status::Fail(ErrorKind::kTimeout,
                               "Timed out waiting for " + w.what + " (sequence " +
                                   std::to_string(w.target) + ", last seen " +
-                                  std::to_string(v) + ")");
+                                  std::to_string(v) + ")" + SilentNote(w.alive));
           } else if (!done && w.alive && now >= w.next_liveness) {
             w.next_liveness = now + std::chrono::nanoseconds(policy_.liveness_every_ns);
             std::string why;

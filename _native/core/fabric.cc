@@ -30,14 +30,12 @@ void CheckRemoteRange(const RegionDesc& d, uint64_t off, uint64_t len, const Sig
 }
 
 bool Endpoint::Alive(std::string* why) {
-  if (silent_.load(std::memory_order_acquire)) {
+  if (!PeerAlive(why)) return false;
+  if (silent_.load(std::memory_order_acquire)) {  // said, never failed: TF waits for it too
     std::lock_guard<std::mutex> lock(silent_mu_);
-    if (!silent_why_.empty()) {
-      *why = silent_why_;
-      return false;
-    }
+    *why = silent_why_;
   }
-  return PeerAlive(why);
+  return true;
 }
 
 void Endpoint::SetSilent(const std::string& why) {

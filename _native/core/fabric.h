@@ -81,16 +81,17 @@ class Endpoint {
   // every channel to that peer uses, goes to its error state). tcp drops such a write and
   // serves the next frame; on shm the writer's mapping outlives the release.
   virtual bool late_write_breaks() const { return false; }
-  // Cheap, non-blocking: false (with the reason) once the peer is gone or silent. What every
-  // wait on the peer asks (WaitPolicy::liveness_every_ns).
+  // Cheap, non-blocking: false (with the reason) once the peer is gone. What every wait on the
+  // peer asks (WaitPolicy::liveness_every_ns). A silent peer is alive: true, with `why` set to
+  // its silent mark, which a wait that times out quotes.
   bool Alive(std::string* why);
   // Cheap, non-blocking: false (with the reason) once the peer's process or connection is
   // known to be gone; it never comes back on this endpoint.
   virtual bool PeerAlive(std::string* why) = 0;
   // The task's heartbeats (rdmadev/cluster/liveness.py) mark the peer silent (`why`: since
   // when and how to fix it) when it stops answering, and heard (empty `why`) when it answers
-  // again. A silent peer may be stopped, overloaded or cut off: waits on it fail, but the
-  // endpoint stays usable for the steps after it answers.
+  // again. A silent peer may be stopped, overloaded or cut off, and may resume: waits on it go
+  // on, as TF's own waits on a task do (they end at their deadline, which then says why).
   void SetSilent(const std::string& why);
   std::string Silent() const;
   virtual void Close() = 0;

@@ -22,9 +22,11 @@ ChannelTable.handle routes each control request to the one that serves it.
 Example:
     >>> fabrics, registered = open_channels(rt.call, instance, swapped, region_bytes)
 """
+import collections
 import functools
 import logging
 import os
+import re
 import threading
 
 from .. import _core
@@ -394,7 +396,8 @@ class ChannelTable:
             ``{"channels", "senders", "receivers", "parked", "retired", "regions",
             "registered_bytes", "transfers", "sent", "received", "discarded", "abandoned",
             "superseded", "grown", "staged", "stages", "warm", "waits", "fds", "memfd_maps",
-            "notices", "reopened", "learned", "wanted", "peers", "silent_peers", "py_threads"}``:
+            "notices", "reopened", "learned", "wanted", "peers", "silent_peers", "py_threads",
+            "thread_names"}``:
             channel halves bound here, sending halves unbound but parked (their receiver had not
             credited all they sent; their memory goes once it has), receiving halves unbound but
             retired (verbs: their ring stays registered for the sender's late writes,
@@ -411,7 +414,9 @@ class ChannelTable:
             keeps for later setups (growth), the sending halves of half pairs this task's passes
             planned and still answers for, the peer tasks this task has endpoints to and those
             marked silent (liveness.py), Python threads (rdmadev's own: control connections,
-            heartbeats, watchers; TF's threads are native).
+            heartbeats, watchers; TF's threads are native, and those of its pools that ran the
+            pass or a kernel's Python are threading's dummies, not counted) and how many run
+            under each name (a leaked one says what it is).
         """
         bound = _core.channel_counts(self.domain)
         moved = _core.transfer_counts()
@@ -424,7 +429,7 @@ class ChannelTable:
                 "memfd_maps": _memfd_maps(), "notices": dict(self.notices),
                 **self.recovery.counters(), **self.growth.counters(), **self.halves.counters(),
                 "peers": sorted(peers), "silent_peers": self.silent_peers(),
-                "py_threads": threading.active_count()}
+                **_python_threads()}
 
     def close(self):
         """Stops the watcher and unbinds every channel half of this task (the Domain's close
@@ -448,3 +453,14 @@ def _memfd_maps():
     """Mappings of rdmadev region memfds in this process (its regions and peers')."""
     with open("/proc/self/maps") as f:
         return sum(1 for line in f if "/memfd:rdmadev:" in line)
+
+
+def _python_threads():
+    """``{"py_threads": count, "thread_names": {name: count}}`` of the threads this process
+    started in Python, numbers in names dropped (socketserver's "Thread-12
+    (process_request_thread)" is one control connection). A native thread of TF's pools that
+    ran Python (the pass, the bridge) appears to `threading` as a dummy that lives as long as
+    that thread: TF's, not counted."""
+    own = [t for t in threading.enumerate() if not isinstance(t, threading._DummyThread)]
+    names = collections.Counter(re.sub(r"-?\d+", "", t.name).strip() for t in own)
+    return {"py_threads": len(own), "thread_names": dict(sorted(names.items()))}

@@ -8,10 +8,12 @@ the control service of every peer it has an endpoint to, every ``RDMADEV_LIVENES
 PINGS_PER_LIVENESS`` seconds on each of LANES connections (a segment lost on a lossy link
 stalls only its own), each from its own thread (a silent peer never delays the others' pings).
 A peer that answered none for RDMADEV_LIVENESS_S is marked silent on each of its endpoints
-(``Endpoint.set_silent``): every wait on it fails within the fabric's liveness
-poll (2 ms) with Unavailable naming the task. Its channels stay bound: once it answers again
-it is marked heard, and the next step runs (what the failed step left in flight is discarded
-by its step tag).
+(``Endpoint.set_silent``), logged at WARNING and listed in the counters' ``silent_peers``.
+Waits on it go on, as TF's own waits on a task do: a stopped or cut-off task that comes back
+finishes its step, on gRPC as here, and ClusterCoordinator must not take a stalled worker
+for a lost ps (the ps's wait on it would fail, and TF reads every error that comes through
+the ps as the ps's). A wait that reaches RDMADEV_DEADLINE_S quotes the mark. Once the peer
+answers again it is marked heard.
 
 A peer is found silent between RDMADEV_LIVENESS_S and RDMADEV_LIVENESS_S + 2 x the ping
 interval after its last answer (one interval for the answer it missed, one for the check).
@@ -156,8 +158,10 @@ class Heartbeats:
                 if p.silent_since is None:
                     p.silent_since = now
                     log.warning("rdmadev: task %s has not answered heartbeats for %.1f s (%s): "
-                                "waits on it fail until it answers", p.task, quiet, cause)
-                why = (f"silent: no answer to rdmadev heartbeats for {quiet:.1f} s" +
+                                "waits on it go on until it answers or RDMADEV_DEADLINE_S",
+                                p.task, quiet, cause)
+                since = time.strftime("%H:%M:%S", time.gmtime(time.time() - quiet))
+                why = (f"silent: no answer to rdmadev heartbeats since {since} UTC" +
                        (f": {cause}" if local else f" ({cause})"))
                 _mark(endpoints[p.task], why, only_unmarked=True)  # and those made since
             elif p.silent_since is not None:

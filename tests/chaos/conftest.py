@@ -34,13 +34,13 @@ def _fmt(seconds):
 def pytest_terminal_summary(terminalreporter):
     if not RESULTS:
         return
-    lines = ["| fault | target | fabric | path | coordinator's error after | survivors knew after "
+    lines = ["| job | fault | target | fabric | path | coordinator's error after | survivors knew after "
              "| named the task | recovered | held resources back after |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in RESULTS:
         # What rdmadev gives back (HELD); the job holds none of it on gRPC's path, not judged there.
         back = "-" if r["mode"] != "rdmadev" else "NO" if r["settled_s"] is None else _fmt(r["settled_s"])
-        lines.append(f"| {r['fault']} | {r['target']} | {r['fabric']} | {r['mode']} | "
+        lines.append(f"| {r['job']} | {r['fault']} | {r['target']} | {r['fabric']} | {r['mode']} | "
                      f"{r['coordinator']} | {_fmt(r['survivors_s'])} | "
                      f"{'yes' if r['named'] else 'no'} | {'yes' if r['recovered'] else 'NO'} | "
                      f"{back} |")

@@ -76,15 +76,20 @@ TARGETS = {"ps": ("ps", 0), "worker": ("worker", 0)}
 MODES = ["grpc", "rdmadev"] if os.environ.get("RDMADEV_CHAOS_FULL") == "1" else ["rdmadev"]
 
 
-class Driver:
-    """chaos_driver.py as a subprocess; its lines collected by a thread."""
+#: The jobs a case runs: the in-graph step (chaos_driver.py) or ParameterServerStrategy
+#: (pss_chaos_driver.py), each a script speaking the same lines.
+SCRIPTS = {"in-graph": "chaos_driver.py", "pss": "pss_chaos_driver.py"}
 
-    def __init__(self, cluster, mode, steps=0):
+
+class Driver:
+    """A job's driver script (SCRIPTS) as a subprocess; its lines collected by a thread."""
+
+    def __init__(self, cluster, mode, steps=0, job="in-graph"):
         self.lines = []
         bridge = getattr(cluster, "bridge_address", None)  # tasks in namespaces reach us there
         client = [f"{bridge}:{launch.free_ports(1)[0]}"] if bridge else []
         self.proc = subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "chaos_driver.py"), json.dumps(cluster.spec), mode,
+            [sys.executable, os.path.join(HERE, SCRIPTS[job]), json.dumps(cluster.spec), mode,
              str(steps), *client], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, **ENV, "TF_CPP_MIN_LOG_LEVEL": "2"})
         self.reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True)
@@ -116,6 +121,10 @@ class Driver:
     def stepped_since(self, t):
         return any(float(s[2]) > t for s in self.steps())
 
+    def extra(self):
+        """PSS: the steps applied twice (ClusterCoordinator ran them again), once it ended."""
+        return next((int(l.split()[1]) for l in list(self.lines) if l.startswith("EXTRA ")), None)
+
     def interrupt(self):
         """SIGINT: the driver exits cleanly (its functions released); kill -9 past HANG_S."""
         if self.proc.poll() is None:
@@ -125,7 +134,9 @@ class Driver:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(30)
-            raise AssertionError("the driver did not exit within HANG_S of SIGINT")
+            self.reader.join(5)
+            raise AssertionError("the driver did not exit within HANG_S of SIGINT: "
+                                 + self.output())
         self.reader.join(5)
 
     def output(self):
@@ -137,7 +148,8 @@ def _held(rt, cluster):
     for job, index, _ in cluster.tasks():
         t = task_name(job, index)
         c = rt.call(t, {"op": "counters"})
-        out[t] = {**{k: c[k] for k in HELD}, "fds": c["fds"], "peers": c["peers"]}
+        out[t] = {**{k: c[k] for k in HELD}, "fds": c["fds"], "peers": c["peers"],
+                  "thread_names": c["thread_names"]}
     return out
 
 
@@ -156,16 +168,16 @@ def _settled(rt, cluster, want, timeout=60.0):
     return now, (time.monotonic() - start if same(now) else None)
 
 
-def _recovery_run(cluster, mode):
-    d = Driver(cluster, mode, RECOVERY_STEPS)
+def _recovery_run(cluster, mode, job="in-graph"):
+    d = Driver(cluster, mode, RECOVERY_STEPS, job)
     assert d.wait(lambda: "DONE\n" in d.lines, HANG_S * 2), d.output()
     d.proc.wait(60)
     return d.exact() and len(d.steps()) == RECOVERY_STEPS
 
 
-def _warm(cluster, rt, mode):
+def _warm(cluster, rt, mode, job):
     """One clean run, so the baseline has what stays between jobs (endpoints, heartbeats)."""
-    assert _recovery_run(cluster, mode)
+    assert _recovery_run(cluster, mode, job)
     time.sleep(2 * LIVENESS_S)  # the heartbeats' connections open within an interval
     return _settled(rt, cluster, _held(rt, cluster), timeout=0)[0]
 
@@ -180,22 +192,30 @@ def _silent_seen(rt, survivors, failed, since, timeout):
     return None
 
 
-def _record(results, fault, target, fabric, mode, error, fault_at, survivors_s, named, recovered,
-            settled_s, note=""):
+def _record(results, job, fault, target, fabric, mode, error, fault_at, survivors_s, named,
+            recovered, settled_s, note=""):
     coordinator = (f"{error[0] - fault_at:.2f} s" if error else "no error") + note
-    results.append({"fault": fault, "target": target, "fabric": fabric, "mode": mode,
+    results.append({"job": job, "fault": fault, "target": target, "fabric": fabric, "mode": mode,
                     "coordinator": coordinator, "survivors_s": survivors_s, "named": named,
                     "recovered": recovered, "settled_s": settled_s})
 
 
-def _run_case(cluster, rt, mode, fault, target, rng, results, fabric, cut=None):
-    """One fault on one path; asserts the rdmadev bounds; returns nothing."""
-    job, index = TARGETS.get(target, (None, None))
-    failed = task_name(job, index) if job else None
+#: (cluster, job) -> what every task held after the last case's recovery run, which settled
+#: (the next case's baseline: no warm-up run needed).
+_baselines = {}
+
+
+def _run_case(cluster, rt, mode, fault, target, rng, results, fabric, cut=None, job="in-graph"):
+    """One fault on one path of one job; asserts the rdmadev bounds; returns nothing."""
+    pss = job == "pss"
+    task_job, index = TARGETS.get(target, (None, None))
+    failed = task_name(task_job, index) if task_job else None
     # rdmadev: a clean run first, so that what stays between jobs (endpoints, heartbeats) is
-    # in the baseline; gRPC's path changes none of these counters.
-    before = _warm(cluster, rt, mode) if mode == "rdmadev" else _held(rt, cluster)
-    d = Driver(cluster, mode)
+    # in the baseline (the last case's recovery run of this job is one, unless it restarted a
+    # task, whose heartbeats may still be connecting); gRPC's path changes none of these.
+    before = _baselines.pop((id(cluster), job), None) if mode == "rdmadev" else None
+    before = before or (_warm(cluster, rt, mode, job) if mode == "rdmadev" else _held(rt, cluster))
+    d = Driver(cluster, mode, job=job)
     assert d.wait(lambda: len(d.steps()) >= 3, HANG_S * 2), d.output()
     time.sleep(rng.uniform(0.0, 0.3))  # steps run back to back: a random point of one
     fault_at = time.monotonic()
@@ -206,15 +226,26 @@ def _run_case(cluster, rt, mode, fault, target, rng, results, fabric, cut=None):
         if target == "coordinator":
             d.proc.kill()
         else:
-            cluster.kill(job, index)
-        if target != "coordinator":
+            cluster.kill(task_job, index)
+        if pss and target == "worker":
+            # a worker failure: ClusterCoordinator runs its closures again on the other worker
+            # and waits for it; restarted, it takes steps again
+            assert d.wait(lambda: d.error() is not None or d.stepped_since(fault_at), HANG_S), \
+                "hang: " + d.output()
+            cluster.restart(task_job, index)
+            resumed = time.monotonic()
+            assert d.wait(lambda: d.error() is not None or d.stepped_since(resumed), HANG_S), \
+                "hang: " + d.output()
+        elif target != "coordinator":
             assert d.wait(lambda: d.error() is not None, HANG_S), "hang: " + d.output()
     else:  # a task out for OUT_S: stopped, cut off, or losing packets
-        pid = d.proc.pid if target == "coordinator" else cluster.pid(job, index)
+        pid = d.proc.pid if target == "coordinator" else cluster.pid(task_job, index)
         out, back = {
             "SIGSTOP": (lambda: os.kill(pid, signal.SIGSTOP), lambda: os.kill(pid, signal.SIGCONT)),
-            "link down": (lambda: cut.link(job, index, up=False), lambda: cut.link(job, index, up=True)),
-            "20% loss": (lambda: cut.loss(job, index, 20), lambda: cut.loss(job, index, 0)),
+            "link down": (lambda: cut.link(task_job, index, up=False),
+                          lambda: cut.link(task_job, index, up=True)),
+            "20% loss": (lambda: cut.loss(task_job, index, 20), lambda: cut.loss(task_job, index, 0)),
+            "cut off": (lambda: cut.root(up=False), lambda: cut.root(up=True)),
         }[fault]
         out()
         try:
@@ -231,41 +262,59 @@ def _run_case(cluster, rt, mode, fault, target, rng, results, fabric, cut=None):
     if not (fault == "kill -9" and target == "coordinator"):  # else it is gone already
         d.interrupt()
     restarted = fault == "kill -9" and target != "coordinator"
-    if restarted:
-        cluster.restart(job, index)
-    recovered = _recovery_run(cluster, mode)
+    if restarted and not cluster.running(task_job, index):
+        cluster.restart(task_job, index)
+    recovered = _recovery_run(cluster, mode, job)
     named = bool(error and failed and failed in error[1]["message"])
     # A restarted task starts afresh: the others must be where they were.
     kept = {t: v for t, v in before.items() if not (restarted and t == failed)}
     after, settled_s = _settled(rt, cluster, kept)
-    _record(results, fault, target, fabric, mode, error, fault_at, survivors_s, named, recovered,
-            settled_s, note)
+    _record(results, job, fault, target, fabric, mode, error, fault_at, survivors_s, named,
+            recovered, settled_s, note)
     # What every case must satisfy, on both paths: no hang (above), every step the faulted job
-    # finished applied exactly once (w == its step count: none lost or applied twice, before
-    # the fault or after the task came back), and the job runs again.
+    # finished applied exactly once (in-graph: w == its step count, none lost or applied twice,
+    # before the fault or after the task came back; PSS: each at least once, and w agreeing),
+    # and the job runs again.
     assert d.exact(), d.output()
     assert recovered, d.output()
     if mode != "rdmadev":
         return
     # rdmadev's bounds.
-    if fault == "kill -9" and target != "coordinator":
+    if pss and fault == "kill -9" and target == "worker":
+        # TF's worker failure: no error, the closure it had (one at a time) run again
+        assert error is None, error
+        assert d.extra() is not None and d.extra() <= 1, d.output()
+    elif fault == "kill -9" and target != "coordinator":
         assert error is not None and error[0] - fault_at <= KILL_BOUND_S, (error, fault_at)
         assert named, error
-    if target == "coordinator" and fault == "SIGSTOP":
+        if pss:  # TF's ps failure, raised to the user, who restores the variables
+            assert error[1]["ps_failure"] and not error[1]["worker_failure"], error
+    if target == "coordinator" and fault in ("SIGSTOP", "cut off"):
         # No task waits on the coordinator: the step under way finishes, the next waits for
         # the coordinator to send it, and the job goes on once it runs again.
         assert error is None, error
     elif fault in ("SIGSTOP", "link down"):
         assert survivors and survivors_s is not None and survivors_s <= SILENT_BOUND_S, \
             (survivors, survivors_s)
-        # The call fails only if a task was waiting on the silent one then (the fault may land
-        # while it computes alone, then the step just resumes); if it fails, it says why.
-        assert error is None or (named and "silent" in error[1]["message"]), error
+        # As on gRPC: a task that is out fails nothing; the step under way finishes once it is
+        # back (liveness.py), under ClusterCoordinator with no closure run again
+        assert error is None, error
+        if pss:
+            assert d.extra() == 0, d.output()
     for t in kept:  # nothing left over
         for k in HELD:
-            assert after[t][k] == before[t][k], (t, k, before[t], after[t])
+            assert after[t][k] == before[t][k], _left_over(t, k, before[t], after[t])
         for k, slack in SLACK.items():
-            assert after[t][k] <= before[t][k] + slack, (t, k, before[t], after[t])
+            assert after[t][k] <= before[t][k] + slack, _left_over(t, k, before[t], after[t])
+    _baselines[(id(cluster), job)] = None if restarted else _held(rt, cluster)
+
+
+def _left_over(task, counter, before, after):
+    """What a task holds that it did not before the case: the counter, and its threads."""
+    names = {n: (before["thread_names"].get(n, 0), after["thread_names"].get(n, 0))
+             for n in before["thread_names"].keys() | after["thread_names"].keys()}
+    return (f"{task} {counter}: {before[counter]} -> {after[counter]}; threads whose count "
+            f"changed: {({n: c for n, c in names.items() if c[0] != c[1]})}")
 
 
 @pytest.fixture(scope="module")
@@ -281,15 +330,26 @@ def loopback():
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("fault,target", [("kill -9", "ps"), ("kill -9", "worker"),
                                           ("kill -9", "coordinator"), ("SIGSTOP", "ps"),
-                                          ("SIGSTOP", "worker"), ("SIGSTOP", "coordinator")])
+                                          ("SIGSTOP", "coordinator")])
 def test_loopback(loopback, mode, fault, target, rng, results):
     cluster, rt = loopback
     _run_case(cluster, rt, mode, fault, target, rng, results, "shm")
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("fault,target", [("kill -9", "worker"), ("kill -9", "ps"),
+                                          ("SIGSTOP", "worker")])
+def test_pss(loopback, mode, fault, target, rng, results):
+    """ParameterServerStrategy under ClusterCoordinator: a lost worker is a worker failure
+    (no error, its closure run again), a lost ps TF's ps failure, a stopped worker nothing."""
+    cluster, rt = loopback
+    _run_case(cluster, rt, mode, fault, target, rng, results, "shm", job="pss")
+
+
 class _NetnsCut:
     """Cuts a task of a NetnsCluster off (its link to the bridge down) or drops a share of
-    the packets it sends (nftables in its namespace: the kernel here has no netem)."""
+    the packets it sends (nftables in its namespace: the kernel here has no netem), or cuts
+    off the root namespace, where the coordinator runs (root)."""
 
     def __init__(self, cluster):
         self.cluster = cluster
@@ -312,6 +372,21 @@ class _NetnsCut:
             subprocess.run(ns + ["-f", "-"], input=rules, text=True, check=True,
                            capture_output=True, timeout=30)
 
+    def root(self, up):
+        """Drops every packet between the root namespace (the coordinator, at the bridge's
+        address) and the tasks, both ways; the tasks still reach each other through the
+        bridge, whose forwarding these hooks do not see."""
+        table, address = f"rdmadev_chaos_{os.getpid()}", self.cluster.bridge_address
+        subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True, timeout=30)
+        if not up:
+            rules = (f"add table inet {table}\n"
+                     f"add chain inet {table} out {{ type filter hook output priority 0; }}\n"
+                     f"add chain inet {table} in {{ type filter hook input priority 0; }}\n"
+                     f"add rule inet {table} out ip saddr {address} ip daddr != {address} drop\n"
+                     f"add rule inet {table} in ip daddr {address} ip saddr != {address} drop\n")
+            subprocess.run(["nft", "-f", "-"], input=rules, text=True, check=True,
+                           capture_output=True, timeout=30)
+
 
 @pytest.fixture(scope="module")
 def namespaces():
@@ -328,7 +403,7 @@ def namespaces():
 @pytest.mark.netns
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("fault,target", [("link down", "ps"), ("20% loss", "ps"),
-                                          ("link down", "worker")])
+                                          ("link down", "worker"), ("cut off", "coordinator")])
 def test_namespaces(namespaces, mode, fault, target, rng, results):
     cluster, rt = namespaces
     _run_case(cluster, rt, mode, fault, target, rng, results, "tcp", cut=_NetnsCut(cluster))

@@ -27,7 +27,7 @@
 namespace rdmadev_tf {
 
 // Both ops are registered as distributed communication (SetIsDistributedCommunication): TF's
-// executor turns an Unavailable status from any other op into Internal, and a lost or silent
+// executor turns an Unavailable status from any other op into Internal, and a lost
 // peer must reach MonitoredTrainingSession and ParameterServerStrategy's coordinator as
 // UnavailableError, the error they take for a lost task, as gRPC's _Recv's does.
 REGISTER_OP("RdmadevSend")

@@ -146,7 +146,7 @@ cdef class Endpoint(Handle):
 
     def set_silent(self, why):
         """Marks the peer silent (`why`: non-empty text naming it and the fix), or heard
-        again (""): while silent, every wait on it fails with PeerLostError(why)."""
+        again (""). Waits on a silent peer go on, as TF's do; one that times out quotes `why`."""
         self._get().SetSilent(as_bytes(why))
 
     @property
