@@ -155,14 +155,6 @@ PS_FAILURE_BOUND_S = 60
 SCHEDULE_INTERVAL_S = 0.02
 
 
-def _coordinator(cluster, made):
-    """A new ParameterServerStrategy and ClusterCoordinator on `cluster`, the coordinator
-    added to `made` (the caller retires it, whatever happens)."""
-    strategy, coordinator = launch.pss_coordinator(cluster.spec)
-    made.append(coordinator)
-    return strategy, coordinator
-
-
 def _retire(coordinator):
     """Stops a ClusterCoordinator the scenarios are done with: its closure threads and its
     recovery thread, which would otherwise update the process's connection to the cluster
@@ -180,25 +172,34 @@ def _listening(address):
         return False
 
 
-def worker_preempted_during_strategy_init(cluster, path, made):
+def worker_preempted_during_strategy_init(cluster):
     """Worker 1 killed before ParameterServerStrategy and its ClusterCoordinator are made and
     started again at once: it listens seconds later (a TF server's start), so the strategy
     connects to the cluster while it is down. TF's strategy retries the connection
-    (set_server_def_retries) until it is back, then the variables are made and training
-    completes; no step ran on the killed worker, so each is applied exactly once. (The new
-    process starts before the strategy: TF's set_server_def holds Python's GIL while it
-    retries, so a thread of this process could not start it meanwhile.)"""
+    (set_server_def_retries) until it is back; then each path's variable is made and its
+    steps run, each applied exactly once (no step ran on the killed worker). The one strategy
+    serves both paths, their models made at once after it (a worker restart a path would
+    cost ~10 s of the tier's budget). (The new process starts before the strategy: TF's
+    set_server_def holds Python's GIL while it retries, so a thread of this process could
+    not start it meanwhile.)"""
     cluster.kill("worker", 1)
     cluster.restart("worker", 1, wait=False)
-    down_at_init = not _listening(cluster.spec["worker"][1])
+    init = {"down_at_init": not _listening(cluster.spec["worker"][1])}
     t0 = time.monotonic()
-    strategy, coordinator = _coordinator(cluster, made)
-    connected_s = time.monotonic() - t0
-    job = Job(strategy, path)
-    _schedule(coordinator, job, STEPS)
-    coordinator.join()
-    return {"scheduled": STEPS, "applied": job.applied(), "in_flight": 0,
-            "down_at_init": down_at_init, "connected_s": round(connected_s, 1)}, job
+    strategy, coordinator = launch.pss_coordinator(cluster.spec)
+    try:
+        init["connected_s"] = round(time.monotonic() - t0, 1)
+        jobs = {path: Job(strategy, path) for path in PATHS}
+
+        def train(job):
+            _schedule(coordinator, job, STEPS)
+            coordinator.join()
+            return {"scheduled": STEPS, "applied": job.applied(), "in_flight": 0, **init}, job
+
+        for path in PATHS:
+            yield path, lambda job=jobs[path]: train(job)
+    finally:
+        _retire(coordinator)
 
 
 class UserLoop:
@@ -227,18 +228,24 @@ class UserLoop:
         return self._done.wait(bound_s)
 
 
-def ps_failure_during_worker_recovery(cluster, path, made):
+def _ps_failure_during_worker_recovery(cluster, path):
     """While the user trains, worker 0 is killed; once ClusterCoordinator recovers from it
     (waits for it to come back), the ps is killed too, and both are started again, as in TF's
     own test (at once here: a TF server listens seconds after its start). The lost ps must
     reach the user (from schedule or join), judged a ps failure by TF's own classifiers (not
     swallowed as a worker failure and retried), within a bound. The ps's variables are gone:
-    the caller retires the coordinator (the next path makes its own on the restarted ps)."""
+    each path makes its own strategy and coordinator, retired after."""
+    strategy, coordinator = launch.pss_coordinator(cluster.spec)
+    try:
+        return _lose_the_ps_while_recovering(cluster, coordinator, Job(strategy, path))
+    finally:
+        _retire(coordinator)
+
+
+def _lose_the_ps_while_recovering(cluster, coordinator, job):
     # TF's own classifiers of a failed closure, as ClusterCoordinator applies them
     from tensorflow.python.distribute.coordinator.cluster_coordinator import (
         _is_ps_failure, _is_worker_failure)
-    strategy, coordinator = _coordinator(cluster, made)
-    job = Job(strategy, path)
     _schedule(coordinator, job, STEPS)
     coordinator.join()  # both workers instantiated the step (its reports)
     swapped = _swapped(job)
@@ -261,9 +268,16 @@ def ps_failure_during_worker_recovery(cluster, path, made):
             "worker_failure": bool(error) and _is_worker_failure(error), "swapped": swapped}, job
 
 
-#: Scenarios that make their own strategy and coordinator on each path (_coordinator), after
-#: SCENARIOS: a worker is down while they are made, or the ps (its variables) is lost. Each
-#: leaves the cluster whole (the tasks it killed restarted) and returns (result, job).
+def ps_failure_during_worker_recovery(cluster):
+    """_ps_failure_during_worker_recovery on each path."""
+    for path in PATHS:
+        yield path, lambda path=path: _ps_failure_during_worker_recovery(cluster, path)
+
+
+#: Scenarios that make their own strategy and coordinator, after SCENARIOS: a worker is down
+#: while it is made, or the ps (its variables) is lost. Each yields (path, run) for each
+#: path, run() -> (result, job); it leaves the cluster whole (what it killed restarted) and
+#: stops the coordinators it made (_retire).
 OWN_COORDINATOR = (worker_preempted_during_strategy_init, ps_failure_during_worker_recovery)
 
 
@@ -318,12 +332,19 @@ def main():
                     _make_whole(cluster)
             _retire(coordinator)
         for scenario in own:
-            for path in PATHS:
-                made = []
-                ok &= _report(scenario, path, lambda: scenario(cluster, path, made))
-                for coordinator in made:
-                    _retire(coordinator)
-                _make_whole(cluster)
+            reported = []
+            try:
+                for path, run in scenario(cluster):
+                    ok &= _report(scenario, path, run)
+                    reported.append(path)
+            except Exception as e:  # pylint: disable=broad-except  (making its strategy failed)
+                import traceback
+                traceback.print_exc()
+                for path in PATHS[len(reported):]:
+                    print(f"FAILED {scenario.__name__} {path} {type(e).__name__}: "
+                          f"{str(e)[:300]!r}", flush=True)
+                ok = False
+            _make_whole(cluster)
     finally:
         cluster.stop()
     os._exit(0 if ok else 1)  # the coordinator's threads may still retry: do not wait for them

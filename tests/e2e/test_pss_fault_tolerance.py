@@ -17,9 +17,9 @@ from e2e_util import ENV, HERE
 
 pytestmark = [pytest.mark.tf, pytest.mark.slow]
 
-#: Three servers start, 10 worker restarts and a ps restart a path, ~400 steps a path, five
-#: strategies in all (~160 s measured on a loaded 2-core box before the last two scenarios,
-#: ~200 s with them).
+#: Three servers start, ~10 worker restarts and a ps restart a path, ~400 steps a path, four
+#: strategies in all (116-157 s measured on a loaded 2-core box before the last two
+#: scenarios, 176-201 s with them).
 TIMEOUT_S = 600
 SCENARIOS = ("values_fetched_after_a_worker_failure", "worker_preempted_between_functions",
              "worker_preempted_midst_functions", "two_workers_preempted", "worker_continuous_failure")
@@ -66,7 +66,8 @@ def _both_paths(out, log, scenario):
 def test_a_worker_down_while_the_strategy_is_made_trains_once_it_is_back_as_on_grpc(results):
     """TF's strategy retries connecting to the cluster while a worker is down (its
     set_server_def_retries); once it is back, the variables are made and every step runs,
-    exactly once: no step ran on the worker before it was back."""
+    exactly once: no step ran on the worker before it was back. (One strategy, made while
+    the worker was down, serves both paths.)"""
     grpc, ours = _both_paths(*results, "worker_preempted_during_strategy_init")
     for r in (grpc, ours):
         assert r["down_at_init"], r  # the strategy connected while it was down
