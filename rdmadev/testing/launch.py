@@ -273,15 +273,18 @@ class Cluster:
         self._tell_reaper(f"-{proc.pid}")
         logf.close()
 
-    def restart(self, job, index):
-        """Starts a killed or exited task again at the same address; waits until it listens."""
+    def restart(self, job, index, wait=True):
+        """Starts a killed or exited task again at the same address; waits until it listens
+        (`wait` False: returns once its process is started, for a caller whose next call
+        waits for the task while holding Python's GIL, as TF's set_server_def does)."""
         proc, logf = self._procs[(job, index)]
         if proc.poll() is None:
             raise ClusterError(f"TF task {job}:{index} is still running (pid {proc.pid}); kill it first")
         logf.close()
         self._spawn(job, index)
         self._killed.discard((job, index))
-        self._wait_ready([(job, index)])
+        if wait:
+            self._wait_ready([(job, index)])
 
     def _wait_ready(self, keys=None):
         deadline = time.monotonic() + self.ready_timeout
