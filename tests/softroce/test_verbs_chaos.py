@@ -42,7 +42,7 @@ sys.path[:0] = [os.path.join(TESTS, "chaos"), TESTS,
                 os.path.join(os.path.dirname(TESTS), "benchmarks")]
 import test_chaos as chaos  # noqa: E402  (its driver, case, bounds and resource checks)
 from graph_pass.devices import task_name  # noqa: E402
-from rdmadev import Config  # noqa: E402
+from rdmadev import Config, _core  # noqa: E402
 from rdmadev.cluster import runtime  # noqa: E402
 from rdmadev.cluster.channels import WATCH_INTERVAL_S  # noqa: E402
 from rdmadev.testing import launch  # noqa: E402
@@ -72,6 +72,9 @@ LINK_ERROR_BOUND_S = BROKEN_BOUND_S
 #: tests/chaos's whole-run bound (2 x HANG_S: 180 s) under load. After the first step the
 #: tier's own no-hang bound (HANG_S) applies.
 START_S = 900.0
+#: Seconds for what a finished job held to go: verbs' late-write grace, plus a loaded guest's
+#: slack.
+SETTLE_S = _core.LATE_WRITE_GRACE_S + 60.0
 TARGETS = {"ps": ("ps", 0), "worker": ("worker", 0)}
 CASES = []  # (fault, target, coordinator's error after, tasks knew after, settled after), printed
 
@@ -114,9 +117,22 @@ def _recovery_run(cluster):
 
 
 def _baseline(cluster, rt):
-    """What the tasks hold between jobs, once the heartbeats' connections are open."""
+    """What the tasks hold between jobs: once the heartbeats' connections are open, no ring is
+    retired or parked any more (verbs keeps a released receiver's ring registered for late
+    writes for LATE_WRITE_GRACE_S: a reading taken before that held one more region on a
+    worker, failing the next case's check) and two readings a sweep apart agree; bounded."""
     time.sleep(2 * chaos.LIVENESS_S)
-    return chaos._settled(rt, cluster, chaos._held(rt, cluster), timeout=0)[0]
+    deadline = time.monotonic() + SETTLE_S
+    last = chaos._held(rt, cluster)
+    while time.monotonic() < deadline:
+        time.sleep(WATCH_INTERVAL_S)
+        now = chaos._held(rt, cluster)
+        idle = all(rt.call(t, {"op": "counters"})[k] == 0
+                   for t in now for k in ("retired", "parked"))
+        if idle and now == last:
+            return now
+        last = now
+    raise AssertionError(f"the tasks' resources did not settle within {SETTLE_S} s: {last}")
 
 
 def _noticed(rt, tasks, during, since, timeout):
