@@ -22,6 +22,14 @@
 #   is read, outliving its sender), chunks, a dead tensor's header-only write, a write racing
 #   its receiver's release, a pending wait ended by unbinding its half.
 #
+# With RDMADEV_SOFTROCE_FAULTS=1, then, in a second guest (FAULT_TESTS): a running job of real
+# TF servers on verbs under faults. test_verbs_chaos: kill -9 of the ps and of a worker, and
+# link down (rxe0's netdev set down: every verbs pair in the guest is cut), each with its
+# bounds, an exact recovery run and nothing left over; test_pss_faults' kill_ps on verbs: a
+# killed ps reaches a ClusterCoordinator user as TF's ps failure. Not run by default: every TF
+# process costs 75-180 s to start in the guest's emulated CPU, and these start ~14 (measured:
+# see the commit that added them), far past the tier's budget.
+#
 # Left out, and what covers each on shm and tcp in the default suite (the same code above the
 # fabric): ring layout arithmetic (test_ring_layout's other cases), descriptor parsing
 # (test_transfers::test_attach_rejects_garbage_descriptor), region views after close, the
@@ -73,6 +81,16 @@ TESTS=(
     tests/test_tf_ops.py::test_a_dead_tensor_crosses_a_labelled_pair
 )
 
+FAULT_TESTS=(
+    tests/softroce/test_verbs_chaos.py
+    "tests/e2e/test_pss_faults.py::test_a_killed_ps_fails_the_coordinator_promptly[verbs]"
+)
+
 # -k verbs: of the fabric-parametrized tests listed whole, only their verbs instances.
-exec tests/softroce/run-in-vm.sh env RDMADEV_REQUIRE_VERBS=1 python3 -m pytest -q \
-    -p no:cacheprovider -k verbs "$@" "${TESTS[@]}"
+run_tier() {
+    tests/softroce/run-in-vm.sh env RDMADEV_REQUIRE_VERBS=1 python3 -m pytest -q \
+        -p no:cacheprovider -k verbs "$@"
+}
+run_tier "$@" "${TESTS[@]}" || exit
+[ "${RDMADEV_SOFTROCE_FAULTS:-0}" = 1 ] || exit 0
+RDMADEV_VM_TIMEOUT=${RDMADEV_VM_TIMEOUT:-3600} run_tier "$@" "${FAULT_TESTS[@]}"
