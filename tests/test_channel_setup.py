@@ -6,7 +6,6 @@ The cluster is ps:0 and worker:0 as `tests/control_task.py` processes, plus work
 runtime of this test process, which plans: it is the receiver of some pairs, the sender of
 others, and neither of ps:0 <- worker:0.
 """
-import contextlib
 import dataclasses
 import gc
 import json
@@ -25,7 +24,6 @@ from graph_pass.plan import Config as PlanConfig, Transfer
 from graph_pass.plan_regions import plan_regions
 from rdmadev import Config, _core
 from rdmadev.cluster import channels, growth, half_pairs, liveness, runtime
-from rdmadev.cluster.control import control_address
 from rdmadev.errors import ProtocolError
 from rdmadev.testing import faults, launch
 from rdmadev.testing.pair import bind_local, ring_layout
@@ -38,7 +36,6 @@ REGION_ALIGNMENT = RULES.layout.region_alignment
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import control_task  # noqa: E402
-import netns  # noqa: E402
 from held import other_fds  # noqa: E402
 
 #: verbs: tests/test_verbs.py, and here only in the Soft-RoCE tier (RDMADEV_REQUIRE_VERBS=1).
@@ -297,45 +294,6 @@ def test_a_sending_half_released_before_its_receiver_took_its_transfer_waits_for
     now = counters()
     for what in ("regions", "registered_bytes"):
         assert now[what] == before[what], (what, before, now)
-
-
-@contextlib.contextmanager
-def _connections_reset(port):
-    """Every TCP connection to `port` on loopback reset by nftables while inside (a cut link,
-    as a peer's control connections see one, without a namespace)."""
-    netns.require("nft")
-    table = f"rdmadev_test_reset_{os.getpid()}"
-    subprocess.run(["nft", "-f", "-"], text=True, check=True, capture_output=True, timeout=30,
-                   input=f"add table inet {table}\n"
-                         f"add chain inet {table} out {{ type filter hook output priority 0; }}\n"
-                         f"add rule inet {table} out oifname lo tcp dport {port} reject with tcp reset\n")
-    try:
-        yield
-    finally:
-        subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True, timeout=30)
-
-
-def test_a_release_notice_lost_to_a_cut_connection_reaches_the_sender_once_it_answers(world):
-    """A receiver tells the sender of each pair it released to unbind its halves
-    (ChannelTable.notify), and nobody else does. A notice lost to a connection cut then left
-    the sender's halves bound, and their credit region mapped, for as long as the sender ran:
-    one channel and one memfd mapping on the sender, what the chaos tier once found left on a
-    worker after the ps's link was cut (seed 517833840, never replayed). The notice is sent
-    again, with backoff, until the sender answers."""
-    rt, _ = world
-    instance = f"notice{next(_instances)}"
-    _, swap, regions = plan([(W0, PS)], sizes=(400,))
-    keys = [t.channel_key for t in swap]
-    # what W0 holds of this pair (the module's cluster may still be letting go of others')
-    bound = lambda: rt.call(W0, {"op": "bound_senders", "keys": keys})  # noqa: E731
-    channels.open_channels(rt.call, instance, swap, regions)
-    assert bound() == keys
-    port = int(control_address(world[1].spec["worker"][0])[1])
-    with _connections_reset(port):  # W0 cannot be told while inside
-        rt.call(PS, {"op": "release", "keys": keys, "half": "both", "instance": instance})
-        assert wait_until(lambda: rt.call(PS, {"op": "counters"})["notices"]["retried"] >= 1,
-                          10, 0.1), rt.call(PS, {"op": "counters"})["notices"]
-    assert wait_until(lambda: bound() == [], 30, 0.2), rt.call(PS, {"op": "counters"})["notices"]
 
 
 def test_a_setup_past_the_memory_limit_waits_for_memory_a_parked_half_keeps(world):

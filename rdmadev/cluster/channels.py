@@ -45,12 +45,6 @@ __all__ = ["ChannelTable", "open_channels", "REQUESTS", "WATCH_INTERVAL_S"]
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
 
-#: A release notice that did not reach its sender is sent again this many seconds later,
-#: doubling, NOTICE_ATTEMPTS times in all (1 + 2 + 4 + 8 + 16 s: a cut link or a restarting
-#: control service has half a minute to come back).
-NOTICE_RETRY_S = 1.0
-NOTICE_ATTEMPTS = 6
-
 
 class ChannelTable:
     """One task's side of channel setup and release: serves REQUESTS.
@@ -88,7 +82,7 @@ class ChannelTable:
         self.peers = {}  # peer domain address -> its task name
         self.lock = threading.Lock()
         self.memory = RegisteredMemory(self)  # the regions being allocated, held to the limit
-        self.notices = {"sent": 0, "retried": 0, "failed": 0}  # release requests to senders
+        self.notices = {"sent": 0, "failed": 0}  # release requests to peers (failed setups)
         self.closing = threading.Event()
         self.received = {}  # instance -> its open_pairs entries received here, until released
         self.growth = Growth(self)
@@ -312,13 +306,10 @@ class ChannelTable:
             self._release_received(r["instance"], notify_in_background=True)
         return n
 
-    def notify(self, peer, keys, half, failed=None, attempt=0):
-        """For the parts: tells `peer` to unbind its `half` of `keys`, saying that this task,
-        their receiver, unbound its own (and, `failed`, why the steps using them fail and the
-        fix: ``[why, fix]``). No one else tells it, so a notice lost to a connection cut meanwhile
-        would leave the peer's halves bound for its life: it is sent again in the background,
-        NOTICE_RETRY_S apart and doubling, NOTICE_ATTEMPTS times in all, while this task's
-        fabric endpoint to the peer lives (a dead peer's halves went with it)."""
+    def notify(self, peer, keys, half, failed=None):
+        """For the parts: best effort, tells `peer` to unbind its `half` of `keys`, saying
+        that this task, their receiver, unbound its own (and, `failed`, why the steps using
+        them fail and the fix: ``[why, fix]``)."""
         if self.call is None or not keys:
             return
         try:
@@ -327,29 +318,11 @@ class ChannelTable:
                 request["failed"] = failed
             self.call(peer, request)
             self.notices["sent"] += 1
-        except Exception as e:
-            gone = not self._reaches(peer)
-            if gone or attempt + 1 >= NOTICE_ATTEMPTS or self.closing.is_set():
-                self.notices["failed"] += 1
-                (log.info if gone else log.warning)(
-                    "rdmadev: could not tell %s to release %d channel(s) (first %s) after %d "
-                    "attempt(s): %s", peer, len(keys), keys[0], attempt + 1, e)
-                return
-            self.notices["retried"] += 1
-            retry = threading.Timer(NOTICE_RETRY_S * 2 ** attempt, self.notify,
-                                    (peer, keys, half, failed, attempt + 1))
-            retry.daemon = True
-            retry.name = f"rdmadev-notice {peer}"
-            retry.start()
+        except Exception as e:  # the peer may be gone; its channels went with it
+            self.notices["failed"] += 1
+            log.info("rdmadev: could not tell %s to release %d channel(s): %s", peer, len(keys), e)
 
     # -- peers --
-
-    def _reaches(self, task):
-        """Whether this task has a fabric endpoint to `task` that is alive (a peer that died
-        has none: its process or connection is gone)."""
-        with self.lock:
-            return any(self.peers.get(a) == task and ep.alive()[0]
-                       for a, ep in self.endpoints.items())
 
     def peer_endpoints(self):
         """``{peer task: [Endpoint]}``: the endpoints to each peer task (the heartbeats'
@@ -436,7 +409,7 @@ class ChannelTable:
             for them, received tensors of 32 MiB or more copied into a buffer kept from an
             earlier step (where TF's CPU allocator is malloc), waits pending on the progress
             thread, open file descriptors, mappings of rdmadev memfds (its own regions and
-            peers' mapped here), release notices sent to senders, sent again and given up on, pairs set up again
+            peers' mapped here), release requests sent to peers and failed, pairs set up again
             after their connection broke (reopen), channel lineages whose grown slots this task
             keeps for later setups (growth), the sending halves of half pairs this task's passes
             planned and still answers for, the peer tasks this task has endpoints to and those
