@@ -67,8 +67,6 @@ RECOVERY_STEPS = 5
 #: (threads: rdmadev's Python threads, heartbeats and watchers, less the served control
 #: connections, judged with "served" below.)
 HELD = ("channels", "regions", "registered_bytes", "memfd_maps", "threads")
-#: socketserver's name for the thread serving one control connection (a peer's, kept by it).
-SERVED = "Thread (process_request_thread)"
 #: Counts a task may end a case above where it began: TF's own gRPC connections come and go
 #: with its peers (a restarted peer, a coordinator that left); a peer keeps as many control
 #: connections to a task as it ever had calls in flight to it at once (runtime.py _give_back:
@@ -157,7 +155,7 @@ def _held(rt, cluster):
     for job, index, _ in cluster.tasks():
         t = task_name(job, index)
         c = rt.call(t, {"op": "counters"})
-        served = c["thread_names"].get(SERVED, 0)
+        served = c["control_connections"]["served"]  # a thread each
         out[t] = {**{k: c[k] for k in HELD if k != "threads"}, "threads": c["py_threads"] - served,
                   "served": served, "fds": c["fds"], "peers": c["peers"],
                   "thread_names": c["thread_names"]}
@@ -179,9 +177,10 @@ def _settled(rt, cluster, want, timeout=60.0):
     return now, (time.monotonic() - start if same(now) else None)
 
 
-def _recovery_run(cluster, mode, job="in-graph"):
+def _recovery_run(cluster, mode, job="in-graph", within=HANG_S * 2):
+    """A run of RECOVERY_STEPS steps (within `within` s): whether all of them were exact."""
     d = Driver(cluster, mode, RECOVERY_STEPS, job)
-    assert d.wait(lambda: "DONE\n" in d.lines, HANG_S * 2), d.output()
+    assert d.wait(lambda: "DONE\n" in d.lines, within), d.output()
     d.proc.wait(60)
     return d.exact() and len(d.steps()) == RECOVERY_STEPS
 
