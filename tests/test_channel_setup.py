@@ -1009,15 +1009,16 @@ def test_pairs_cut_again_and_again_hold_what_they_held_after_the_first(world):
 
     def holding(task):
         """What `task` holds once its heartbeats reach every peer again (a cut may stop
-        them: liveness.py), else None: `held`, and its descriptors and threads besides its
-        control connections (kept ones grow to the most calls once in flight at once)."""
+        them: liveness.py), else None: `held`, its descriptors besides its control connections
+        (kept ones grow to the most calls once in flight at once), and its lasting threads
+        (its event loop serves every connection)."""
         c = settled(rt, task)
         control = c["control_connections"]
         if control["heartbeats"] != liveness.LANES * len(c["peers"]):
             return None
         return {**{k: c[k] for k in held},
                 "other_fds": other_fds(c),
-                "other_threads": c["py_threads"] - control["served"] - control["heartbeats"]}
+                "threads": c["py_threads"]}
     now = lambda: {task: holding(task) for task in (W1, PS)}
     try:
         _grown_to_hold(rt, big, seed=20)

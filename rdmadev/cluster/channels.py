@@ -34,6 +34,7 @@ from ..errors import ConfigError, ProtocolError
 from .channel_common import (WATCH_INTERVAL_S, bind_halves, build_half, domain_identity,
                              let_go, planned_bytes, ring_layout)
 from .control import session
+from .event_loop import WORK_THREAD
 from .growth import Growth
 from .half_pairs import HalfPairs
 from .opening import in_parallel, open_channels
@@ -397,7 +398,7 @@ class ChannelTable:
             "registered_bytes", "transfers", "sent", "received", "discarded", "abandoned",
             "superseded", "grown", "staged", "stages", "warm", "waits", "fds", "memfd_maps",
             "notices", "reopened", "learned", "wanted", "peers", "silent_peers", "py_threads",
-            "thread_names"}``:
+            "work_threads", "thread_names"}``:
             channel halves bound here, sending halves unbound but parked (their receiver had not
             credited all they sent; their memory goes once it has), receiving halves unbound but
             retired (verbs: their ring stays registered for the sender's late writes,
@@ -413,10 +414,12 @@ class ChannelTable:
             after their connection broke (reopen), channel lineages whose grown slots this task
             keeps for later setups (growth), the sending halves of half pairs this task's passes
             planned and still answers for, the peer tasks this task has endpoints to and those
-            marked silent (liveness.py), Python threads (rdmadev's own: control connections,
-            heartbeats, watchers; TF's threads are native, and those of its pools that ran the
-            pass or a kernel's Python are threading's dummies, not counted) and how many run
-            under each name (a leaked one says what it is).
+            marked silent (liveness.py), Python threads (rdmadev's own: each task's event
+            loop, which serves its control connections and heartbeats, and watchers; TF's
+            threads are native, and those of its pools that ran the pass or a kernel's Python
+            are threading's dummies, not counted), the event loops' worker threads alive now
+            (they come and go with blocking work: event_loop.py) and how many threads run under
+            each name (a leaked one says what it is).
         """
         bound = _core.channel_counts(self.domain)
         moved = _core.transfer_counts()
@@ -456,11 +459,14 @@ def _memfd_maps():
 
 
 def _python_threads():
-    """``{"py_threads": count, "thread_names": {name: count}}`` of the threads this process
-    started in Python, numbers in names dropped (socketserver's "Thread-12
-    (process_request_thread)" is one control connection). A native thread of TF's pools that
-    ran Python (the pass, the bridge) appears to `threading` as a dummy that lives as long as
-    that thread: TF's, not counted."""
+    """``{"py_threads": count, "work_threads": count, "thread_names": {name: count}}`` of the
+    threads this process started in Python, numbers in names dropped. The event loops'
+    workers (event_loop.Workers: they run while there is blocking work, and end IDLE_S after
+    it) are counted apart from the others, which last. A native thread of TF's pools that ran
+    Python (the pass, the bridge) appears to `threading` as a dummy that lives as long as that
+    thread: TF's, not counted."""
     own = [t for t in threading.enumerate() if not isinstance(t, threading._DummyThread)]
     names = collections.Counter(re.sub(r"-?\d+", "", t.name).strip() for t in own)
-    return {"py_threads": len(own), "thread_names": dict(sorted(names.items()))}
+    work = sum(t.name.startswith(WORK_THREAD) for t in own)
+    return {"py_threads": len(own) - work, "work_threads": work,
+            "thread_names": dict(sorted(names.items()))}

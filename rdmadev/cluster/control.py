@@ -16,8 +16,8 @@ import collections
 import errno
 import json
 import logging
+import asyncio
 import socket
-import socketserver
 import struct
 import threading
 import time
@@ -26,6 +26,7 @@ from .. import _core
 from ..config import Config
 from ..errors import (AuthError, DeadlineExceeded, PeerLostError, ProtocolError, RdmadevError,
                       errno_hint)
+from .event_loop import EventLoop
 from .spec import split_address
 
 __all__ = ["ControlServer", "ControlClient", "Session", "session", "control_address"]
@@ -65,9 +66,19 @@ def control_address(task_address, offset=None):
     return host, port
 
 
-def _send(sock, obj):
+def _frame(obj):
+    """`obj` as a control message: its JSON's length (4 bytes, little-endian), then the JSON."""
     data = json.dumps(obj).encode()
-    sock.sendall(struct.pack("<I", len(data)) + data)
+    return struct.pack("<I", len(data)) + data
+
+
+def _send(sock, obj):
+    sock.sendall(_frame(obj))
+
+
+def _closed_by_peer():
+    return PeerLostError("control connection closed by the peer",
+                         hint="the peer task died or rejected this request (see its log)")
 
 
 def _recv_exact(sock, n):
@@ -75,22 +86,45 @@ def _recv_exact(sock, n):
     while len(buf) < n:
         chunk = sock.recv(n - len(buf))
         if not chunk:
-            raise PeerLostError("control connection closed by the peer",
-                                hint="the peer task died or rejected this request (see its log)")
+            raise _closed_by_peer()
         buf += chunk
     return bytes(buf)
 
 
-def _recv(sock):
-    (n,) = struct.unpack("<I", _recv_exact(sock, 4))
+async def _recv_exact_async(loop, sock, n):
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = await loop.sock_recv(sock, n - len(buf))
+        if not chunk:
+            raise _closed_by_peer()
+        buf += chunk
+    return bytes(buf)
+
+
+def _length(prefix):
+    """The body length a message's prefix announces, refused past MAX_MESSAGE_BYTES."""
+    (n,) = struct.unpack("<I", prefix)
     if n > MAX_MESSAGE_BYTES:
         raise ProtocolError(f"control message of {n} bytes exceeds {MAX_MESSAGE_BYTES}")
-    data = _recv_exact(sock, n)
+    return n
+
+
+def _decode(data):
     try:
         return json.loads(data)
     except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, or nested too deep
-        raise ProtocolError(f"control message of {n} bytes is not valid JSON: "
+        raise ProtocolError(f"control message of {len(data)} bytes is not valid JSON: "
                             f"{type(e).__name__}: {str(e)[:200]}") from None
+
+
+def _recv(sock):
+    return _decode(_recv_exact(sock, _length(_recv_exact(sock, 4))))
+
+
+async def _recv_async(loop, sock):
+    """_recv on a non-blocking socket, on `loop`."""
+    return _decode(await _recv_exact_async(loop, sock, _length(
+        await _recv_exact_async(loop, sock, 4))))
 
 
 #: Lines a peer can cause at will (failed authentication, malformed requests, refused
@@ -186,46 +220,31 @@ def session():
     return getattr(_serving, "session", None)
 
 
-class _Handler(socketserver.BaseRequestHandler):
-    def handle(self):
-        server = self.server
-        sock = self.request
-        where = "%s:%d" % self.client_address[:2]
-        authenticated = False
-        try:
-            _core.server_handshake(sock.fileno(), HANDSHAKE_TAG, server.secret, where,
-                                   HANDSHAKE_TIMEOUT_S)
-            authenticated = True
-        except AuthError:
-            server.rejected += 1
-            server.budgets["auth"].warning("control: peer %s failed authentication (wrong "
-                                           "cluster secret)", where)
-        except (ProtocolError, DeadlineExceeded) as e:  # not rdmadev's handshake, or too slow
-            server.rejected += 1
-            server.budgets["handshake"].warning("control: refused %s before authentication: %s",
-                                                where, e)
-        except RdmadevError as e:  # it closed the connection before or during its handshake
-            log.info("control: handshake with %s failed: %s", where, e)
-        if not server.admit(sock, authenticated):
-            return
-        try:
-            _serve_connection(sock, where, server.handler, server.budgets["requests"])
-        finally:
-            server.leave()
+def _served_by(handler, session, request):
+    """`handler(request)` with `session` as this thread's session()."""
+    _serving.session = session
+    try:
+        return handler(request)
+    finally:
+        _serving.session = None
 
 
-def _serve_connection(sock, where, handler, malformed):
-    """Serves the requests of one authenticated control connection until the peer leaves or
-    breaks the protocol: each request (a length-prefixed JSON object with a string 'op') is
-    answered with `handler(request)`'s result or its error; anything else is answered with a
-    ProtocolError. What the connection held (Session) is released when it ends. `malformed`
-    (a _LogBudget) logs refused requests. Returns when the connection ends: nothing the peer
-    sends makes it raise (tests/fuzz/fuzz_control.py fuzzes it)."""
-    _serving.session = Session(where)  # one thread per connection
+async def _serve_connection(sock, where, handler, malformed, inline=(), workers=None):
+    """Serves the requests of one authenticated control connection (a non-blocking socket)
+    until the peer leaves or breaks the protocol: each request (a length-prefixed JSON object
+    with a string 'op') is answered with `handler(request)`'s result or its error; anything
+    else is answered with a ProtocolError. Requests whose op is in `inline` are answered on
+    the loop itself (they must not block: ping), the others on `workers` (an Executor;
+    None: the loop's default), one at a time (a peer waits for each answer). What the connection held (Session) is
+    released when it ends. `malformed` (a _LogBudget) logs refused requests. Returns when the
+    connection ends: nothing the peer sends makes it raise (tests/fuzz/fuzz_control.py fuzzes
+    it)."""
+    loop = asyncio.get_running_loop()
+    held = Session(where)
     try:
         while True:
             try:
-                request = _recv(sock)
+                request = await _recv_async(loop, sock)
             except PeerLostError:
                 return
             if not isinstance(request, dict) or not isinstance(request.get("op"), str):
@@ -235,33 +254,43 @@ def _serve_connection(sock, where, handler, malformed):
                                   "an 'op'; refused", where)
             else:
                 try:
-                    reply = {"ok": True, "result": handler(request)}
+                    if request["op"] in inline:
+                        result = _served_by(handler, held, request)
+                    else:
+                        result = await loop.run_in_executor(workers, _served_by, handler, held,
+                                                            request)
+                    reply = {"ok": True, "result": result}
                 except Exception as e:  # reported to the caller, who raises it
                     log.exception("control: request %r failed", request["op"])
                     reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
-            _send(sock, reply)
+            await loop.sock_sendall(sock, _frame(reply))
     except (OSError, ProtocolError, ValueError) as e:
         log.info("control: connection from %s ended: %s", where, e)
     finally:
-        held, _serving.session = _serving.session, None
-        held.close()
+        try:
+            await loop.run_in_executor(workers, held.close)  # a release may call other tasks
+        except RuntimeError:  # the loop is closing: release here
+            held.close()
 
 
-class ControlServer(socketserver.ThreadingTCPServer):
-    """Serves `handler(request: dict) -> result` to authenticated peers, one thread each.
+class ControlServer:
+    """Serves `handler(request: dict) -> result` to authenticated peers, on `loop` (an
+    EventLoop; one of its own when None): a connection costs a descriptor and a coroutine,
+    not a thread (event_loop.py). A handshake runs on one of the loop's workers.
 
     At most MAX_HANDSHAKING connections are in their handshake (the oldest is dropped for a
     new one) and MAX_CONNECTIONS authenticated; accept() failing for lack of descriptors is
-    retried every ACCEPT_BACKOFF_S, logged once per episode.
+    retried every ACCEPT_BACKOFF_S, logged once per episode. Requests named in `inline`
+    (ping) are answered on the loop; the others on its workers.
     """
 
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 128  # listen() backlog: a cluster's tasks may all connect at once
+    #: listen() backlog: a cluster's tasks may all connect at once.
+    BACKLOG = 128
 
-    def __init__(self, address, secret, handler):
+    def __init__(self, address, secret, handler, loop=None, inline=("ping",)):
         self.secret = secret
         self.handler = handler
+        self.inline = frozenset(inline)
         self.rejected = 0
         self.budgets = {"auth": _LogBudget("failed authentication"),
                         "handshake": _LogBudget("broken or slow handshakes"),
@@ -270,46 +299,101 @@ class ControlServer(socketserver.ThreadingTCPServer):
         self.dropped = {"handshaking": 0, "connections": 0}  # connections let go, by cap
         self.handshaking = collections.OrderedDict()  # socket -> None, oldest first
         self.connections = 0
+        self.served = set()  # the sockets of authenticated connections
         self.starved = False  # the last accept() failed for lack of a resource
         self.admission = threading.Lock()
-        super().__init__(address, _Handler)
-        self.thread = threading.Thread(target=self.serve_forever, name="rdmadev-control",
-                                       kwargs={"poll_interval": 0.2}, daemon=True)
-        self.thread.start()
+        self.own_loop = loop is None
+        self.loop = loop or EventLoop(f"control {address[0]}:{address[1]}")
+        self.listener = socket.create_server(address, backlog=self.BACKLOG)
+        self.listener.setblocking(False)
+        self.server_address = self.listener.getsockname()
+        self.loop.call(self.loop.loop.add_reader, self.listener.fileno(), self._accept)
 
-    def get_request(self):
-        try:
-            request = super().get_request()
-        except OSError as e:
-            if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+    def _accept(self):
+        """On the loop: accepts every queued connection and starts its handshake."""
+        loop = self.loop.loop
+        while True:
+            try:
+                sock, peer = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as e:
+                if e.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    log.info("control: accept on %s:%d failed: %s", *self.server_address[:2], e)
+                    break
                 if not self.starved:
                     log.warning("control: cannot accept connections on %s:%d: %s; retrying "
                                 "every %g s. Fix: %s", *self.server_address[:2], e.strerror,
                                 ACCEPT_BACKOFF_S, errno_hint(e.errno, "free memory"))
                 self.starved = True
-                time.sleep(ACCEPT_BACKOFF_S)
-            raise
-        if self.starved:
-            log.warning("control: accepting connections on %s:%d again", *self.server_address[:2])
-        self.starved = False
-        return request
+                loop.remove_reader(self.listener.fileno())
+                loop.call_later(ACCEPT_BACKOFF_S, self._accept_again)
+                return
+            if self.starved:
+                log.warning("control: accepting connections on %s:%d again",
+                            *self.server_address[:2])
+            self.starved = False
+            self._start(sock, "%s:%d" % peer[:2])
 
-    def process_request(self, request, client_address):
+    def _accept_again(self):
+        if self.listener.fileno() >= 0:
+            self.loop.loop.add_reader(self.listener.fileno(), self._accept)
+            self._accept()
+
+    def _start(self, sock, where):
         with self.admission:
-            self.handshaking[request] = None
+            self.handshaking[sock] = None
             if len(self.handshaking) > MAX_HANDSHAKING:
                 oldest, _ = self.handshaking.popitem(last=False)
                 self.dropped["handshaking"] += 1
                 try:
-                    oldest.shutdown(socket.SHUT_RDWR)  # its handshake fails; its thread ends
+                    oldest.shutdown(socket.SHUT_RDWR)  # its handshake fails; its worker is free
                 except OSError:
                     pass
-        super().process_request(request, client_address)
+        self.loop.submit(self._connection(sock, where))
 
-    def admit(self, sock, authenticated):
+    def _handshake(self, sock, where):
+        """On a worker: the server side of rdmadev's handshake; whether the peer proved the
+        secret (a refusal is counted and logged)."""
+        try:
+            sock.setblocking(True)
+            _core.server_handshake(sock.fileno(), HANDSHAKE_TAG, self.secret, where,
+                                   HANDSHAKE_TIMEOUT_S)
+            return True
+        except AuthError:
+            self.rejected += 1
+            self.budgets["auth"].warning("control: peer %s failed authentication (wrong "
+                                         "cluster secret)", where)
+        except (ProtocolError, DeadlineExceeded) as e:  # not rdmadev's handshake, or too slow
+            self.rejected += 1
+            self.budgets["handshake"].warning("control: refused %s before authentication: %s",
+                                              where, e)
+        except RdmadevError as e:  # it closed the connection before or during its handshake
+            log.info("control: handshake with %s failed: %s", where, e)
+        except OSError as e:  # shut down while it waited (dropped, or the server closed)
+            log.info("control: handshake with %s failed: %s", where, e)
+        return False
+
+    async def _connection(self, sock, where):
+        loop = asyncio.get_running_loop()
+        try:
+            authenticated = await loop.run_in_executor(self.loop.workers, self._handshake, sock,
+                                                       where)
+            if not self._admit(sock, authenticated):
+                return
+            try:
+                sock.setblocking(False)
+                await _serve_connection(sock, where, self.handler, self.budgets["requests"],
+                                        self.inline, self.loop.workers)
+            finally:
+                self._leave(sock)
+        finally:
+            sock.close()
+
+    def _admit(self, sock, authenticated):
         """Ends `sock`'s handshake and says whether to serve it: it passed, was not dropped
         for a newer connection meanwhile, and fewer than MAX_CONNECTIONS are served (a True
-        is followed by leave() once the connection ends)."""
+        is followed by _leave() once the connection ends)."""
         with self.admission:
             if sock not in self.handshaking:
                 return False  # dropped for a newer connection: its socket is shut down
@@ -323,15 +407,30 @@ class ControlServer(socketserver.ThreadingTCPServer):
                                                 self.connections)
                 return False
             self.connections += 1
+            self.served.add(sock)
             return True
 
-    def leave(self):
+    def _leave(self, sock):
         with self.admission:
             self.connections -= 1
+            self.served.discard(sock)
 
     def close(self):
-        self.shutdown()
-        self.server_close()
+        """Stops accepting and ends every connection (what each held is released)."""
+        def stop_listening():
+            self.loop.loop.remove_reader(self.listener.fileno())
+            self.listener.close()
+        if self.listener.fileno() >= 0:
+            self.loop.call(stop_listening)
+        with self.admission:
+            socks = list(self.handshaking) + list(self.served)
+        for sock in socks:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # its coroutine (or handshake) ends
+            except OSError:
+                pass
+        if self.own_loop:
+            self.loop.close()
 
 
 def _failure(e):
@@ -403,6 +502,26 @@ class ControlClient:
         if not reply.get("ok"):
             raise ProtocolError(f"task at {self.address[0]}:{self.address[1]} refused "
                                 f"{request.get('op')}: {reply.get('error')}")
+        return reply["result"]
+
+    async def ping(self):
+        """One ping on the running event loop (the heartbeats' lanes: liveness.py), its answer
+        awaited up to the client's timeout; a failure breaks the connection as in call().
+        The connection is the loop's from then on (non-blocking)."""
+        loop = asyncio.get_running_loop()
+        try:
+            self.sock.setblocking(False)
+            await loop.sock_sendall(self.sock, _frame({"op": "ping"}))
+            reply = await asyncio.wait_for(_recv_async(loop, self.sock), self.timeout)
+        except BaseException as e:
+            self.broken = _failure(e) or "no answer"
+            self.close()
+            raise
+        if not isinstance(reply, dict) or not reply.get("ok"):
+            self.broken = f"malformed answer to ping: {reply!r:.200}"
+            self.close()
+            raise ProtocolError(f"task at {self.address[0]}:{self.address[1]} answered a ping "
+                                f"with {reply!r:.200}")
         return reply["result"]
 
     def close(self):

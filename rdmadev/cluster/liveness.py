@@ -6,7 +6,8 @@ the fabric sees it (shm: a pidfd; tcp: the socket; verbs: the side channel). A p
 keeps its connections, and its waits would end only at RDMADEV_DEADLINE_S. So a task pings
 the control service of every peer it has an endpoint to, every ``RDMADEV_LIVENESS_S /
 PINGS_PER_LIVENESS`` seconds on each of LANES connections (a segment lost on a lossy link
-stalls only its own), each from its own thread (a silent peer never delays the others' pings).
+stalls only its own), each by a coroutine of the task's event loop (a silent peer never delays
+the others' pings, and a task runs no thread per peer: event_loop.py).
 A peer that answered none for RDMADEV_LIVENESS_S is marked silent on each of its endpoints
 (``Endpoint.set_silent``), logged at WARNING and listed in the counters' ``silent_peers``.
 Waits on it go on, as TF's own waits on a task do: a stopped or cut-off task that comes back
@@ -23,18 +24,20 @@ Example:
     >>> beats.silent()
     []
 """
+import asyncio
 import logging
 import threading
 import time
 
 from ..errors import ClosedError, errno_hint
+from .event_loop import EventLoop
 
 __all__ = ["Heartbeats", "LANES", "PINGS_PER_LIVENESS"]
 
 #: Pings a peer gets per liveness period on each lane: it is found silent only after missing
 #: about this many in a row, so one slow answer on a loaded host is not a failure.
 PINGS_PER_LIVENESS = 4
-#: Connections a peer is pinged on, each by its own thread, the lanes' pings spread over the
+#: Connections a peer is pinged on, each by its own coroutine, the lanes' pings spread over the
 #: interval. TCP retransmits a lost segment after 0.2, 0.6, 1.4, 3.0 s ..., and a ping waiting
 #: for its retransmission holds the connection's next pings behind it, so on a lossy link one
 #: connection goes quiet for seconds while the peer is running; a second connection's pings are
@@ -49,38 +52,55 @@ log.addHandler(logging.NullHandler())
 
 
 class _Lane:
-    """One connection a peer is pinged on, by its own thread, every interval after `delay`."""
+    """One connection a peer is pinged on, by a coroutine on the heartbeats' loop, every
+    interval after `delay`."""
 
     def __init__(self, peer, delay):
         self.peer = peer
         self.client = None
         self.local_failure = ""  # why its last ping failed here, when this task is to blame
-        self.thread = threading.Thread(target=self._ping, args=(delay,), daemon=True,
-                                       name=f"rdmadev-heartbeat {peer.task}")
-        self.thread.start()
+        self.future = peer.beats.loop.submit(self._ping(delay))
 
-    def _ping(self, delay):
+    async def _ping(self, delay):
         peer, beats = self.peer, self.peer.beats
-        peer.stopping.wait(delay)
-        while not peer.stopping.is_set():
-            started = time.monotonic()
-            try:
-                if self.client is None:
-                    self.client = beats.connect(peer.task, beats.liveness_s)
-                self.client.call({"op": "ping"})
-                peer.heard = max(peer.heard, time.monotonic())
-                self.local_failure = ""
-            except Exception as e:  # no answer: silence is judged by the watch, not here
-                hint = errno_hint(getattr(e, "errno", 0))  # e.g. out of descriptors
-                self.local_failure = f"{e}" if hint else ""
-                self.drop_client()
-            peer.stopping.wait(max(0.0, beats.interval - (time.monotonic() - started)))
-        self.drop_client()
+        try:
+            await asyncio.sleep(delay)
+            while True:
+                started = time.monotonic()
+                try:
+                    if self.client is None:
+                        self.client = await _connect(beats.loop.workers, beats.connect,
+                                                     peer.task, beats.liveness_s)
+                    await self.client.ping()
+                    peer.heard = max(peer.heard, time.monotonic())
+                    self.local_failure = ""
+                except Exception as e:  # no answer: silence is judged by the watch, not here
+                    hint = errno_hint(getattr(e, "errno", 0))  # e.g. out of descriptors
+                    self.local_failure = f"{e}" if hint else ""
+                    self.drop_client()
+                await asyncio.sleep(max(0.0, beats.interval - (time.monotonic() - started)))
+        finally:
+            self.drop_client()
+
+    def stop(self):
+        """Ends its pings (the connection closes on the loop)."""
+        self.future.cancel()
 
     def drop_client(self):
         client, self.client = self.client, None
         if client is not None:
             client.close()
+
+
+async def _connect(workers, connect, task, timeout):
+    """`connect(task, timeout)` (blocking: the handshake) on one of `workers`; a connection
+    made after its lane was stopped is closed."""
+    made = asyncio.get_running_loop().run_in_executor(workers, connect, task, timeout)
+    try:
+        return await asyncio.shield(made)
+    except asyncio.CancelledError:
+        made.add_done_callback(lambda f: f.cancelled() or f.exception() or f.result().close())
+        raise
 
 
 class _Peer:
@@ -91,27 +111,26 @@ class _Peer:
         self.beats = beats
         self.heard = time.monotonic()  # its last answer on any lane (or when the watch began)
         self.silent_since = None  # time.monotonic() of the mark, None while it answers
-        self.stopping = threading.Event()
         self.lanes = [_Lane(self, i * beats.interval / LANES) for i in range(LANES)]
 
     def stop(self):
-        self.stopping.set()
         for lane in self.lanes:
-            lane.drop_client()  # ends a ping waiting for its answer
+            lane.stop()
 
 
 class Heartbeats:
     """Pings every peer task this task has endpoints to; marks silent and heard (see module).
+    Its pings and its watch run on `loop` (the task's EventLoop; one of its own when None).
 
     Args:
         liveness_s: seconds without an answer before a peer is silent (RDMADEV_LIVENESS_S).
         endpoints_of: ``() -> {peer task: [Endpoint]}``, the endpoints to mark
             (``ChannelTable.peer_endpoints``); a peer leaves the watch when it leaves this.
         connect: ``(task, timeout) -> ControlClient`` to that task's control service.
-        task: this task's name, for thread names and log lines.
+        task: this task's name, for log lines.
     """
 
-    def __init__(self, liveness_s, endpoints_of, connect, task):
+    def __init__(self, liveness_s, endpoints_of, connect, task, loop=None):
         self.liveness_s = liveness_s
         self.interval = liveness_s / PINGS_PER_LIVENESS
         self.endpoints_of = endpoints_of
@@ -119,24 +138,26 @@ class Heartbeats:
         self.task = task
         self.peers = {}  # task -> _Peer
         self.lock = threading.Lock()
-        self.closing = threading.Event()
-        self.thread = threading.Thread(target=self._watch, daemon=True,
-                                       name=f"rdmadev-liveness {task}")
-        self.thread.start()
+        self.own_loop = loop is None
+        self.loop = loop or EventLoop(f"heartbeats {task}")
+        self.watch = self.loop.submit(self._watch())
 
     def silent(self):
         """The peer tasks marked silent now."""
         with self.lock:
             return sorted(t for t, p in self.peers.items() if p.silent_since is not None)
 
-    def _watch(self):
+    async def _watch(self):
+        loop = asyncio.get_running_loop()
         last = time.monotonic()
-        while not self.closing.wait(self.interval):
+        while True:
+            await asyncio.sleep(self.interval)
             now = time.monotonic()
             paused = now - last > self.liveness_s  # this process was stopped or starved
             last = now
-            try:
-                self._judge(self.endpoints_of(), now, paused)
+            try:  # on a worker: the endpoints are read under the channel table's lock
+                await loop.run_in_executor(self.loop.workers,
+                                           lambda: self._judge(self.endpoints_of(), now, paused))
             except Exception as e:  # never let the watch die
                 log.info("rdmadev: heartbeat watch of %s failed: %s", self.task, e)
 
@@ -172,20 +193,20 @@ class Heartbeats:
 
     def connections(self):
         """The ping connections open now: one per lane that reached its peer (LANES per
-        watched peer, each lane's thread holding one, once they all have)."""
+        watched peer, once they all have)."""
         with self.lock:
             peers = list(self.peers.values())
         return sum(lane.client is not None for p in peers for lane in p.lanes)
 
     def close(self):
         """Stops every ping and the watch (endpoints keep their marks: they close next)."""
-        self.closing.set()
+        self.watch.cancel()
         with self.lock:
             peers, self.peers = list(self.peers.values()), {}
         for p in peers:
             p.stop()
-        if self.thread is not threading.current_thread():
-            self.thread.join(2 * self.interval)
+        if self.own_loop:
+            self.loop.close()
 
 
 def _mark(endpoints, why, only_unmarked=False):

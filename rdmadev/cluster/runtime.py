@@ -28,6 +28,7 @@ from ..errors import ConfigError, PeerLostError, ProtocolError, RdmadevError
 from . import instances, limits, open_files, reports
 from .channels import REQUESTS as CHANNEL_REQUESTS, ChannelTable
 from .control import ControlClient, ControlServer, control_address
+from .event_loop import EventLoop
 from .liveness import Heartbeats
 from .spec import parse_cluster, split_address
 
@@ -79,6 +80,7 @@ class Runtime:
         self.server = None
         self.table = None
         self.heartbeats = None
+        self.loop = None  # its EventLoop: the control service and heartbeats run there
         self.clients = {}  # task -> its idle control connections (_take, _give_back)
         self.closed = False
         self.lock = threading.RLock()
@@ -91,11 +93,12 @@ class Runtime:
             with _holding(port, self.task):
                 self.domain = open_domain(f"{job}:{index}", self.config, tcp_addr=f"{host}:0")
                 self.table = ChannelTable(self.domain, self.config, call=self.call, task=self.task)
+                self.loop = EventLoop(self.task)
                 self.server = ControlServer(control_address(address, self.config.control_port_offset),
-                                            self.config.secret, self.handle)
+                                            self.config.secret, self.handle, self.loop)
             if self.config.liveness_s > 0:
                 self.heartbeats = Heartbeats(self.config.liveness_s, self.table.peer_endpoints,
-                                             self._connect, self.task)
+                                             self._connect, self.task, self.loop)
 
     @property
     def name(self):
@@ -184,10 +187,11 @@ class Runtime:
 
     def _control_connections(self):
         """``{"kept", "served", "heartbeats"}``: this task's control connections, each one
-        descriptor: those kept idle for its next calls (_give_back), those of peers it serves
-        (a thread each), and its heartbeats' pings (a thread each; liveness.py). Kept and
-        served grow to the most calls ever in flight at once between two tasks; served ones
-        end with their peer, and kept ones to a task that went close at the next call to it."""
+        descriptor and none a thread (the task's event loop serves them: event_loop.py): those
+        kept idle for its next calls (_give_back), those of peers it serves, and its
+        heartbeats' pings (liveness.py). Kept and served grow to the most calls ever in flight
+        at once between two tasks; served ones end with their peer, and kept ones to a task
+        that went close at the next call to it."""
         with self.lock:
             kept = sum(len(clients) for clients in self.clients.values())
         beats = self.heartbeats.connections() if self.heartbeats else 0
@@ -213,6 +217,8 @@ class Runtime:
             c.close()
         if self.server:
             self.server.close()
+        if self.loop:
+            self.loop.close()
         if self.domain:
             self.domain.close()
 

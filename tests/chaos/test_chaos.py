@@ -64,13 +64,13 @@ HANG_S = 90.0
 #: Steps of the recovery run.
 RECOVERY_STEPS = 5
 #: Counters that must be back exactly where they were once the job's functions are released.
-#: (threads: rdmadev's Python threads, heartbeats and watchers, less the served control
-#: connections, judged with "served" below.)
+#: (threads: rdmadev's lasting Python threads: each task's event loop, which serves its control
+#: connections and heartbeats, and watchers; the loop's workers come and go with work.)
 HELD = ("channels", "regions", "registered_bytes", "memfd_maps", "threads")
 #: Counts a task may end a case above where it began: TF's own gRPC connections come and go
 #: with its peers (a restarted peer, a coordinator that left); a peer keeps as many control
 #: connections to a task as it ever had calls in flight to it at once (runtime.py _give_back:
-#: one more, seen after a PSS worker was stopped), each served by a thread; a leak per case
+#: one more, seen after a PSS worker was stopped), each served by the task's event loop; a leak per case
 #: or per step would pass this within a few cases (tests/test_soak_bench.py: per step). TF's
 #: native threads are not judged: a task keeps each coordinator's eager context (and its
 #: threads) after the coordinator is gone, ~14 threads per coordinator here, rdmadev or not.
@@ -155,8 +155,8 @@ def _held(rt, cluster):
     for job, index, _ in cluster.tasks():
         t = task_name(job, index)
         c = rt.call(t, {"op": "counters"})
-        served = c["control_connections"]["served"]  # a thread each
-        out[t] = {**{k: c[k] for k in HELD if k != "threads"}, "threads": c["py_threads"] - served,
+        served = c["control_connections"]["served"]
+        out[t] = {**{k: c[k] for k in HELD if k != "threads"}, "threads": c["py_threads"],
                   "served": served, "fds": c["fds"], "peers": c["peers"],
                   "thread_names": c["thread_names"]}
     return out

@@ -1,11 +1,11 @@
 """Fuzz target "control": the control service's request loop (rdmadev/cluster/control.py,
-_serve_connection with _recv, _recv_exact and _send), which every byte an authenticated peer
-sends on a control connection reaches. (What comes before authentication is the native
+the coroutine _serve_connection with _recv_async, _recv_exact_async, _length, _decode and
+_frame), which every byte an authenticated peer sends on a control connection reaches. (What comes before authentication is the native
 handshake under the tag "rdmadev-control-v1": the "handshake" target fuzzes it.)
 
 Each input is the byte stream of one connection: a thread writes it to one end of a
-socketpair, shuts that end for writing and reads the replies, while the loop serves the
-other end with a handler that answers {"op": <op>} and raises ValueError for an op that
+socketpair, shuts that end for writing and reads the replies, while the loop (an asyncio
+event loop, as in a task; requests answered on it, as ping is) serves the other end with a handler that answers {"op": <op>} and raises ValueError for an op that
 starts with "fail". Python coverage of the control module and of json's Python part
 (json.loads' encoding detection, the decoder) guides atheris.
 
@@ -28,6 +28,7 @@ Run under atheris:
     python3 tests/fuzz/fuzz_control.py -max_total_time=30 WORK_DIR tests/fuzz/corpus/control
 Without atheris, run_one(data) replays one input (tests/test_fuzz.py does).
 """
+import asyncio
 import json
 import os
 import socket
@@ -65,18 +66,30 @@ class _Budget:
 
 
 class _Watched:
-    """The served socket, checking every read against MAX_MESSAGE_BYTES."""
+    """The served socket (non-blocking, as the event loop wants it), checking every read
+    against MAX_MESSAGE_BYTES."""
 
     def __init__(self, sock):
         self.sock = sock
+        sock.setblocking(False)
 
     def recv(self, n):
         if n > control.MAX_MESSAGE_BYTES:
             raise Broken(f"a read of {n} bytes (MAX_MESSAGE_BYTES is {control.MAX_MESSAGE_BYTES})")
         return self.sock.recv(n)
 
-    def sendall(self, data):
-        return self.sock.sendall(data)
+    def send(self, data):
+        return self.sock.send(data)
+
+    def fileno(self):
+        return self.sock.fileno()
+
+
+class _EveryOp:
+    """`inline` for the loop: every request is answered on the loop itself."""
+
+    def __contains__(self, op):
+        return True
 
 
 def _handler(request):
@@ -170,7 +183,8 @@ def run_one(data):
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(_depth() + RECURSION_HEADROOM)
     try:
-        control._serve_connection(_Watched(served), "fuzz-peer:1", _handler, _Budget())
+        asyncio.run(control._serve_connection(_Watched(served), "fuzz-peer:1", _handler,
+                                              _Budget(), _EveryOp()))
     finally:
         sys.setrecursionlimit(limit)
         served.close()  # the peer side's read ends
