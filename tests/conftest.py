@@ -8,6 +8,14 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import rdmadev  # noqa: E402
 from remote import RemotePeer  # noqa: E402
+from rdmadev.testing import launch  # noqa: E402
+
+# Under pytest-xdist (README: `pytest -n 2`), each worker's clusters, and those its tests'
+# subprocesses start, pick ports from a slice of their own (launch.PORT_SLICE_ENV).
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ[launch.PORT_SLICE_ENV] = "%d/%s" % (
+        int(os.environ["PYTEST_XDIST_WORKER"].lstrip("gw")),
+        os.environ["PYTEST_XDIST_WORKER_COUNT"])
 
 SECRET = b"rdmadev-test-cluster-secret"
 

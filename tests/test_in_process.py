@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+import tf_cluster
+
 pytestmark = pytest.mark.tf
 
 HERE = Path(__file__).resolve().parent
@@ -21,9 +23,9 @@ TIMEOUT_S = 300
 
 
 def _run(protocol, mode):
-    proc = subprocess.run([sys.executable, str(HERE / "in_process_client.py"), protocol, mode],
-                          capture_output=True, text=True, timeout=TIMEOUT_S, cwd=HERE,
-                          env={**os.environ, **ENV})
+    proc = tf_cluster.run_picking_ports_again(lambda: subprocess.run(
+        [sys.executable, str(HERE / "in_process_client.py"), protocol, mode], capture_output=True, text=True,
+        timeout=TIMEOUT_S, cwd=HERE, env={**os.environ, **ENV}), lambda p: p.stderr)
     lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, (proc.stdout + proc.stderr)[-4000:]
     return json.loads(lines[-1][len("RESULT "):])

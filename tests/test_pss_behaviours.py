@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+import tf_cluster
+
 pytestmark = pytest.mark.tf
 
 HERE = Path(__file__).resolve().parent
@@ -20,9 +22,9 @@ TIMEOUT_S = 400
 
 
 def _run(protocol):
-    proc = subprocess.run([sys.executable, str(HERE / "pss_behaviours.py"), protocol],
-                          capture_output=True, text=True, timeout=TIMEOUT_S, cwd=HERE,
-                          env={**os.environ, **ENV})
+    proc = tf_cluster.run_picking_ports_again(lambda: subprocess.run(
+        [sys.executable, str(HERE / "pss_behaviours.py"), protocol], capture_output=True, text=True,
+        timeout=TIMEOUT_S, cwd=HERE, env={**os.environ, **ENV}), lambda p: p.stderr)
     out = {}
     for line in proc.stdout.splitlines():
         if line.startswith("BEHAVIOUR "):

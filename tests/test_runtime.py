@@ -376,3 +376,23 @@ def test_a_task_whose_port_another_process_listens_on_is_refused_by_name():
         with pytest.raises(rdmadev.ConfigError, match=f"/job:ps/replica:0/task:0's port {port} is "
                            "in use: another process listens on it.*ss -ltnp"):
             runtime.Runtime({"ps": [f"127.0.0.1:{port}"]}, "ps", 0, rdmadev.Config(secret=b"k"))
+
+
+def test_a_task_whose_control_port_is_taken_is_refused_by_name_and_leaves_nothing_open():
+    """A TF port picked inside the ephemeral range (portpicker's, as TF's in-process clusters
+    pick them) can put port + offset on another connection's port: the runtime names the
+    port, how it was derived and the fix, and closes what it had opened."""
+    import threading
+    from rdmadev.cluster import runtime
+    from rdmadev.cluster.control import control_address
+    from rdmadev.testing.launch import free_ports
+
+    port = free_ports(1)[0]
+    threads = threading.active_count()
+    with socket.create_server(control_address(f"127.0.0.1:{port}")):
+        with pytest.raises(rdmadev.ConfigError, match=(
+                f"/job:ps/replica:0/task:0's rdmadev control service cannot listen on "
+                f"127.0.0.1:{port + 10000} .*RDMADEV_CONTROL_PORT_OFFSET=10000.*Fix: another "
+                "process holds that port")):
+            runtime.Runtime({"ps": [f"127.0.0.1:{port}"]}, "ps", 0, rdmadev.Config(secret=b"k"))
+    assert threading.active_count() == threads, [t.name for t in threading.enumerate()]

@@ -87,3 +87,21 @@ def connect(cluster):
     # Pass the ClusterSpec itself: a SimpleClusterResolver without a master silently does nothing.
     tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster.spec))
     _connected.append(cluster)
+
+
+#: What a task's start says when TF's own port picker (portpicker, inside the kernel's
+#: ephemeral range) put its control port (TF port + RDMADEV_CONTROL_PORT_OFFSET) on another
+#: connection's port (runtime.Runtime._control_server).
+CONTROL_PORT_TAKEN = "rdmadev control service cannot listen on"
+
+
+def run_picking_ports_again(run, output_of):
+    """`run()`, and once more should its output (`output_of(result)`) say that a port TF's
+    in-process cluster picked put a control port on a taken one: TF's multi_worker_test_base
+    picks ports where any connection may hold port + offset, more often with tests running
+    side by side (pytest -n 2); a second run picks new ones, as a user would start again."""
+    result = run()
+    if CONTROL_PORT_TAKEN in output_of(result):
+        result = run()
+    return result
+

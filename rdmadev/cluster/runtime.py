@@ -24,7 +24,7 @@ from graph_pass.devices import split_task, task_name
 
 from ..config import Config
 from ..device import open_domain
-from ..errors import ConfigError, PeerLostError, ProtocolError, RdmadevError
+from ..errors import ConfigError, PeerLostError, ProtocolError, RdmadevError, errno_hint
 from . import instances, limits, open_files, reports
 from .channels import REQUESTS as CHANNEL_REQUESTS, ChannelTable
 from .control import ControlClient, ControlServer, control_address
@@ -94,11 +94,31 @@ class Runtime:
                 self.domain = open_domain(f"{job}:{index}", self.config, tcp_addr=f"{host}:0")
                 self.table = ChannelTable(self.domain, self.config, call=self.call, task=self.task)
                 self.loop = EventLoop(self.task)
-                self.server = ControlServer(control_address(address, self.config.control_port_offset),
-                                            self.config.secret, self.handle, self.loop)
+                self.server = self._control_server(address)
             if self.config.liveness_s > 0:
                 self.heartbeats = Heartbeats(self.config.liveness_s, self.table.peer_endpoints,
                                              self._connect, self.task, self.loop)
+
+    def _control_server(self, address):
+        """This task's control service, at its TF port +- RDMADEV_CONTROL_PORT_OFFSET; a port
+        it cannot listen on closes what the runtime opened and is a ConfigError naming it."""
+        offset = self.config.control_port_offset
+        host, port = control_address(address, offset)
+        try:
+            return ControlServer((host, port), self.config.secret, self.handle, self.loop)
+        except OSError as e:
+            self.close()
+            busy = e.errno == errno.EADDRINUSE
+            raise ConfigError(
+                f"task {self.task}'s rdmadev control service cannot listen on {host}:{port} "
+                f"(its TF address {address} +- RDMADEV_CONTROL_PORT_OFFSET={offset}): "
+                f"{e.strerror or e}",
+                hint=("another process holds that port; a port picked inside the kernel's "
+                      "ephemeral range (ip_local_port_range; portpicker picks there) may be "
+                      "any connection's. Give tasks TF ports whose port + offset is free, "
+                      "below that range, or set another RDMADEV_CONTROL_PORT_OFFSET, the same "
+                      "in every task and the coordinator") if busy
+                else errno_hint(e.errno, "check the task's address")) from None
 
     @property
     def name(self):

@@ -58,6 +58,10 @@ LOG_TAIL_BYTES = 3000
 WATCH_INTERVAL_S = 1.0
 #: Lowest port free_ports picks; see ephemeral_floor.
 PORT_FLOOR = 10000
+#: "I/N": free_ports picks from the I-th of N disjoint slices of its range, so that N runs
+#: starting clusters at once on one host (tests under pytest-xdist: tests/conftest.py) never
+#: pick each other's ports in the moment between a pick and the task's bind.
+PORT_SLICE_ENV = "RDMADEV_PORT_SLICE"
 #: Ports free_ports tries before it gives up (about half of the range qualifies by default).
 PICK_ATTEMPTS = 1000
 
@@ -73,6 +77,27 @@ def ephemeral_floor():
             return int(f.read().split()[0])
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def _pick_range(floor):
+    """[low, high) of the ports free_ports picks: PORT_FLOOR up to the ephemeral `floor` or,
+    with PORT_SLICE_ENV set to "I/N", the I-th of N slices of [PORT_FLOOR, PORT_FLOOR +
+    offset): the control ports (port + RDMADEV_CONTROL_PORT_OFFSET) then lie in the I-th slice
+    of the next `offset` ports, apart from every slice's task ports too."""
+    sliced = os.environ.get(PORT_SLICE_ENV)
+    if not sliced or floor <= PORT_FLOOR:
+        return PORT_FLOOR, floor
+    try:
+        i, n = (int(x) for x in sliced.split("/"))
+        if not 0 <= i < n:
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"{PORT_SLICE_ENV}={sliced!r} is not I/N with 0 <= I < N") from None
+    offset = control_address(f"{HOST}:1")[1] - 1
+    if PORT_FLOOR + 2 * offset > floor:  # the slices' control ports would reach the floor
+        return PORT_FLOOR, floor
+    width = offset // n
+    return PORT_FLOOR + i * width, PORT_FLOOR + (i + 1) * width
 
 
 class ClusterError(RuntimeError):
@@ -96,13 +121,14 @@ def free_ports(count):
         A list of ``count`` port numbers.
     """
     floor = ephemeral_floor()
+    low, high = _pick_range(floor)
     picks = random.Random()
     socks = []
     try:
         for _ in range(PICK_ATTEMPTS):
             if len(socks) == 2 * count:
                 break
-            port = picks.randrange(PORT_FLOOR, floor) if floor > PORT_FLOOR else 0
+            port = picks.randrange(low, high) if high > low else 0
             held = []
             try:
                 s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
