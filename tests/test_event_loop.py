@@ -31,11 +31,11 @@ PEERS = 8
 #: RDMADEV_LIVENESS_S: pings every 0.25 s, so every lane is up within a second.
 LIVENESS_S = 1.0
 #: Descriptors a peer with one pair each way costs the ps on shm, read from /proc/PID/fd
-#: (2026-12-04): six sockets (the peer's call connection and its two heartbeat lanes served
-#: here, the ps's two lanes to it and its call connection kept to it), the peer's pidfd, the
-#: memfd of the credit region the ps sends through, and that of the ring it receives into (one
-#: per instantiation: issue 60's arenas are to fold these).
-FDS_PER_PEER = 9
+#: (2026-12-04): four sockets (the peer's call connection and its heartbeat lane served here,
+#: the ps's lane to it and its call connection kept to it), the peer's pidfd, the memfd of the
+#: credit region the ps sends through, and that of the ring it receives into (one per
+#: instantiation: issue 60's arenas are to fold these). With two lanes each way it was 9.
+FDS_PER_PEER = 7
 
 
 def test_workers_start_on_demand_end_when_idle_and_never_deadlock(monkeypatch):

@@ -132,8 +132,9 @@ def test_a_peer_that_answers_stays_heard_through_a_long_wait(pair):
 @pytest.mark.parametrize("pair", ["tcp"], indirect=True)
 def test_a_peer_stays_heard_while_one_heartbeat_connection_is_stalled(pair):
     """A ping whose packets are lost waits for TCP's retransmissions and holds its connection's
-    next pings behind it; the other lane keeps the peer heard. Real loss: nftables drops every
-    packet of one lane's connection on loopback (that port only) for 4 x RDMADEV_LIVENESS_S."""
+    next pings behind it; the peer's own pings on its lane to this task keep it heard. Real
+    loss: nftables drops every packet of this task's lane to the ps on loopback (that port
+    only) for 4 x RDMADEV_LIVENESS_S."""
     netns.require("nft")
     rt, _ = pair
     _, swap, regions = plan([(PS, W1)])
@@ -160,7 +161,7 @@ def test_a_peer_stays_heard_while_one_heartbeat_connection_is_stalled(pair):
         subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True, timeout=30)
     assert sum(map(int, re.findall(r"packets (\d+)", dropped))) > 0, dropped  # lost, really
     assert lanes[0].client is not stalled  # its ping timed out: one lane alone went quiet
-    assert silent == []  # yet the ps was never marked silent: the other lane answered
+    assert silent == []  # yet the ps was never marked silent: its own pings came through
 
 
 def test_liveness_zero_turns_heartbeats_off():

@@ -123,10 +123,11 @@ def test_out_of_descriptors_errors_name_the_open_file_limit_and_the_fix():
     assert out["recovered"], out
 
 
-#: worker:1 with channels to ps:0 (a control_task process): its heartbeat lanes lose their
-#: connections while this process has no descriptor left, so they cannot ping ps:0.
+#: worker:1 with channels to ps:0 (a control_task process): its heartbeat lane, and the one
+#: ps:0 pings it on, lose their connections while this process has no descriptor left, so it
+#: can neither ping ps:0 nor accept its pings.
 HEARTBEATS_WITHOUT_DESCRIPTORS = """
-import json, os, resource, sys, time
+import json, os, resource, socket, sys, time
 from graph_pass.devices import task_name
 from rdmadev import Config, _core
 from rdmadev.cluster import channels, runtime
@@ -164,6 +165,10 @@ fill()
 for attempt in range(10):  # a lane that connected again before fill() took its descriptor back
     for lane in lanes:
         lane.drop_client()  # as a reset connection would: the lane must connect again
+    with rt.server.admission:  # and so must the ps's lane here, whose pings would keep it heard
+        served = list(rt.server.served)
+    for sock in served:
+        sock.shutdown(socket.SHUT_RDWR)
     fill()  # takes the descriptors the dropped connections freed
     if wait_until(lambda: all(l.local_failure for l in lanes), 5):
         break

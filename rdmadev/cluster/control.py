@@ -504,14 +504,14 @@ class ControlClient:
                                 f"{request.get('op')}: {reply.get('error')}")
         return reply["result"]
 
-    async def ping(self):
-        """One ping on the running event loop (the heartbeats' lanes: liveness.py), its answer
-        awaited up to the client's timeout; a failure breaks the connection as in call().
-        The connection is the loop's from then on (non-blocking)."""
+    async def ping(self, sender):
+        """One ping from task `sender` on the running event loop (the heartbeats' lanes:
+        liveness.py), its answer awaited up to the client's timeout; a failure breaks the
+        connection as in call(). The connection is the loop's from then on (non-blocking)."""
         loop = asyncio.get_running_loop()
         try:
             self.sock.setblocking(False)
-            await loop.sock_sendall(self.sock, _frame({"op": "ping"}))
+            await loop.sock_sendall(self.sock, _frame({"op": "ping", "from": sender}))
             reply = await asyncio.wait_for(_recv_async(loop, self.sock), self.timeout)
         except BaseException as e:
             self.broken = _failure(e) or "no answer"

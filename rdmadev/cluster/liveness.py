@@ -5,10 +5,12 @@ the fabric sees it (shm: a pidfd; tcp: the socket; verbs: the side channel). A p
 *silent* is not gone: stopped (SIGSTOP, a debugger), starved, or cut off by the network, it
 keeps its connections, and its waits would end only at RDMADEV_DEADLINE_S. So a task pings
 the control service of every peer it has an endpoint to, every ``RDMADEV_LIVENESS_S /
-PINGS_PER_LIVENESS`` seconds on each of LANES connections (a segment lost on a lossy link
-stalls only its own), each by a coroutine of the task's event loop (a silent peer never delays
-the others' pings, and a task runs no thread per peer: event_loop.py).
-A peer that answered none for RDMADEV_LIVENESS_S is marked silent on each of its endpoints
+PINGS_PER_LIVENESS`` seconds on LANES connection(s), each by a coroutine of the task's event
+loop (a silent peer never delays the others' pings, and a task runs no thread per peer:
+event_loop.py). A peer is heard by its answers and by its own pings (``heard_from``): both
+tasks of a pair ping each other, so each hears the other on two connections, and a segment
+lost on a lossy link stalls only one of them.
+A peer that was heard on neither for RDMADEV_LIVENESS_S is marked silent on each of its endpoints
 (``Endpoint.set_silent``), logged at WARNING and listed in the counters' ``silent_peers``.
 Waits on it go on, as TF's own waits on a task do: a stopped or cut-off task that comes back
 finishes its step, on gRPC as here, and ClusterCoordinator must not take a stalled worker
@@ -37,15 +39,17 @@ __all__ = ["Heartbeats", "LANES", "PINGS_PER_LIVENESS"]
 #: Pings a peer gets per liveness period on each lane: it is found silent only after missing
 #: about this many in a row, so one slow answer on a loaded host is not a failure.
 PINGS_PER_LIVENESS = 4
-#: Connections a peer is pinged on, each by its own coroutine, the lanes' pings spread over the
-#: interval. TCP retransmits a lost segment after 0.2, 0.6, 1.4, 3.0 s ..., and a ping waiting
-#: for its retransmission holds the connection's next pings behind it, so on a lossy link one
-#: connection goes quiet for seconds while the peer is running; a second connection's pings are
-#: exchanges of their own. Measured on a veth pair dropping 20 % of the packets both ways (pings
-#: every 0.1 s for 240 s, 2026-11-28): answers more than 2 s apart 8 and 9 times on one
-#: connection, 4 times across two, the longest gap 12-15 s on one and 5 s across two. A peer
-#: task serves 1 + LANES control connections of each peer (control.MAX_CONNECTIONS).
-LANES = 2
+#: Connections a task pings each peer on. TCP retransmits a lost segment after 0.2, 0.6, 1.4,
+#: 3.0 s ..., and a ping waiting for its retransmission holds the connection's next pings
+#: behind it, so on a lossy link one connection goes quiet for seconds while the peer is
+#: running; another connection's pings are exchanges of their own. Measured on a veth pair
+#: dropping 20 % of the packets both ways (pings every 0.1 s for 240 s, 2026-11-28): answers
+#: more than 2 s apart 8 and 9 times on one connection, 4 times across two, the longest gap
+#: 12-15 s on one and 5 s across two. The second connection is the peer's own lane to this
+#: task, whose pings count as hearing it (heard_from): two lanes a task would double every
+#: pair's connections (issue 60). A task serves 1 + LANES control connections of each peer
+#: (control.MAX_CONNECTIONS).
+LANES = 1
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
@@ -71,7 +75,7 @@ class _Lane:
                     if self.client is None:
                         self.client = await _connect(beats.loop.workers, beats.connect,
                                                      peer.task, beats.liveness_s)
-                    await self.client.ping()
+                    await self.client.ping(beats.task)
                     peer.heard = max(peer.heard, time.monotonic())
                     self.local_failure = ""
                 except Exception as e:  # no answer: silence is judged by the watch, not here
@@ -141,6 +145,13 @@ class Heartbeats:
         self.own_loop = loop is None
         self.loop = loop or EventLoop(f"heartbeats {task}")
         self.watch = self.loop.submit(self._watch())
+
+    def heard_from(self, task):
+        """`task` pinged this task (the ``ping`` control request): it runs."""
+        with self.lock:
+            peer = self.peers.get(task)
+        if peer is not None:
+            peer.heard = max(peer.heard, time.monotonic())
 
     def silent(self):
         """The peer tasks marked silent now."""

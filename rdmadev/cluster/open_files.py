@@ -29,7 +29,8 @@ __all__ = ["DESCRIPTORS_PER_PEER", "BASE_DESCRIPTORS", "needed", "peers_served",
 #:   run-time shape): each ps peaked at 19 with 1 worker and 51 with 4, ~10.7 per worker.
 #: They are 1 + liveness.LANES control connections the peer holds to it, LANES it pings the
 #: peer on, 1 it calls the peer on, the fabric endpoint (a pidfd or socket) and the regions of
-#: each function's pairs (a memfd each); rounded up for a few more functions.
+#: each function's pairs (a memfd each); rounded up for a few more functions. (LANES was 2
+#: then; with 1, tests/test_event_loop.py measures 7 per peer with one function's pairs.)
 DESCRIPTORS_PER_PEER = 12
 #: Descriptors a task holds before its first peer: Python, TensorFlow's gRPC server and the
 #: control listener; measured 11 for `rdmadev serve` (2026-11-28), with room for log files.

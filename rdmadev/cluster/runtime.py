@@ -132,7 +132,9 @@ class Runtime:
     def handle(self, request):
         """Serves one control request (from another task, or from call() to this task)."""
         op = request.get("op")
-        if op == "ping":
+        if op == "ping":  # a peer's heartbeat says who sent it: that peer runs
+            if self.heartbeats is not None and isinstance(request.get("from"), str):
+                self.heartbeats.heard_from(request["from"])
             return {"task": self.task, "address": self.domain.address}
         if op == "reports":  # those this task planned: its process may plan for others too
             return [dataclasses.asdict(r) for r in reports.reports()
