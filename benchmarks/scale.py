@@ -58,6 +58,12 @@ READY_S_PER_TASK = 15.0
 #: Seconds one configuration process may take beyond its tasks' start: trace, first round,
 #: rounds (bounded by --round_budget_s), check, counters. Only catches a hang.
 CONFIG_TIMEOUT_S = 600.0
+#: Seconds to wait before the tasks are probed after the rounds, on either protocol: more than
+#: twice the interval at which an rdmadev task looks for new peers to ping (RDMADEV_LIVENESS_S
+#: / PINGS_PER_LIVENESS = 2.5 s by default, rdmadev/cluster/liveness.py); and at most how long
+#: to wait more on rdmadev for every task's heartbeats to be connected.
+SETTLE_S = 6.0
+SETTLE_MAX_S = 30.0
 #: Bytes the coordinator process takes (TF, PSS, one thread per worker); the heap (anonymous
 #: memory) assumed per task before one was measured; the pages all tasks share once (TF's
 #: libraries: a task's RSS is ~0.7 GB, most of it these).
@@ -204,6 +210,27 @@ def run_round(coordinator, step, steps, timings=None):
     return time.perf_counter() - t0, out
 
 
+def settle(protocol, spec):
+    """Waits until what a task holds per peer is all there before it is probed: SETTLE_S on
+    either protocol, then on rdmadev until every task pings each of its peers on all LANES
+    (a task starts a peer's heartbeats at its watch's next look, up to 2.5 s after the
+    peer's first channel), at most SETTLE_MAX_S. Returns whether it did settle."""
+    time.sleep(SETTLE_S)
+    if protocol == "grpc":
+        return True
+    import rdmadev
+    from rdmadev.cluster.liveness import LANES
+    deadline = time.monotonic() + SETTLE_MAX_S
+    while True:
+        counters = rdmadev.counters(spec)
+        if all(isinstance(c, dict) and c["control_connections"]["heartbeats"]
+               >= LANES * len(c["peers"]) for c in counters.values()):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+
+
 def rdmadev_view(spec):
     """Counters and reports of every task of a grpc+rdmadev cluster (its control services)."""
     import rdmadev
@@ -275,6 +302,7 @@ def run_one(args):
                            "bits": b"".join(tf.constant(l).numpy().tobytes() for l in losses).hex(),
                            "final_bits": w.numpy().tobytes().hex()}
         result["retraced"] = step.experimental_get_tracing_count() - traces
+        result["settled"] = settle(args.protocol, cluster.spec)
         result["after"] = {t: probe(p) for t, p in pids.items()}
         result["mem_available_after"] = mem_available()
         if args.protocol != "grpc":
