@@ -19,7 +19,8 @@ exactly).
                on rdmadev the plan and its channels set up).
   steady step  the same round again, `--rounds` times (bounded by `--round_budget_s`): median
                seconds per round and spread ((max - min) / median).
-  per task     from /proc/<pid> of each task, after the rounds: threads (and their names),
+  per task     from /proc/<pid> of each task, after the rounds: threads (and their names;
+               also the most seen during the first round, sampled every 20 ms),
                file descriptors (sockets among them), mappings of rdmadev memfds, RSS; from
                the task's open rdmadev memfds the regions it holds (= registrations on verbs:
                one per region) and their bytes rounded to pages (held); on rdmadev also its
@@ -63,6 +64,10 @@ CONFIG_TIMEOUT_S = 600.0
 #: / PINGS_PER_LIVENESS = 2.5 s by default, rdmadev/cluster/liveness.py); and at most how long
 #: to wait more on rdmadev for every task's heartbeats to be connected.
 SETTLE_S = 6.0
+#: Seconds between two samples of every task's thread count during the first round: a
+#: transient thread lives at least a request's duration, and one sweep of 32 tasks' /proc
+#: takes ~1 ms.
+PEAK_SAMPLE_S = 0.02
 SETTLE_MAX_S = 30.0
 #: Bytes the coordinator process takes (TF, PSS, one thread per worker); the heap (anonymous
 #: memory) assumed per task before one was measured; the pages all tasks share once (TF's
@@ -198,6 +203,37 @@ def make_step(tf, strategy, w):
     return step
 
 
+class PeakThreads:
+    """The most threads each process had while the block ran, sampled every PEAK_SAMPLE_S on
+    a thread of its own (transient threads: rdmadev's event loop runs blocking setup work
+    on threads it ends after 5 s idle). ``peaks``: {task: threads}."""
+
+    def __init__(self, pids):
+        import threading
+        self.pids, self.peaks = pids, {t: 0 for t in pids}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True, name="scale-peak-threads")
+
+    def _run(self):
+        while True:
+            for task, pid in self.pids.items():
+                try:
+                    self.peaks[task] = max(self.peaks[task], len(os.listdir(f"/proc/{pid}/task")))
+                except OSError:
+                    pass
+            if self.stop.wait(PEAK_SAMPLE_S):
+                return
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+        return False
+
+
 def run_round(coordinator, step, steps, timings=None):
     """Schedules `steps` steps and joins; returns (seconds, [RemoteValue]). `timings`: its
     "trace_s" is set to the first schedule call's seconds (where the coordinator traces)."""
@@ -279,7 +315,9 @@ def run_one(args):
         step = make_step(tf, strategy, w)
 
         # schedule traces the step in this process (the first call, once): timed apart
-        result["first_s"], first = run_round(coordinator, step, workers, result)
+        with PeakThreads(pids) as peak:
+            result["first_s"], first = run_round(coordinator, step, workers, result)
+        result["first_peak_threads"] = peak.peaks
         traces = step.experimental_get_tracing_count()
         result["after_first"] = {t: probe(p) for t, p in pids.items()}
         rounds, done = [], workers
@@ -373,6 +411,9 @@ def summarize(r):
                 "pss_bytes", "anon_bytes"):
         s[f"ps_{key}"] = ps[key]
         s[f"worker_{key}"] = _mean([w[key] for w in ws])
+    peaks = r.get("first_peak_threads", {})
+    s["ps_peak_threads"] = peaks.get("ps:0", 0)
+    s["worker_peak_threads"] = _mean([v for k, v in peaks.items() if k.startswith("worker:")])
     rd = r.get("rdmadev", {})
     psr = rd.get("/job:ps/replica:0/task:0", {})
     wr = [v for k, v in rd.items() if "/job:worker/" in k]
@@ -442,7 +483,7 @@ def growth_by_name(results, protocol, role="ps"):
 def table(summaries):
     """Markdown table: one row per size and protocol."""
     head = ("| tasks | protocol | first round s | new step's first round s | "
-            "steady round s (spread) | ps threads | "
+            "steady round s (spread) | ps threads (peak in first round) | "
             "worker threads | ps fds | worker fds | ps memfd maps | worker memfd maps | "
             "ps regions | ps registered / held | worker registered / held | ps / worker heap MB |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
@@ -450,7 +491,8 @@ def table(summaries):
         lines.append(
             f"| {s['tasks']} | {s['protocol']} | {s['first_s']:.2f} | {s['new_first_s']:.2f} | "
             f"{s['step_s']:.3f} "
-            f"({s['spread_pct']:.0f}%) | {s['ps_threads']} | {s['worker_threads']:.1f} | "
+            f"({s['spread_pct']:.0f}%) | {s['ps_threads']} ({s['ps_peak_threads']}) | "
+            f"{s['worker_threads']:.1f} | "
             f"{s['ps_fds']} | {s['worker_fds']:.1f} | {s['ps_memfd_maps']} | "
             f"{s['worker_memfd_maps']:.1f} | {s['ps_regions']} | "
             f"{s['ps_registered_bytes'] / 1024:.1f} / {s['ps_held_bytes'] / 1024:.0f} KiB | "
@@ -462,7 +504,7 @@ def table(summaries):
 #: (metric, role) pairs whose slope per added worker is reported.
 SLOPES = [(m, role) for role in ("ps", "worker")
           for m in ("threads", "fds", "sockets", "memfd_maps", "memfds", "registered_bytes",
-                    "held_bytes", "anon_bytes")] + [("first_s", None), ("new_first_s", None),
+                    "held_bytes", "anon_bytes", "peak_threads")] + [("first_s", None), ("new_first_s", None),
                                                      ("step_s", None)]
 
 
@@ -531,6 +573,7 @@ def fits(tasks, task_bytes):
 def run_matrix(args):
     results, skipped = [], {}
     task_bytes = DEFAULT_TASK_BYTES
+    commit = code_version()
     t_all = time.perf_counter()
     for k, n in enumerate(sorted(set(args.sizes))):
         ok, why = fits(n, task_bytes)
@@ -553,7 +596,7 @@ def run_matrix(args):
                   f"({time.perf_counter() - t_all:5.0f} s in)", file=sys.stderr, flush=True)
     summaries = [summarize(r) for r in results if "error" not in r]
     report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "commit": git_head(), "config": {k: getattr(args, k) for k in
+              "commit": commit, "commit_at_end": code_version(), "config": {k: getattr(args, k) for k in
                                                ("sizes", "rounds", "round_budget_s", "check_steps",
                                                 "fresh")},
               "var_bytes": 4 * VAR_ELEMENTS, "cpus": os.cpu_count(),
@@ -581,12 +624,23 @@ def ratios(summaries):
             for n, p in by if p == "grpc" and (n, "grpc+rdmadev") in by}
 
 
-def git_head():
+def code_version():
+    """The commit of the rdmadev that the tasks import (its source tree: an editable install
+    runs that tree's files, whatever this script's checkout), and whether its code differs
+    from that commit: "<short hash>[+dirty]", or "" outside git."""
+    import importlib.util
+    spec = importlib.util.find_spec("rdmadev")
+    tree = os.path.dirname(os.path.dirname(spec.origin)) if spec and spec.origin else HERE
+
+    def git(*a):
+        return subprocess.run(["git", "-C", tree, *a], capture_output=True, text=True,
+                              timeout=10).stdout.strip()
     try:
-        return subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10).stdout.strip()
+        head = git("rev-parse", "--short", "HEAD")
+        dirty = git("status", "--porcelain", "--", "rdmadev", "_native", "graph_pass")
     except (OSError, subprocess.SubprocessError):
         return ""
+    return head + ("+dirty" if dirty else "")
 
 
 def print_report(report):
@@ -600,8 +654,11 @@ def print_report(report):
               f"updates {c['exact_sums']}, {c['workers_swapped']}/{c['workers']} workers swapped "
               f"{c['swapped']} transfers ({','.join(c['fabrics'])}), {c['kept_cross_task']} "
               f"cross-task kept on gRPC, retraced {c['retraced']}")
+    if report["commit"] != report["commit_at_end"]:
+        print(f"the rdmadev measured changed during the run: {report['commit']} at its start, "
+              f"{report['commit_at_end']} at its end")
     sl = report["slopes"]
-    for k in ("ps_threads", "ps_fds", "ps_memfd_maps", "ps_registered_bytes", "worker_threads",
+    for k in ("ps_threads", "ps_peak_threads", "ps_fds", "ps_memfd_maps", "ps_registered_bytes", "worker_threads",
               "worker_fds", "first_s", "new_first_s"):
         vals = [sl[p][k] for p in (*PROTOCOLS, "beyond_grpc")]
         if None not in vals:
