@@ -92,6 +92,8 @@ def parse_args(argv=None):
     ap.add_argument("--prefix", default=os.path.join(RESULTS, "scale"),
                     help="writes <prefix>.json and <prefix>.png")
     ap.add_argument("--no_chart", action="store_true")
+    ap.add_argument("--fabric", choices=["shm", "tcp", "verbs"],
+                    help="RDMADEV_FABRIC of every task (default: rdmadev's choice, shm here)")
     ap.add_argument("--one", action="store_true", help="one configuration in this process")
     ap.add_argument("--tasks", type=int, default=2, help="with --one")
     ap.add_argument("--protocol", default="grpc", choices=PROTOCOLS, help="with --one")
@@ -298,8 +300,10 @@ def run_one(args):
     env = {"RDMADEV_SECRET": os.environ["RDMADEV_SECRET"]}
     if args.protocol == "grpc":
         env["RDMADEV_PLUGIN"] = "0"  # plain TF: not even rdmadev's inert protocol loader
+    if args.fabric:
+        env["RDMADEV_FABRIC"] = os.environ["RDMADEV_FABRIC"] = args.fabric
     result = {"tasks": args.tasks, "workers": workers, "protocol": args.protocol,
-              "var_bytes": 4 * VAR_ELEMENTS}
+              "var_bytes": 4 * VAR_ELEMENTS, "commit": code_version(), "fabric": args.fabric}
     t0, result["mem_available_before"] = time.perf_counter(), mem_available()
     with launch.Cluster(num_ps=1, num_workers=workers, env=env,
                         launcher=task_launcher(args.protocol),
@@ -372,7 +376,7 @@ def run_config(args, tasks, protocol):
         cmd = [sys.executable, os.path.abspath(__file__), "--one", "--tasks", str(tasks),
                "--protocol", protocol, "--json", out, "--rounds", str(args.rounds),
                "--round_budget_s", str(args.round_budget_s), "--check_steps", str(args.check_steps),
-               "--fresh", str(args.fresh)]
+               "--fresh", str(args.fresh)] + (["--fabric", args.fabric] if args.fabric else [])
         p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
             _, stderr = p.communicate(timeout=CONFIG_TIMEOUT_S + READY_S_PER_TASK * tasks)
@@ -598,7 +602,7 @@ def run_matrix(args):
     report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "commit": commit, "commit_at_end": code_version(), "config": {k: getattr(args, k) for k in
                                                ("sizes", "rounds", "round_budget_s", "check_steps",
-                                                "fresh")},
+                                                "fresh", "fabric")},
               "var_bytes": 4 * VAR_ELEMENTS, "cpus": os.cpu_count(),
               "summaries": summaries, "slopes": slopes(summaries), "checks": checks(results),
               "ratios": ratios(summaries), "skipped": skipped,
@@ -654,9 +658,10 @@ def print_report(report):
               f"updates {c['exact_sums']}, {c['workers_swapped']}/{c['workers']} workers swapped "
               f"{c['swapped']} transfers ({','.join(c['fabrics'])}), {c['kept_cross_task']} "
               f"cross-task kept on gRPC, retraced {c['retraced']}")
-    if report["commit"] != report["commit_at_end"]:
+    ran = sorted({r.get("commit", "") for r in report["runs"]})
+    if len(ran) > 1 or report["commit"] != report["commit_at_end"]:
         print(f"the rdmadev measured changed during the run: {report['commit']} at its start, "
-              f"{report['commit_at_end']} at its end")
+              f"{report['commit_at_end']} at its end; configurations ran {', '.join(ran)}")
     sl = report["slopes"]
     for k in ("ps_threads", "ps_peak_threads", "ps_fds", "ps_memfd_maps", "ps_registered_bytes", "worker_threads",
               "worker_fds", "first_s", "new_first_s"):
