@@ -92,6 +92,10 @@ def parse_args(argv=None):
     ap.add_argument("--prefix", default=os.path.join(RESULTS, "scale"),
                     help="writes <prefix>.json and <prefix>.png")
     ap.add_argument("--no_chart", action="store_true")
+    ap.add_argument("--settle_s", type=float, default=SETTLE_S,
+                    help="seconds to wait before probing the tasks (then, on rdmadev, until "
+                         "their heartbeats are connected); 0 in the test, where only what "
+                         "the channels hold is checked")
     ap.add_argument("--fabric", choices=["shm", "tcp", "verbs"],
                     help="RDMADEV_FABRIC of every task (default: rdmadev's choice, shm here)")
     ap.add_argument("--one", action="store_true", help="one configuration in this process")
@@ -248,12 +252,12 @@ def run_round(coordinator, step, steps, timings=None):
     return time.perf_counter() - t0, out
 
 
-def settle(protocol, spec):
-    """Waits until what a task holds per peer is all there before it is probed: SETTLE_S on
-    either protocol, then on rdmadev until every task pings each of its peers on all LANES
+def settle(protocol, spec, wait_s):
+    """Waits until what a task holds per peer is all there before it is probed: `wait_s`
+    (--settle_s, SETTLE_S by default) on either protocol, then on rdmadev until every task pings each of its peers on all LANES
     (a task starts a peer's heartbeats at its watch's next look, up to 2.5 s after the
     peer's first channel), at most SETTLE_MAX_S. Returns whether it did settle."""
-    time.sleep(SETTLE_S)
+    time.sleep(wait_s)
     if protocol == "grpc":
         return True
     import rdmadev
@@ -344,7 +348,7 @@ def run_one(args):
                            "bits": b"".join(tf.constant(l).numpy().tobytes() for l in losses).hex(),
                            "final_bits": w.numpy().tobytes().hex()}
         result["retraced"] = step.experimental_get_tracing_count() - traces
-        result["settled"] = settle(args.protocol, cluster.spec)
+        result["settled"] = settle(args.protocol, cluster.spec, args.settle_s)
         result["after"] = {t: probe(p) for t, p in pids.items()}
         result["mem_available_after"] = mem_available()
         if args.protocol != "grpc":
@@ -376,7 +380,7 @@ def run_config(args, tasks, protocol):
         cmd = [sys.executable, os.path.abspath(__file__), "--one", "--tasks", str(tasks),
                "--protocol", protocol, "--json", out, "--rounds", str(args.rounds),
                "--round_budget_s", str(args.round_budget_s), "--check_steps", str(args.check_steps),
-               "--fresh", str(args.fresh)] + (["--fabric", args.fabric] if args.fabric else [])
+               "--fresh", str(args.fresh), "--settle_s", str(args.settle_s)] + (["--fabric", args.fabric] if args.fabric else [])
         p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
             _, stderr = p.communicate(timeout=CONFIG_TIMEOUT_S + READY_S_PER_TASK * tasks)
@@ -602,7 +606,7 @@ def run_matrix(args):
     report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "commit": commit, "commit_at_end": code_version(), "config": {k: getattr(args, k) for k in
                                                ("sizes", "rounds", "round_budget_s", "check_steps",
-                                                "fresh", "fabric")},
+                                                "fresh", "fabric", "settle_s")},
               "var_bytes": 4 * VAR_ELEMENTS, "cpus": os.cpu_count(),
               "summaries": summaries, "slopes": slopes(summaries), "checks": checks(results),
               "ratios": ratios(summaries), "skipped": skipped,
