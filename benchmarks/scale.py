@@ -5,6 +5,8 @@
     python benchmarks/scale.py                          # 2..32 tasks; writes results/scale.{json,png}
     python benchmarks/scale.py --sizes 2 4 --rounds 3   # a quick look
     python benchmarks/scale.py --one --tasks 4 --protocol grpc+rdmadev --json out.json
+    python benchmarks/scale.py --fabric tcp --sizes 2 8 16 --prefix /tmp/scale_tcp
+    python benchmarks/scale.py --replot                # the chart again from results/scale.json
 
 Each (size, protocol) runs in its own `--one` process (TF keeps one cluster per process): it
 starts every task as its own process (`--task`: `tf.distribute.Server` with the protocol, as a
@@ -14,24 +16,30 @@ runs a tiny step: each worker reads a small variable from the ps, computes a los
 back an update of the variable's size (every element 1.0, so concurrent updates add up
 exactly).
 
-  first step   one step scheduled per worker and joined, on servers that are up and connected:
-               what a new step's first round costs (function registration, partitioning, and
-               on rdmadev the plan and its channels set up).
-  steady step  the same round again, `--rounds` times (bounded by `--round_budget_s`): median
-               seconds per round and spread ((max - min) / median).
-  per task     from /proc/<pid> of each task, after the rounds: threads (and their names;
-               also the most seen during the first round, sampled every 20 ms),
-               file descriptors (sockets among them), mappings of rdmadev memfds, RSS; from
-               the task's open rdmadev memfds the regions it holds (= registrations on verbs:
-               one per region) and their bytes rounded to pages (held); on rdmadev also its
-               counters (registered bytes in use, control connections, Python thread names).
+  first round  one step scheduled per worker and joined, on servers that are up and connected:
+               what the first step costs (function registration, partitioning, and on
+               rdmadev the plan, the endpoints and the channels set up); the coordinator's
+               trace is timed apart (trace_s).
+  new step     the same for `--fresh` new functions on the same servers, after the probes
+               (endpoints and control connections exist by then): median.
+  steady round the first round's step again, `--rounds` times (bounded by `--round_budget_s`):
+               median seconds per round and spread ((max - min) / median).
+  per task     from /proc/<pid> of each task, after the rounds and `--settle_s` (on rdmadev
+               also until its heartbeats reach every peer): threads (and their names; also
+               the most seen during the first round, sampled every 20 ms), descriptors by kind,
+               mappings of rdmadev memfds, RSS, PSS and heap; from the task's open rdmadev
+               memfds the regions it holds (= registrations on verbs: one per region) and their
+               bytes rounded to pages (held); on rdmadev also its counters (registered bytes in
+               use, control connections, Python thread names) and reports.
   check        from a reset variable, `--check_steps` steps one at a time: the losses and the
                final variable, compared bitwise between the protocols; on rdmadev every
                worker's reports (every cross-task tensor between ps and workers swapped).
 
-Before a size, the memory it needs (the largest task RSS measured so far times its tasks,
-plus the coordinator) is checked against MemAvailable: a size that does not fit is skipped and
-says so. Output: one line per configuration on stderr, a table on stdout, the JSON and a chart.
+Before a size, the memory it needs (the largest task heap measured so far times its tasks, TF's
+libraries once, the coordinator and a margin) is checked against MemAvailable: a size that does
+not fit is skipped and says so. Every configuration records the commit of the rdmadev it ran
+(an editable install runs its source tree, which may move during a run). Output: one line per
+configuration on stderr, a table on stdout, the JSON and a chart.
 """
 import argparse
 import collections
@@ -92,6 +100,8 @@ def parse_args(argv=None):
     ap.add_argument("--prefix", default=os.path.join(RESULTS, "scale"),
                     help="writes <prefix>.json and <prefix>.png")
     ap.add_argument("--no_chart", action="store_true")
+    ap.add_argument("--replot", action="store_true",
+                    help="only draw <prefix>.png again from <prefix>.json")
     ap.add_argument("--settle_s", type=float, default=SETTLE_S,
                     help="seconds to wait before probing the tasks (then, on rdmadev, until "
                          "their heartbeats are connected); 0 in the test, where only what "
@@ -544,7 +554,11 @@ def chart(summaries, path):
             ax.plot(xs, [s[f"ps_{metric}"] for s in rows], "o-", color=color, label=f"{name}: ps")
             ax.plot(xs, [s[f"worker_{metric}"] for s in rows], "s--", color=color,
                     label=f"{name}: worker (mean)")
+            if metric == "threads" and proto != "grpc":
+                ax.plot(xs, [s["ps_peak_threads"] for s in rows], "^:", color=color,
+                        label=f"{name}: ps, most during the first round")
         ax.set_title(label)
+        ax.set_ylim(bottom=0)
     for proto, (color, name) in style.items():
         rows = sorted((s for s in summaries if s["protocol"] == proto), key=lambda s: s["tasks"])
         axes[2].plot([s["tasks"] for s in rows], [s["first_s"] for s in rows], "o-", color=color,
@@ -691,6 +705,10 @@ def main(argv=None):
         return 0
     # SIGTERM (a timeout, a CI runner) unwinds like Ctrl-C: the cluster goes with it
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if args.replot:
+        with open(args.prefix + ".json") as f:
+            chart(json.load(f)["summaries"], args.prefix + ".png")
+        return 0
     if args.one:
         r = run_one(args)
         if args.json:
