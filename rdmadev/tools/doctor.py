@@ -25,8 +25,8 @@ def _memlock():
     show = lambda v: "unlimited" if v == resource.RLIM_INFINITY else f"{v // 1024} KiB"
     note = ("a task raises its soft limit to the hard one when it starts; the verbs fabric pins "
             "every region it registers, so the hard limit must exceed the sum of a task's region "
-            "sizes (plus 1 MiB per verbs endpoint); raise it with `ulimit -l unlimited`, memlock "
-            "in /etc/security/limits.conf, LimitMEMLOCK=infinity for systemd or --ulimit "
+            "sizes (plus 4 MiB of staging per verbs endpoint); raise it with `ulimit -l "
+            "unlimited`, memlock in /etc/security/limits.conf, LimitMEMLOCK=infinity for systemd or --ulimit "
             "memlock=-1 for docker (root with CAP_IPC_LOCK is exempt)"
             if hard != resource.RLIM_INFINITY else "")
     return {"soft": show(soft), "hard": show(hard), "note": note}
