@@ -390,7 +390,8 @@ def run_config(args, tasks, protocol):
         cmd = [sys.executable, os.path.abspath(__file__), "--one", "--tasks", str(tasks),
                "--protocol", protocol, "--json", out, "--rounds", str(args.rounds),
                "--round_budget_s", str(args.round_budget_s), "--check_steps", str(args.check_steps),
-               "--fresh", str(args.fresh), "--settle_s", str(args.settle_s)] + (["--fabric", args.fabric] if args.fabric else [])
+               "--fresh", str(args.fresh), "--settle_s", str(args.settle_s)]
+        cmd += ["--fabric", args.fabric] if args.fabric else []
         p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
             _, stderr = p.communicate(timeout=CONFIG_TIMEOUT_S + READY_S_PER_TASK * tasks)
@@ -446,12 +447,10 @@ def summarize(r):
 
 def slope(points):
     """Least-squares slope of [(x, y)]; None with fewer than 2 distinct x."""
-    xs = [x for x, _ in points]
+    xs, ys = [x for x, _ in points], [y for _, y in points]
     if len(set(xs)) < 2:
         return None
-    mx, my = _mean(xs), _mean([y for _, y in points])
-    return (sum((x - mx) * (y - my) for x, y in points)
-            / sum((x - mx) ** 2 for x in xs))
+    return statistics.linear_regression(xs, ys).slope
 
 
 def checks(results):

@@ -12,11 +12,11 @@ Example:
     >>> client = ControlClient(("127.0.0.1", 12222), secret)
     >>> client.call({"op": "ping"})
 """
+import asyncio
 import collections
 import errno
 import json
 import logging
-import asyncio
 import socket
 import struct
 import threading
@@ -235,10 +235,10 @@ async def _serve_connection(sock, where, handler, malformed, inline=(), workers=
     with a string 'op') is answered with `handler(request)`'s result or its error; anything
     else is answered with a ProtocolError. Requests whose op is in `inline` are answered on
     the loop itself (they must not block: ping), the others on `workers` (an Executor;
-    None: the loop's default), one at a time (a peer waits for each answer). What the connection held (Session) is
-    released when it ends. `malformed` (a _LogBudget) logs refused requests. Returns when the
-    connection ends: nothing the peer sends makes it raise (tests/fuzz/fuzz_control.py fuzzes
-    it)."""
+    None: the loop's default), one at a time (a peer waits for each answer). What the
+    connection held (Session) is released when it ends. `malformed` (a _LogBudget) logs
+    refused requests. Returns when the connection ends: nothing the peer sends makes it raise
+    (tests/fuzz/fuzz_control.py fuzzes it)."""
     loop = asyncio.get_running_loop()
     held = Session(where)
     try:

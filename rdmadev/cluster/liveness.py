@@ -113,7 +113,7 @@ class _Peer:
     def __init__(self, task, beats):
         self.task = task
         self.beats = beats
-        self.heard = time.monotonic()  # its last answer on any lane (or when the watch began)
+        self.heard = time.monotonic()  # its last answer or ping (or when the watch began)
         self.silent_since = None  # time.monotonic() of the mark, None while it answers
         self.lanes = [_Lane(self, i * beats.interval / LANES) for i in range(LANES)]
 

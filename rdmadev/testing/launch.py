@@ -33,6 +33,7 @@ from pathlib import Path
 from graph_pass.devices import task_name
 
 from ..cluster.control import control_address
+from ..config import Config
 from ..cluster.spec import parse_cluster, split_address
 from . import reaper
 
@@ -93,7 +94,7 @@ def _pick_range(floor):
             raise ValueError
     except ValueError:
         raise ValueError(f"{PORT_SLICE_ENV}={sliced!r} is not I/N with 0 <= I < N") from None
-    offset = control_address(f"{HOST}:1")[1] - 1
+    offset = Config.from_env().control_port_offset
     if PORT_FLOOR + 2 * offset > floor:  # the slices' control ports would reach the floor
         return PORT_FLOOR, floor
     width = offset // n
