@@ -208,7 +208,8 @@ def collect(env=None):
 
 def main(argv=None):
     """Prints the report; exit status 0 if at least one fabric is viable, the
-    configuration is valid and the op library loads, else 1."""
+    configuration is valid and the op library loads, else 1. With --peer, doctor_peer's
+    report instead: 0 when no check found a problem, else 1."""
     import argparse
 
     from . import doctor_peer
