@@ -266,20 +266,23 @@ def test_a_firewall_that_drops_the_control_port(hosts):
 
 @pytest.mark.netns
 def test_a_firewall_that_drops_the_fabric_port(hosts):
-    """The control port open, the tcp fabric's own port (the task picked it at start)
-    dropped: the doctor finds the pair's data path closed."""
-    _, out = doctor(hosts.peer, "--json", ns=hosts.doctor_ns)
-    tcp = doctor_peer._reach(json.loads(out)["peer_facts"]["address"], "tcp")
+    """The control port open, every other port dropped, the tcp fabric's own among them
+    (the task picked it at start): the doctor finds the pair's data path closed."""
+    control = control_port(int(hosts.peer.rsplit(":", 1)[1]))
     hosts.nft(hosts.task_ns, "add table inet doctor\n"
                              "add chain inet doctor input { type filter hook input priority 0; }\n"
-                             f"add rule inet doctor input tcp dport {tcp.rsplit(':')[1]} drop\n")
+                             f"add rule inet doctor input tcp dport != {control} drop\n")
     try:
-        status, report = doctor(hosts.peer, "--timeout", "1", ns=hosts.doctor_ns)
+        status, out = doctor(hosts.peer, "--timeout", "1", "--json", ns=hosts.doctor_ns)
     finally:
         hosts.nft(hosts.task_ns, "delete table inet doctor\n")
-    assert status == 1
-    assert line(report, "fabric").startswith("ok: the pair would use tcp"), report
-    assert line(report, "connects").startswith(f"PROBLEM: tcp to the peer's {tcp} failed: "), report
+    report = json.loads(out)
+    tcp = doctor_peer._reach(report["peer_facts"]["address"], "tcp")
+    checks = {c["name"]: c for c in report["checks"]}
+    assert status == 1 and not report["healthy"] and report["fabric"] == "tcp"
+    assert checks["connects"]["status"] == "problem", checks
+    assert checks["connects"]["detail"].startswith(f"tcp to the peer's {tcp} failed: "), checks
+    assert "a firewall must pass that range" in checks["connects"]["fix"]
 
 
 # --- the comparisons, as functions of both sides' facts ---

@@ -28,7 +28,6 @@ import dataclasses
 import errno
 import ipaddress
 import json
-import os
 import resource
 import socket
 import threading
@@ -48,7 +47,6 @@ DEFAULT_TIMEOUT_S = 10.0
 #: Bit of CAP_IPC_LOCK in /proc/self/status's CapEff (<linux/capability.h>): a process with it
 #: may lock any amount of memory, whatever RLIMIT_MEMLOCK says.
 CAP_IPC_LOCK = 14
-SYSFS_IB = "/sys/class/infiniband"
 #: What the fix of a control service nobody answers on says.
 SERVE_FIX = ("start the task with `rdmadev serve` (or a grpc+rdmadev server); its control "
              "service listens on the host of its cluster-spec address at its TF port + "
@@ -127,31 +125,22 @@ def _active_mtu(device, port):
 
 def _verbs_port(address):
     """The device, port and GID the verbs fabric of the domain at `address` uses: its reach
-    ends in its GID, found here in sysfs with the GID's type, link layer and netdev; None when
-    the domain has no verbs fabric."""
+    ends in its GID, found here among the ports `rdmadev doctor` lists from sysfs, with the
+    GID's type, link layer and netdev; None when the domain has no verbs fabric."""
     reach = _reach(address, "verbs")
     if reach is None:
         return None
+    from .doctor import _rdma_devices, _rdma_ports
     gid = ipaddress.IPv6Address(reach.rsplit("/", 1)[1])
-    try:
-        devices = sorted(os.listdir(SYSFS_IB))
-    except OSError:
-        devices = []
-    for dev in devices:
-        ports = os.path.join(SYSFS_IB, dev, "ports")
-        for port in sorted(os.listdir(ports)) if os.path.isdir(ports) else []:
-            base = os.path.join(ports, port)
-            for index in os.listdir(os.path.join(base, "gids")):
-                text = _read(os.path.join(base, "gids", index))
-                if not text or ipaddress.IPv6Address(text) != gid:
-                    continue
-                netdev = _read(os.path.join(base, "gid_attrs", "ndevs", index))
-                mtu = _read(f"/sys/class/net/{netdev}/mtu") if netdev else None
-                return {"device": dev, "port": int(port), "gid_index": int(index),
-                        "gid": str(gid), "link_layer": _read(os.path.join(base, "link_layer")),
-                        "gid_type": _read(os.path.join(base, "gid_attrs", "types", index)),
-                        "netdev": netdev, "netdev_mtu": int(mtu) if mtu else None,
-                        "active_mtu": _active_mtu(dev, int(port))}
+    for port in _rdma_ports(_rdma_devices()):
+        for g in port["gids"]:
+            if ipaddress.IPv6Address(g["gid"]) != gid:
+                continue
+            mtu = _read(f"/sys/class/net/{g['netdev']}/mtu") if g["netdev"] else None
+            return {"device": port["device"], "port": port["port"], "gid_index": g["index"],
+                    "gid": str(gid), "link_layer": port["link_layer"], "gid_type": g["type"],
+                    "netdev": g["netdev"], "netdev_mtu": int(mtu) if mtu else None,
+                    "active_mtu": _active_mtu(port["device"], port["port"])}
     return {"device": None, "gid": str(gid)}
 
 
@@ -270,7 +259,9 @@ def _why_not(fabric, mine, theirs):
     """Why the pair does not use `fabric` (one ranked above the one it uses)."""
     for who, side in (("here", mine), ("at the peer", theirs)):
         if _reach(side["address"], fabric) is None:
-            report = {f["fabric"]: f for f in side["fabrics"]}[fabric]
+            report = {f["fabric"]: f for f in side["fabrics"]}.get(fabric)
+            if report is None:
+                return f"{fabric} not in rdmadev {who}"
             return (f"{fabric} not viable {who}: {report['reason']}" if not report["viable"]
                     else f"{fabric} not opened {who} (RDMADEV_FABRIC={side['fabric_setting']})")
     if fabric == "shm":
@@ -302,9 +293,13 @@ def _connects(domain, config, theirs, chosen, timeout):
     try:
         domain.connect(theirs["address"], config.fabric, timeout=timeout).close()
     except RdmadevError as e:
-        return _problem("connects", f"{chosen} to the peer's {reach} failed: {e.args[0]}",
-                        e.hint or f"let {chosen}'s port through between the hosts (the task "
-                                  "listens on its cluster-spec host, on a port of its own)")
+        fix = e.hint if chosen == "shm" else (
+            "let the pair's fabric ports through between the hosts: a task's tcp fabric (and "
+            "verbs' connection side channel) listens on its cluster-spec host at a port it "
+            "picks at start, from the kernel's ip_local_port_range, so a firewall must pass "
+            "that range between the job's hosts, not only the TF and control ports"
+            + (f"; {e.hint}" if e.hint else ""))
+        return _problem("connects", f"{chosen} to the peer's {reach} failed: {e.args[0]}", fix)
     return _ok("connects", f"a {chosen} endpoint to the peer ({reach}) opened")
 
 
@@ -330,7 +325,26 @@ def _resolve(host, port, timeout):
         why = out.get("error", f"no answer within {timeout:g} s")
         return None, _problem("resolved", f"DNS: cannot resolve {host!r}: {why}", fix)
     addr = out["info"][0][4][:2]
-    return addr, _ok("resolved", f"{host} is {addr[0]}")
+    return addr, _ok("resolved", f"{host} is {addr[0]}" if addr[0] != host else
+                     f"{host} (an address)")
+
+
+def _unreachable(where, error, timeout):
+    """Check "reachable" for a connect that failed with `error` (an OSError)."""
+    if isinstance(error, TimeoutError) or error.errno == errno.ETIMEDOUT:
+        return _problem("reachable", f"{where}: timed out after {timeout:g} s: nothing answered "
+                                     "(a firewall drops the packets, or the host is down)",
+                        "let the control port through the firewall between the hosts (TF port "
+                        "+ RDMADEV_CONTROL_PORT_OFFSET), and check the host is up")
+    known = {errno.ECONNREFUSED: ("connection refused: no process listens there", SERVE_FIX),
+             errno.ENETUNREACH: ("no route: the network is unreachable from here",
+                                 "route this host to the peer's network (ip route), or use the "
+                                 "peer's address on a network both are on"),
+             errno.EHOSTUNREACH: ("no route: the host is unreachable from here",
+                                  "check that the peer's host and link are up; use an address "
+                                  "of it on a network both are on")}
+    kind, fix = known.get(error.errno, (error.strerror or str(error), SERVE_FIX))
+    return _problem("reachable", f"{where}: {kind}", fix)
 
 
 def _connect(addr, config, timeout):
@@ -338,29 +352,23 @@ def _connect(addr, config, timeout):
     where = f"{addr[0]}:{addr[1]}"
     try:
         client = ControlClient(addr, config.secret, timeout=timeout, name="doctor")
-    except PeerLostError as e:  # the connect itself failed
-        kind = {errno.ECONNREFUSED: "connection refused: no process listens there",
-                errno.ENETUNREACH: "no route: the network is unreachable from here",
-                errno.EHOSTUNREACH: "no route: the host is unreachable from here"}.get(e.errno)
-        if kind is None and e.errno in (0, errno.ETIMEDOUT):
-            kind = (f"timed out after {timeout:g} s: nothing answered (a firewall drops the "
-                    "packets, or the host is down)")
-        fix = {errno.ECONNREFUSED: SERVE_FIX,
-               errno.ENETUNREACH: "route this host to the peer's network (ip route), or use "
-                                  "the peer's address on a network both are on",
-               errno.EHOSTUNREACH: "check that the peer's host is up and its link is up; use "
-                                   "an address of it on a network both are on"}.get(
-            e.errno, "let the control port through the firewall between the hosts (TF port + "
-                     "RDMADEV_CONTROL_PORT_OFFSET), and check the host is up")
-        detail = f"{where}: {kind or e.args[0]}"
-        return None, [_problem("reachable", detail, fix), _skipped("secret", "not reachable")]
+    except PeerLostError as e:
+        if isinstance(e.__context__, OSError):  # the connect failed (ControlClient wraps it)
+            return None, [_unreachable(where, e.__context__, timeout),
+                          _skipped("secret", "not reachable")]
+        return None, [_ok("reachable", f"{where} accepts connections"),
+                      _problem("secret", f"what listens at {where} closed the connection "
+                                         f"during rdmadev's handshake: {e.args[0]}",
+                               "pass the task's TF port (the doctor adds "
+                               "RDMADEV_CONTROL_PORT_OFFSET), and use the same "
+                               "RDMADEV_CONTROL_PORT_OFFSET here as in the tasks")]
     except AuthError:
         return None, [_ok("reachable", f"{where} answers"),
                       _problem("secret", f"the control service at {where} rejected this "
                                          "RDMADEV_SECRET: the task's secret differs",
                                "set the same RDMADEV_SECRET (or RDMADEV_SECRET_FILE) here as in "
                                "the task, the coordinator and every other task")]
-    except (ProtocolError, DeadlineExceeded, PeerLostError, OSError) as e:
+    except (ProtocolError, DeadlineExceeded, OSError) as e:
         return None, [_ok("reachable", f"{where} accepts connections"),
                       _problem("secret", f"what listens at {where} is not an rdmadev control "
                                          f"service (its handshake failed: {e.args[0]})",
