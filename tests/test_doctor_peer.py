@@ -139,6 +139,13 @@ def test_something_else_at_the_control_port_is_not_a_control_service():
     assert "pass the task's TF port" in report
 
 
+def test_no_secret_here():
+    status, report = doctor("127.0.0.1:2222", RDMADEV_SECRET="")
+    assert status == 1
+    assert line(report, "secret") == ("PROBLEM: RDMADEV_SECRET is not set here, so no task can "
+                                      "authenticate this host")
+
+
 def test_an_address_that_is_not_host_port():
     status, report = doctor("ps0-without-a-port")
     assert status == 1

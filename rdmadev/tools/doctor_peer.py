@@ -144,6 +144,17 @@ def _verbs_port(address):
     return {"device": None, "gid": str(gid)}
 
 
+def _versions():
+    """{"rdmadev": this rdmadev's version, "tensorflow": the TF its libraries were built
+    against (setup.py's record; None when not built)}."""
+    from .. import __version__
+    try:
+        from .._build_info import TF_VERSION
+    except ImportError:
+        TF_VERSION = None
+    return {"rdmadev": __version__, "tensorflow": TF_VERSION}
+
+
 def facts(config, domain, task=None):
     """What `rdmadev doctor --peer` judges one end of a pair by, JSON-able: a task serves it
     as its "facts" control request; the doctor gathers its own side the same way.
@@ -161,14 +172,9 @@ def facts(config, domain, task=None):
         >>> facts(Config(), domain)["address"]
         'shm=2daf...:25796;tcp=127.0.0.1:37085'
     """
-    from .. import __version__
-    try:
-        from .._build_info import TF_VERSION as built_against
-    except ImportError:
-        built_against = None
     address = domain.address if domain is not None else ""
-    return {"task": task, "rdmadev": __version__, "tensorflow": built_against,
-            "hostname": socket.gethostname(), "fabric_setting": config.fabric,
+    return {"task": task, **_versions(), "hostname": socket.gethostname(),
+            "fabric_setting": config.fabric,
             "fabrics": [{"fabric": n, "viable": ok, "reason": why}
                         for n, ok, why in fabric_report(config)],
             "address": address, "memlock": _memlock(),
@@ -393,7 +399,6 @@ def diagnose(peer, config, timeout=DEFAULT_TIMEOUT_S):
     Raises:
         ConfigError: `peer` is not host:port.
     """
-    host, port = split_address(peer)
     control = control_address(peer, config.control_port_offset)
     report = {"peer": peer, "control": f"{control[0]}:{control[1]}", "checks": [],
               "here": None, "peer_facts": None, "fabric": None}
@@ -425,7 +430,7 @@ def diagnose(peer, config, timeout=DEFAULT_TIMEOUT_S):
     if theirs is None:
         return _finish(report)
     report["peer_facts"] = theirs
-    checks.append(check_version(_mine_versions(), theirs))
+    checks.append(check_version(_versions(), theirs))
     try:
         domain = open_domain("doctor", config)
     except RdmadevError as e:
@@ -446,15 +451,6 @@ def diagnose(peer, config, timeout=DEFAULT_TIMEOUT_S):
             checks += check_verbs(mine["verbs"], theirs["verbs"])
             checks += [check_memlock(mine, "this host"), check_memlock(theirs, "the peer")]
     return _finish(report)
-
-
-def _mine_versions():
-    from .. import __version__
-    try:
-        from .._build_info import TF_VERSION
-    except ImportError:
-        TF_VERSION = None
-    return {"rdmadev": __version__, "tensorflow": TF_VERSION}
 
 
 def _finish(report):
