@@ -40,13 +40,15 @@ libraries once, the coordinator and a margin) is checked against MemAvailable: a
 not fit is skipped and says so. Every configuration records the commit of the rdmadev it ran
 (an editable install runs its source tree, which may move during a run). Output: one line per
 configuration on stderr, a table on stdout, the JSON and a chart.
+
+This file runs configurations and the matrix; scale_tasks.py starts a task and reads it from
+/proc, scale_report.py turns the results into figures, the table and the chart.
 """
 import argparse
 import collections
 import faulthandler
 import json
 import os
-import re
 import secrets
 import signal
 import statistics
@@ -55,10 +57,12 @@ import sys
 import tempfile
 import time
 
+from scale_report import PROTOCOLS, checks, chart, growth_by_name, print_report, ratios, slopes, summarize
+from scale_tasks import PeakThreads, probe, serve_task, task_launcher
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
-PROTOCOLS = ("grpc", "grpc+rdmadev")
 #: Float32 elements of the variable each step reads and updates: 1 KiB, small, so that the
 #: step's compute is nothing and what is measured is what the cluster costs.
 VAR_ELEMENTS = 256
@@ -73,10 +77,6 @@ CONFIG_TIMEOUT_S = 600.0
 #: / PINGS_PER_LIVENESS = 2.5 s by default, rdmadev/cluster/liveness.py); and at most how long
 #: to wait more on rdmadev for every task's heartbeats to be connected.
 SETTLE_S = 6.0
-#: Seconds between two samples of every task's thread count during the first round: a
-#: transient thread lives at least a request's duration, and one sweep of 32 tasks' /proc
-#: takes ~1 ms.
-PEAK_SAMPLE_S = 0.02
 SETTLE_MAX_S = 30.0
 #: Bytes the coordinator process takes (TF, PSS, one thread per worker); the heap (anonymous
 #: memory) assumed per task before one was measured; the pages all tasks share once (TF's
@@ -125,80 +125,6 @@ def parse_args(argv=None):
 
 # ------------------------------------------------------------------------- a task, from /proc
 
-def serve_task(protocol, job, index, spec_json):
-    """A task as a user's launcher starts it: tf.distribute.Server with the protocol."""
-    import tensorflow as tf
-    server = tf.distribute.Server(tf.train.ClusterSpec(json.loads(spec_json)), job_name=job,
-                                  task_index=int(index), protocol=protocol, start=True)
-    print("READY", server.target, flush=True)
-    server.join()
-
-
-def probe(pid):
-    """What process `pid` holds now, read from /proc the same way for every protocol.
-
-    Returns:
-        {"threads", "thread_names" (comm, digits dropped: count), "fds", "sockets",
-         "memfds" (its open rdmadev region memfds: one per region it allocated),
-         "held_bytes" (their sizes, page-rounded), "maps", "memfd_maps" (mappings of rdmadev
-         memfds, its own and peers'), "rss_bytes", "pss_bytes" (its share of pages shared
-         with other processes: TF's libraries), "anon_bytes" (its own heap)}.
-    """
-    base = f"/proc/{pid}"
-    names = collections.Counter()
-    for tid in os.listdir(f"{base}/task"):
-        try:
-            with open(f"{base}/task/{tid}/comm") as f:
-                names[re.sub(r"\d+", "#", f.read().strip())] += 1
-        except OSError:  # the thread ended meanwhile
-            pass
-    fds = sockets = memfds = held = 0
-    kinds = collections.Counter()
-    for fd in os.listdir(f"{base}/fd"):
-        path = f"{base}/fd/{fd}"
-        try:
-            link = os.readlink(path)
-            fds += 1
-            kinds[fd_kind(link)] += 1
-            if link.startswith("socket:"):
-                sockets += 1
-            elif link.startswith("/memfd:rdmadev:"):
-                memfds += 1
-                held += os.stat(path).st_size
-        except OSError:  # closed meanwhile
-            pass
-    with open(f"{base}/maps") as f:
-        maps = f.read().splitlines()
-    with open(f"{base}/smaps_rollup") as f:
-        kb = {l.split(":")[0]: int(l.split()[1]) * 1024 for l in f if l.endswith("kB\n")}
-    return {"threads": sum(names.values()), "thread_names": dict(sorted(names.items())),
-            "fds": fds, "fd_kinds": dict(sorted(kinds.items())), "sockets": sockets,
-            "memfds": memfds, "held_bytes": held,
-            "maps": len(maps), "memfd_maps": sum("/memfd:rdmadev:" in l for l in maps),
-            "rss_bytes": kb["Rss"], "pss_bytes": kb["Pss"], "anon_bytes": kb["Anonymous"]}
-
-
-def fd_kind(link):
-    """What a descriptor is, from its /proc link: "socket", "pipe", "memfd:rdmadev:credit"
-    (a sending pair's credit region, rdmadev/cluster/channels.py attach_senders),
-    "memfd:rdmadev:ring" (a receiving pair's region, open_pair), another "memfd",
-    "anon_inode:[pidfd]" (and the like), or "file"."""
-    link = link.removesuffix(" (deleted)")
-    if link.startswith(("socket:", "pipe:")):
-        return link.split(":")[0]
-    if link.startswith("/memfd:rdmadev:"):
-        return "memfd:rdmadev:" + ("credit" if "/credit<-" in link else "ring")
-    if link.startswith("/memfd:"):
-        return "memfd"
-    return link if link.startswith("anon_inode:") else "file"
-
-
-def task_launcher(protocol):
-    def launch(job, index, spec_json):
-        return [sys.executable, os.path.abspath(__file__), "--task", protocol, job, str(index),
-                spec_json]
-    return launch
-
 
 # ------------------------------------------------------------------------- one configuration
 
@@ -218,37 +144,6 @@ def make_step(tf, strategy, w):
             return loss
         return strategy.run(replica)
     return step
-
-
-class PeakThreads:
-    """The most threads each process had while the block ran, sampled every PEAK_SAMPLE_S on
-    a thread of its own (transient threads: rdmadev's event loop runs blocking setup work
-    on threads it ends after 5 s idle). ``peaks``: {task: threads}."""
-
-    def __init__(self, pids):
-        import threading
-        self.pids, self.peaks = pids, {t: 0 for t in pids}
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True, name="scale-peak-threads")
-
-    def _run(self):
-        while True:
-            for task, pid in self.pids.items():
-                try:
-                    self.peaks[task] = max(self.peaks[task], len(os.listdir(f"/proc/{pid}/task")))
-                except OSError:
-                    pass
-            if self.stop.wait(PEAK_SAMPLE_S):
-                return
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join()
-        return False
 
 
 def run_round(coordinator, step, steps, timings=None):
@@ -414,177 +309,6 @@ def run_config(args, tasks, protocol):
             return json.load(f)
 
 
-def _mean(xs):
-    return sum(xs) / len(xs) if xs else float("nan")
-
-
-def summarize(r):
-    """The figures of one configuration: ps and mean worker after the rounds."""
-    after = r["after"]
-    ps, ws = after["ps:0"], [v for k, v in after.items() if k.startswith("worker:")]
-    rounds = r["rounds_s"]
-    fresh = r.get("fresh_first_s") or [float("nan")]
-    s = {"tasks": r["tasks"], "protocol": r["protocol"], "first_s": r["first_s"],
-         "new_first_s": statistics.median(fresh),
-         "step_s": statistics.median(rounds),
-         "spread_pct": 100 * (max(rounds) - min(rounds)) / statistics.median(rounds),
-         "rounds": len(rounds), "start_s": r["start_s"]}
-    for key in ("threads", "fds", "sockets", "memfd_maps", "memfds", "held_bytes", "rss_bytes",
-                "pss_bytes", "anon_bytes"):
-        s[f"ps_{key}"] = ps[key]
-        s[f"worker_{key}"] = _mean([w[key] for w in ws])
-    peaks = r.get("first_peak_threads", {})
-    s["ps_peak_threads"] = peaks.get("ps:0", 0)
-    s["worker_peak_threads"] = _mean([v for k, v in peaks.items() if k.startswith("worker:")])
-    rd = r.get("rdmadev", {})
-    psr = rd.get("/job:ps/replica:0/task:0", {})
-    wr = [v for k, v in rd.items() if "/job:worker/" in k]
-    s["ps_registered_bytes"] = psr.get("registered_bytes", 0)
-    s["worker_registered_bytes"] = _mean([v.get("registered_bytes", 0) for v in wr]) if wr else 0
-    s["ps_regions"] = psr.get("regions", 0)
-    s["ps_py_threads"] = psr.get("py_threads", 0)
-    s["ps_control_connections"] = psr.get("control_connections", {})
-    s["worker_regions"] = _mean([v.get("regions", 0) for v in wr]) if wr else 0
-    return s
-
-
-def slope(points):
-    """Least-squares slope of [(x, y)]; None with fewer than 2 distinct x."""
-    xs, ys = [x for x, _ in points], [y for _, y in points]
-    if len(set(xs)) < 2:
-        return None
-    return statistics.linear_regression(xs, ys).slope
-
-
-def checks(results):
-    """Per size: bitwise equal between protocols, every update exact, and on rdmadev every
-    worker's cross-task tensors swapped (none kept but those to the coordinator)."""
-    out = {}
-    by = {(r["tasks"], r["protocol"]): r for r in results if "error" not in r}
-    for n in sorted({t for t, _ in by}):
-        g, d = by.get((n, "grpc")), by.get((n, "grpc+rdmadev"))
-        if not (g and d):
-            continue
-        reps = {t: v.get("report", {}) for t, v in d["rdmadev"].items() if "/job:worker/" in t}
-        out[n] = {
-            "bitwise_equal": g["check"]["bits"] == d["check"]["bits"]
-                             and g["check"]["final_bits"] == d["check"]["final_bits"],
-            "exact_sums": g["exact_sum"] and d["exact_sum"],
-            "workers_swapped": sum(1 for v in reps.values() if v.get("swapped")),
-            "workers": n - 1,
-            "kept_cross_task": sum(c for v in reps.values()
-                                   for why, c in v.get("kept_reasons", {}).items()
-                                   if why != "client_task"),
-            "swapped": sum(v.get("swapped", 0) for v in reps.values()),
-            "fabrics": sorted({f for v in reps.values() for f in v.get("fabrics", [])}),
-            "retraced": g["retraced"] + d["retraced"]}
-    return out
-
-
-def growth_by_name(results, protocol, role="ps"):
-    """Thread names whose count on the ps (or first worker) changes from the smallest to the
-    largest size measured: {name: (at smallest, at largest)}; on rdmadev also the names of
-    the task's Python threads (its counters' thread_names), as "python: <name>"."""
-    runs = sorted((r for r in results if r["protocol"] == protocol and "error" not in r),
-                  key=lambda r: r["tasks"])
-    if len(runs) < 2:
-        return {}
-    key = "ps:0" if role == "ps" else "worker:0"
-    a, b = runs[0]["after"][key]["thread_names"], runs[-1]["after"][key]["thread_names"]
-    out = {k: (a.get(k, 0), b.get(k, 0)) for k in sorted(set(a) | set(b)) if a.get(k, 0) != b.get(k, 0)}
-    if protocol != "grpc":  # /proc names Python's threads "python": rdmadev names its own
-        task = "/job:ps/replica:0/task:0" if role == "ps" else "/job:worker/replica:0/task:0"
-        a, b = (r["rdmadev"][task].get("thread_names", {}) for r in (runs[0], runs[-1]))
-        out.update({f"python: {k}": (a.get(k, 0), b.get(k, 0)) for k in sorted(set(a) | set(b))
-                    if a.get(k, 0) != b.get(k, 0)})
-    return out
-
-
-def table(summaries):
-    """Markdown table: one row per size and protocol."""
-    head = ("| tasks | protocol | first round s | new step's first round s | "
-            "steady round s (spread) | ps threads (peak in first round) | "
-            "worker threads | ps fds | worker fds | ps memfd maps | worker memfd maps | "
-            "ps regions | ps registered / held | worker registered / held | ps / worker heap MB |")
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
-    for s in summaries:
-        lines.append(
-            f"| {s['tasks']} | {s['protocol']} | {s['first_s']:.2f} | {s['new_first_s']:.2f} | "
-            f"{s['step_s']:.3f} "
-            f"({s['spread_pct']:.0f}%) | {s['ps_threads']} ({s['ps_peak_threads']}) | "
-            f"{s['worker_threads']:.1f} | "
-            f"{s['ps_fds']} | {s['worker_fds']:.1f} | {s['ps_memfd_maps']} | "
-            f"{s['worker_memfd_maps']:.1f} | {s['ps_regions']} | "
-            f"{s['ps_registered_bytes'] / 1024:.1f} / {s['ps_held_bytes'] / 1024:.0f} KiB | "
-            f"{s['worker_registered_bytes'] / 1024:.1f} / {s['worker_held_bytes'] / 1024:.0f} KiB | "
-            f"{s['ps_anon_bytes'] / 1e6:.0f} / {s['worker_anon_bytes'] / 1e6:.0f} |")
-    return "\n".join(lines)
-
-
-#: (metric, role) pairs whose slope per added worker is reported.
-SLOPES = [(m, role) for role in ("ps", "worker")
-          for m in ("threads", "fds", "sockets", "memfd_maps", "memfds", "registered_bytes",
-                    "held_bytes", "anon_bytes", "peak_threads")] + [("first_s", None), ("new_first_s", None),
-                                                     ("step_s", None)]
-
-
-def slopes(summaries):
-    """{protocol: {metric: slope per added worker}} and rdmadev's beyond gRPC's."""
-    out = {}
-    for proto in PROTOCOLS:
-        rows = [s for s in summaries if s["protocol"] == proto]
-        out[proto] = {(f"{role}_{m}" if role else m):
-                      slope([(s["tasks"] - 1, s[f"{role}_{m}" if role else m]) for s in rows])
-                      for m, role in SLOPES}
-    out["beyond_grpc"] = {k: (v - out["grpc"][k] if v is not None and out["grpc"][k] is not None
-                              else None) for k, v in out["grpc+rdmadev"].items()}
-    return out
-
-
-def chart(summaries, path):
-    """Threads and fds per task vs tasks (ps and mean worker, both protocols); first step."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    style = {"grpc": ("tab:gray", "gRPC"), "grpc+rdmadev": ("tab:blue", "grpc+rdmadev")}
-    for ax, metric, label in ((axes[0], "threads", "threads per task"),
-                              (axes[1], "fds", "file descriptors per task")):
-        for proto, (color, name) in style.items():
-            rows = sorted((s for s in summaries if s["protocol"] == proto), key=lambda s: s["tasks"])
-            xs = [s["tasks"] for s in rows]
-            ax.plot(xs, [s[f"ps_{metric}"] for s in rows], "o-", color=color, label=f"{name}: ps")
-            ax.plot(xs, [s[f"worker_{metric}"] for s in rows], "s--", color=color,
-                    label=f"{name}: worker (mean)")
-            if metric == "threads" and proto != "grpc":
-                ax.plot(xs, [s["ps_peak_threads"] for s in rows], "^:", color=color,
-                        label=f"{name}: ps, most during the first round")
-        ax.set_title(label)
-        ax.set_ylim(bottom=0)
-    for proto, (color, name) in style.items():
-        rows = sorted((s for s in summaries if s["protocol"] == proto), key=lambda s: s["tasks"])
-        axes[2].plot([s["tasks"] for s in rows], [s["first_s"] for s in rows], "o-", color=color,
-                     label=f"{name}: first round")
-        axes[2].plot([s["tasks"] for s in rows], [s["new_first_s"] for s in rows], "^:", color=color,
-                     label=f"{name}: a new step's first round")
-        axes[2].plot([s["tasks"] for s in rows], [s["step_s"] for s in rows], "s--", color=color,
-                     label=f"{name}: steady round (median)")
-    axes[2].set_title("seconds per round (one step per worker)")
-    axes[2].set_yscale("log")
-    for ax in axes:
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("tasks (1 ps + N-1 workers)")
-        ax.set_xticks(sorted({s["tasks"] for s in summaries}))
-        ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle("rdmadev scale: what a task holds, 1 ps + N-1 workers on 127.0.0.1 "
-                 "(benchmarks/scale.py)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def fits(tasks, task_bytes):
     """(whether `tasks` tasks fit in MemAvailable with the margin, the sentence saying so)."""
     need = tasks * task_bytes + SHARED_BYTES + COORDINATOR_BYTES + MEMORY_MARGIN_BYTES
@@ -639,15 +363,6 @@ def run_matrix(args):
     return 0 if not report["errors"] else 1
 
 
-def ratios(summaries):
-    """{tasks: {"first": rdmadev / gRPC, "step": ...}} where both ran."""
-    by = {(s["tasks"], s["protocol"]): s for s in summaries}
-    return {n: {"first": by[(n, "grpc+rdmadev")]["first_s"] / by[(n, "grpc")]["first_s"],
-                "new_first": by[(n, "grpc+rdmadev")]["new_first_s"] / by[(n, "grpc")]["new_first_s"],
-                "step": by[(n, "grpc+rdmadev")]["step_s"] / by[(n, "grpc")]["step_s"]}
-            for n, p in by if p == "grpc" and (n, "grpc+rdmadev") in by}
-
-
 def code_version():
     """The commit of the rdmadev that the tasks import (its source tree: an editable install
     runs that tree's files, whatever this script's checkout), and whether its code differs
@@ -665,39 +380,6 @@ def code_version():
     except (OSError, subprocess.SubprocessError):
         return ""
     return head + ("+dirty" if dirty else "")
-
-
-def print_report(report):
-    print(table(report["summaries"]))
-    print()
-    for n, c in report["checks"].items():
-        rt = report["ratios"].get(n, {})
-        print(f"{n} tasks: rdmadev/gRPC first round {rt.get('first', float('nan')):.2f}x, a new "
-              f"step's first round {rt.get('new_first', float('nan')):.2f}x, steady "
-              f"{rt.get('step', float('nan')):.2f}x; bitwise equal {c['bitwise_equal']}, exact "
-              f"updates {c['exact_sums']}, {c['workers_swapped']}/{c['workers']} workers swapped "
-              f"{c['swapped']} transfers ({','.join(c['fabrics'])}), {c['kept_cross_task']} "
-              f"cross-task kept on gRPC, retraced {c['retraced']}")
-    ran = sorted({r.get("commit", "") for r in report["runs"]})
-    if len(ran) > 1 or report["commit"] != report["commit_at_end"]:
-        print(f"the rdmadev measured changed during the run: {report['commit']} at its start, "
-              f"{report['commit_at_end']} at its end; configurations ran {', '.join(ran)}")
-    sl = report["slopes"]
-    for k in ("ps_threads", "ps_peak_threads", "ps_fds", "ps_memfd_maps", "ps_registered_bytes", "worker_threads",
-              "worker_fds", "first_s", "new_first_s"):
-        vals = [sl[p][k] for p in (*PROTOCOLS, "beyond_grpc")]
-        if None not in vals:
-            print(f"per added worker, {k}: gRPC {vals[0]:+.2f}, grpc+rdmadev {vals[1]:+.2f}, "
-                  f"beyond gRPC {vals[2]:+.2f}")
-    for proto, roles in report["thread_growth"].items():
-        for role, names in roles.items():
-            if names:
-                print(f"{proto} {role} threads by name (smallest -> largest size): "
-                      + ", ".join(f"{k} {a}->{b}" for k, (a, b) in names.items()))
-    for n, why in report["skipped"].items():
-        print(f"skipped {n} tasks: {why}")
-    for e in report["errors"]:
-        print(f"FAILED {e['tasks']} tasks {e['protocol']}: {e['error']}")
 
 
 def main(argv=None):
