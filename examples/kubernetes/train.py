@@ -49,7 +49,8 @@ def main(argv=None):
     iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
     losses = [coordinator.schedule(step, args=(iterator,)) for _ in range(args.steps)]
     coordinator.join()
-    print(f"trained {args.steps} steps on {strategy.extended._num_workers} workers over "
+    workers = resolver.cluster_spec().num_tasks("worker")
+    print(f"trained {args.steps} steps on {workers} workers over "
           f"{args.rpc_layer}: last loss {float(losses[-1].fetch()):.4f}", flush=True)
     if args.rpc_layer != "grpc":
         import rdmadev  # only to read what moved where
