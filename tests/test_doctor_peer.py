@@ -81,6 +81,10 @@ def test_a_task_on_this_host_is_healthy_and_the_pair_uses_shm(served):
         assert line(report, check).startswith("ok: "), report
     assert line(report, "fabric").startswith("ok: the pair would use shm "), report
     assert line(report, "connects").startswith("ok: a shm endpoint to the peer"), report
+    # `rdmadev serve` without RDMADEV_AUTO: a plain-TF coordinator's steps would stay on gRPC
+    assert line(report, "rewrites").startswith(
+        "warning: only the functions rdmadev.optimize marks"), report
+    assert "RDMADEV_AUTO=1" in report
     assert report.rstrip().endswith("the pair is healthy")
 
 
@@ -208,6 +212,7 @@ def test_across_hosts_the_pair_uses_tcp_never_shm(hosts):
     assert "shm not between these two: it needs one kernel and pid namespace" in fabric
     assert line(report, "connects").startswith(
         f"ok: a tcp endpoint to the peer ({hosts.net.addresses[1]}:"), report
+    assert line(report, "rewrites").startswith("skipped: the peer has no partition pass"), report
 
 
 @pytest.mark.netns
@@ -311,6 +316,17 @@ def altered(facts, **verbs):
     out = json.loads(json.dumps(facts))
     out["verbs"].update(verbs)
     return out
+
+
+def test_what_the_peers_pass_rewrites_is_said(here):
+    """Each of the pass's modes as a task would report it (the served task above shows the
+    default one, and the control-plane task the absent pass, for real)."""
+    said = {mode: doctor_peer.check_rewrites({**here, "pass_mode": mode})
+            for mode in ("all", "marked", "off", None)}
+    assert said["all"].status == "ok"
+    assert said["marked"].status == "warning" and "RDMADEV_AUTO=1" in said["marked"].fix
+    assert said["off"].status == "warning" and "RDMADEV_ENABLED" in said["off"].fix
+    assert said[None].status == "skipped"
 
 
 def test_versions_are_compared(here):

@@ -8,12 +8,13 @@ from ..config import Config
 from ..errors import ConfigError
 from . import ops
 
-__all__ = ["MODE_OFF", "MODE_ALL", "MODE_MARKED", "opt_in_marker", "load_into_process"]
+__all__ = ["MODE_OFF", "MODE_ALL", "MODE_MARKED", "opt_in_marker", "load_into_process", "current"]
 
 #: The pass's modes, by the names the op library knows them by (opt_in.h; its numbers are its
 #: own): off; every function (RDMADEV_AUTO); marked functions only.
 MODE_OFF, MODE_ALL, MODE_MARKED = "off", "all", "marked"
 _native = None
+_mode = None  # the mode last set in this process (None: the pass is not loaded here)
 
 
 def _lib():
@@ -33,10 +34,17 @@ def _set_mode(mode):
     Raises:
         ConfigError: the op library knows no mode of that name (built from other sources).
     """
+    global _mode
     if _lib().rdmadev_set_pass_mode(mode.encode()) != 0:
         raise ConfigError(f"rdmadev's op library has no pass mode {mode!r}",
                           hint="reinstall rdmadev (pip install -e .): the library and the Python "
                                "package come from different sources")
+    _mode = mode
+
+
+def current():
+    """The pass's mode in this process (a MODE_* name), or None when no pass is loaded here."""
+    return _mode
 
 
 def opt_in_marker():

@@ -38,8 +38,9 @@ from ..config import Config
 from ..device import fabric_report, open_domain
 from ..errors import (AuthError, ConfigError, DeadlineExceeded, PeerLostError, ProtocolError,
                       RdmadevError)
+from ..tf import pass_mode
 
-__all__ = ["Check", "facts", "check_version", "check_verbs", "check_memlock", "diagnose",
+__all__ = ["Check", "facts", "check_version", "check_rewrites", "check_verbs", "check_memlock", "diagnose",
            "main"]
 
 #: Seconds the doctor waits by default for each step (name lookup, connect, each answer).
@@ -71,6 +72,10 @@ def _ok(name, detail):
 
 def _problem(name, detail, fix):
     return Check(name, "problem", detail, fix)
+
+
+def _warning(name, detail, fix):
+    return Check(name, "warning", detail, fix)
 
 
 def _skipped(name, detail):
@@ -179,10 +184,30 @@ def facts(config, domain, task=None):
                         for n, ok, why in fabric_report(config)],
             "address": address, "memlock": _memlock(),
             "max_registered_bytes": config.max_registered_bytes,
-            "verbs": _verbs_port(address)}
+            "verbs": _verbs_port(address), "pass_mode": pass_mode.current()}
 
 
 # --- judging: plain functions of the two sides' facts ---
+
+def check_rewrites(theirs):
+    """Which functions the peer's partition pass rewrites (rdmadev/tf/pass_mode.py): a task
+    that rewrites only rdmadev.optimize's leaves a plain-TF coordinator's steps on gRPC."""
+    mode = theirs.get("pass_mode")
+    if mode == pass_mode.MODE_ALL:
+        return _ok("rewrites", "every function the task partitions (RDMADEV_AUTO=1, or the "
+                               "grpc+rdmadev protocol)")
+    if mode == pass_mode.MODE_MARKED:
+        return _warning("rewrites", "only the functions rdmadev.optimize marks (`rdmadev serve`'s "
+                                    "default): the steps of a coordinator that does not wrap "
+                                    "them stay on gRPC",
+                        "start the task with RDMADEV_AUTO=1 for unchanged scripts, or wrap the "
+                        "steps in rdmadev.optimize")
+    if mode == pass_mode.MODE_OFF:
+        return _warning("rewrites", "nothing: RDMADEV_ENABLED=0 in the task",
+                        "unset RDMADEV_ENABLED in the task for rdmadev to carry its tensors")
+    return _skipped("rewrites", "the peer has no partition pass loaded (it runs no TensorFlow "
+                                "server, or predates this check)")
+
 
 def check_version(mine, theirs):
     """Same rdmadev and same TensorFlow build on both ends."""
@@ -250,10 +275,10 @@ def check_verbs(mine, theirs):
     elif a == b:
         out.append(_ok("mtu", f"{what} {a} on both"))
     else:
-        out.append(Check("mtu", "warning", f"{what} {a} here, {b} at the peer: the pair's QPs "
-                                           f"use the smaller",
-                         "set the same MTU on both netdevs (ip link set DEV mtu N) for "
-                         "full-size packets"))
+        out.append(_warning("mtu", f"{what} {a} here, {b} at the peer: the pair's QPs use "
+                                   "the smaller",
+                            "set the same MTU on both netdevs (ip link set DEV mtu N) for "
+                            "full-size packets"))
     return out
 
 
@@ -431,6 +456,7 @@ def diagnose(peer, config, timeout=DEFAULT_TIMEOUT_S):
         return _finish(report)
     report["peer_facts"] = theirs
     checks.append(check_version(_versions(), theirs))
+    checks.append(check_rewrites(theirs))
     try:
         domain = open_domain("doctor", config)
     except RdmadevError as e:
