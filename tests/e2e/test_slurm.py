@@ -1,0 +1,150 @@
+"""examples/slurm/ as a user submits it, to a private single-node Slurm (tests/slurm_cluster.py):
+sbatch starts the coordinator, the ps and two workers as the 4 tasks of one step, TF's
+SlurmClusterResolver builds the cluster in each (`rdmadev serve --slurm` in the ps and
+workers), and the job trains over grpc+rdmadev bitwise as the same job over TF's gRPC, its
+tensors on rdmadev's shm fabric. When the job ends, by itself or cancelled, no process of it
+is left and its tasks' TF and rdmadev control ports are free.
+
+Needs root and Slurm (skipped, saying so, without them; failed instead under
+RDMADEV_REQUIRE_SLURM=1)."""
+import os
+import re
+import socket
+import sys
+import time
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import slurm_cluster  # noqa: E402
+from rdmadev.cluster.control import control_address  # noqa: E402
+
+pytestmark = [pytest.mark.tf, pytest.mark.slow]
+
+EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                       "examples", "slurm")
+TASKS = 4
+STEPS = 8
+ENV = {"RDMADEV_SECRET": "rdmadev-slurm-test-secret", "RDMADEV_DEADLINE_S": "120"}
+#: Seconds one job may take: 4 TF processes starting at once on 2 cores (~30 s loaded), then
+#: tracing and STEPS steps; generous for a loaded machine.
+JOB_TIMEOUT_S = 600
+#: Seconds the tasks of an ended job get to be gone (Slurm's KillWait, with room).
+RELEASE_TIMEOUT_S = 30
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    slurm_cluster.require()
+    with slurm_cluster.SlurmCluster() as s:
+        yield s
+
+
+def _submit(slurm, rpc_layer, steps, save=""):
+    """Submits examples/slurm/train.sbatch; (job id, its first TF port, its output file)."""
+    port_base = slurm_cluster.consecutive_free_ports(TASKS)
+    out = os.path.join(slurm.dir, f"job-{rpc_layer}-{port_base}.out")
+    env = {**ENV, "RPC_LAYER": rpc_layer, "PORT_BASE": str(port_base), "STEPS": str(steps),
+           "SAVE": save}
+    job = slurm.submit(["--output", out, "train.sbatch"], cwd=EXAMPLE, env=env)
+    return job, port_base, out
+
+
+def _read(path):
+    """The job's output so far ("" before Slurm creates the file)."""
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except FileNotFoundError:
+        return ""
+
+
+def _job_processes(slurm, job):
+    """Pids of live processes whose environment names `job` of this Slurm (its batch script
+    and every task; zombies have none)."""
+    marks = {f"SLURM_JOB_ID={job}".encode(), f"SLURM_CONF={slurm.env['SLURM_CONF']}".encode()}
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if marks <= set(f.read().split(b"\0")):
+                    pids.append(int(pid))
+        except OSError:
+            continue
+    return pids
+
+
+def _bound_ports(port_base):
+    """Of the job's TF ports and their rdmadev control ports, those something still holds
+    (connections the tasks closed may linger in TIME_WAIT: they hold nothing a new task needs)."""
+    held = []
+    for port in range(port_base, port_base + TASKS):
+        for p in (port, control_address(f"127.0.0.1:{port}")[1]):
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind(("127.0.0.1", p))
+                except OSError:
+                    held.append(p)
+    return held
+
+
+def _assert_released(slurm, job, port_base):
+    deadline = time.monotonic() + RELEASE_TIMEOUT_S
+    while (_job_processes(slurm, job) or _bound_ports(port_base)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _job_processes(slurm, job) == [], "processes of the ended job are left"
+    assert _bound_ports(port_base) == [], "the ended job's task or control ports are still held"
+
+
+def _run(slurm, rpc_layer):
+    save = os.path.join(slurm.dir, f"result-{rpc_layer}.npz")
+    job, port_base, out = _submit(slurm, rpc_layer, STEPS, save)
+    t0 = time.monotonic()
+    state, code = slurm.wait(job, JOB_TIMEOUT_S)
+    print("JOBTIME", rpc_layer, time.monotonic() - t0, slurm.job(job).get("RunTime"))
+    text = _read(out)
+    print(text)
+    assert (state, code) == ("COMPLETED", "0:0"), text[-4000:]
+    _assert_released(slurm, job, port_base)
+    with np.load(save) as r:
+        return {k: r[k] for k in r.files}, text
+
+
+def test_a_slurm_job_trains_over_rdmadev_bitwise_as_over_grpc_and_leaves_nothing(slurm):
+    ours, text = _run(slurm, "grpc+rdmadev")
+    # The coordinator's summary, one line per task: what rdmadev carried and over what.
+    rows = {task: (int(done), int(pairs), fabrics, int(kept)) for task, done, pairs, fabrics, kept in
+            re.findall(r"^rdmadev on (\S+): (\d+) transfers, (\d+) pairs swapped over (\S+), "
+                       r"(\d+) stayed on gRPC$", text, re.M)}
+    ps, workers = "/job:ps/replica:0/task:0", [f"/job:worker/replica:0/task:{i}" for i in (0, 1)]
+    assert set(rows) == {ps, *workers}, text[-4000:]
+    assert rows[ps][0] > 0 and rows[ps][3] == 0, rows
+    # ClusterCoordinator gives each step to whichever worker is free: one may run them all.
+    ran = [rows[w] for w in workers if rows[w][1]]
+    assert ran and all(done > 0 and fabrics == "shm" and kept == 0 for done, _, fabrics, kept in ran), rows
+    # Quiet: the 3 tasks' ready lines, the coordinator's result and its summary, nothing else.
+    lines = text.strip().splitlines()
+    assert sum(l.startswith("RDMADEV_SERVER_READY ") for l in lines) == 3, text[-4000:]
+    assert len(lines) == 3 + 1 + 3, text[-4000:]
+
+    grpc, grpc_text = _run(slurm, "grpc")
+    assert "rdmadev on" not in grpc_text, grpc_text[-4000:]
+    assert ours.keys() == grpc.keys()
+    for name in ours:
+        assert ours[name].tobytes() == grpc[name].tobytes(), f"{name} differs from gRPC's"
+
+
+def test_a_cancelled_job_leaves_no_task(slurm):
+    job, port_base, out = _submit(slurm, "grpc+rdmadev", 100000)
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while (time.monotonic() < deadline and _read(out).count("RDMADEV_SERVER_READY") < 3
+           and slurm.job(job).get("JobState") in ("PENDING", "RUNNING")):
+        time.sleep(0.5)
+    assert _read(out).count("RDMADEV_SERVER_READY") == 3, _read(out)[-4000:]
+    assert len(_job_processes(slurm, job)) >= TASKS  # the batch script and 4 tasks run
+    slurm.run(["scancel", job])
+    state, _ = slurm.wait(job, JOB_TIMEOUT_S)
+    assert state == "CANCELLED"
+    _assert_released(slurm, job, port_base)
