@@ -35,8 +35,8 @@ REQUIRE_ENV = "RDMADEV_REQUIRE_SLURM"
 #: The node's name; every address in its jobs is 127.0.0.1 (test traffic stays on loopback).
 NODE = "localhost"
 #: CPUs declared for the node (slurmd takes them over the 2 it finds: config_overrides), so
-#: a job of 4 tasks, one CPU each, fits.
-CPUS = 8
+#: three jobs of 4 tasks, one CPU each, run at once.
+CPUS = 12
 #: Seconds the daemons get to come up (the node idle in sinfo): about 2 s on an idle machine.
 START_TIMEOUT_S = 60
 #: Seconds Slurm waits between SIGTERM and SIGKILL when it ends a step (KillWait; its default
