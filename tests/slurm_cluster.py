@@ -30,7 +30,7 @@ from rdmadev.testing import launch
 #: Debian's package of each program used.
 PACKAGES = {"munged": "munge", "slurmctld": "slurmctld", "slurmd": "slurmd",
             "sbatch": "slurm-client", "srun": "slurm-client", "scontrol": "slurm-client",
-            "scancel": "slurm-client", "sinfo": "slurm-client"}
+            "scancel": "slurm-client", "sinfo": "slurm-client", "squeue": "slurm-client"}
 REQUIRE_ENV = "RDMADEV_REQUIRE_SLURM"
 #: The node's name; every address in its jobs is 127.0.0.1 (test traffic stays on loopback).
 NODE = "localhost"
@@ -186,17 +186,18 @@ class SlurmCluster:
                 pass
         return "\n".join(out)
 
-    def run(self, argv, check=True, timeout=30, **kw):
-        """A Slurm command against this cluster; its CompletedProcess (text)."""
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                              env={**self.env, **kw.pop("env", {})}, **kw)
+    def run(self, argv, check=True, timeout=30, cwd=None, env=None):
+        """A Slurm command against this cluster (`env` added to its environment); its
+        CompletedProcess (text)."""
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                              env={**self.env, **(env or {})})
         if check and proc.returncode != 0:
             raise RuntimeError(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr}")
         return proc
 
     def submit(self, argv, cwd=None, env=None):
         """`sbatch --parsable ARGV...`; the job id."""
-        return self.run(["sbatch", "--parsable", *argv], cwd=cwd, env=env or {}).stdout.strip().split(";")[0]
+        return self.run(["sbatch", "--parsable", *argv], cwd=cwd, env=env).stdout.strip().split(";")[0]
 
     def job(self, job_id):
         """``{field: value}`` of `scontrol show job` (one line: -o)."""
@@ -213,12 +214,21 @@ class SlurmCluster:
             time.sleep(POLL_S * 5)
         raise RuntimeError(f"job {job_id} did not end in {timeout} s: {self.job(job_id)}")
 
+    def _cancel_all(self):
+        """Cancels every job and waits (bounded) until Slurm has ended them."""
+        self.run(["scancel", "--full", "--user=root"], check=False)
+        deadline = time.monotonic() + KILL_WAIT_S + STOP_GRACE_S
+        while time.monotonic() < deadline:
+            if not self.run(["squeue", "-h", "-o", "%i"], check=False).stdout.strip():
+                return
+            time.sleep(POLL_S * 5)
+
     def stop(self):
         """Cancels every job, stops the daemons (the supervisor reaps them) and removes the
         folder. Idempotent."""
         if self._supervisor is not None:
             if self._supervisor.poll() is None:
-                self.run(["scancel", "--full", "--user=root"], check=False)
+                self._cancel_all()
                 self._supervisor.send_signal(signal.SIGTERM)
                 try:
                     self._supervisor.wait(3 * STOP_GRACE_S + KILL_WAIT_S)
@@ -313,7 +323,8 @@ def supervise(d):
     _stop([pid for pid in _children() if pid not in daemons])
     for pid in reversed(list(daemons)):
         _stop([pid])
-    _stop(_children())
+    for _ in range(3):  # what a stopped process leaves is reparented here in turn
+        _stop(_children())
     return 0
 
 

@@ -3,10 +3,11 @@ sbatch starts the coordinator, the ps and two workers as the 4 tasks of one step
 SlurmClusterResolver builds the cluster in each (`rdmadev serve --slurm` in the ps and
 workers), and the job trains over grpc+rdmadev bitwise as the same job over TF's gRPC, its
 tensors on rdmadev's shm fabric. When the job ends, by itself or cancelled, no process of it
-is left and its tasks' TF and rdmadev control ports are free.
+is left and its tasks' TF and rdmadev control ports are free. And `rdmadev serve --slurm`
+refuses a task it cannot place, saying why, before TF starts.
 
-Needs root and Slurm (skipped, saying so, without them; failed instead under
-RDMADEV_REQUIRE_SLURM=1)."""
+The tests that submit jobs need root and Slurm (skipped, saying so, without them; failed
+instead under RDMADEV_REQUIRE_SLURM=1)."""
 import os
 import re
 import socket
