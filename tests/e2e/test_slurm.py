@@ -86,7 +86,8 @@ class Job:
 @pytest.fixture(scope="module")
 def jobs(slurm):
     """The module's three jobs, submitted at once (12 tasks on the node's 12 declared CPUs): one
-    over grpc+rdmadev and one over gRPC to compare, and one (training for long) to cancel. One
+    over grpc+rdmadev and one over gRPC to compare, and one (training for long) to cancel, which
+    the first test cancels once its tasks serve. One
     after the other they took 180 s on 2026-12-04, at once ..."""
     base = slurm_cluster.consecutive_free_ports(3 * TASKS)
     return {"grpc+rdmadev": Job(slurm, "grpc+rdmadev", STEPS, base),
@@ -153,6 +154,22 @@ def _finish(slurm, job):
 
 @pytest.mark.tf
 @pytest.mark.slow
+def test_a_cancelled_job_leaves_no_task(slurm, jobs):
+    job = jobs["cancelled"]
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while (time.monotonic() < deadline and _read(job.out).count("RDMADEV_SERVER_READY") < 3
+           and slurm.job(job.id).get("JobState") in ("PENDING", "RUNNING")):
+        time.sleep(0.5)
+    assert _read(job.out).count("RDMADEV_SERVER_READY") == 3, _read(job.out)[-4000:]
+    assert len(_job_processes(slurm, job.id)) > TASKS  # the batch script and the 4 tasks
+    slurm.run(["scancel", job.id])
+    state, _ = slurm.wait(job.id, JOB_TIMEOUT_S)
+    assert state == "CANCELLED"
+    _assert_released(slurm, job.id, job.port_base)
+
+
+@pytest.mark.tf
+@pytest.mark.slow
 def test_a_slurm_job_trains_over_rdmadev_bitwise_as_over_grpc_and_leaves_nothing(slurm, jobs):
     (ours, text), (grpc, grpc_text) = (_finish(slurm, jobs[k]) for k in ("grpc+rdmadev", "grpc"))
 
@@ -176,19 +193,3 @@ def test_a_slurm_job_trains_over_rdmadev_bitwise_as_over_grpc_and_leaves_nothing
     assert ours.keys() == grpc.keys()
     for name in ours:
         assert ours[name].tobytes() == grpc[name].tobytes(), f"{name} differs from gRPC's"
-
-
-@pytest.mark.tf
-@pytest.mark.slow
-def test_a_cancelled_job_leaves_no_task(slurm, jobs):
-    job = jobs["cancelled"]
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    while (time.monotonic() < deadline and _read(job.out).count("RDMADEV_SERVER_READY") < 3
-           and slurm.job(job.id).get("JobState") in ("PENDING", "RUNNING")):
-        time.sleep(0.5)
-    assert _read(job.out).count("RDMADEV_SERVER_READY") == 3, _read(job.out)[-4000:]
-    assert len(_job_processes(slurm, job.id)) > TASKS  # the batch script and the 4 tasks
-    slurm.run(["scancel", job.id])
-    state, _ = slurm.wait(job.id, JOB_TIMEOUT_S)
-    assert state == "CANCELLED"
-    _assert_released(slurm, job.id, job.port_base)
