@@ -87,8 +87,9 @@ class Job:
 def jobs(slurm):
     """The module's three jobs, submitted at once (12 tasks on the node's 12 declared CPUs): one
     over grpc+rdmadev and one over gRPC to compare, and one (training for long) to cancel, which
-    the first test cancels once its tasks serve. One
-    after the other they took 180 s on 2026-12-04, at once ..."""
+    the first test cancels once its tasks serve. On 2026-12-04, on a machine loaded by other
+    runs (load 8-13), the pair one after the other took 128 s and the cancelled job 50 s more;
+    all three at once, 82 s of tests (99 s with the module's other tests and Slurm's start)."""
     base = slurm_cluster.consecutive_free_ports(3 * TASKS)
     return {"grpc+rdmadev": Job(slurm, "grpc+rdmadev", STEPS, base),
             "grpc": Job(slurm, "grpc", STEPS, base + TASKS),
