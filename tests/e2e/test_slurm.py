@@ -147,6 +147,8 @@ def _finish(slurm, job):
     """The results the job saved and its output, once it has completed and left nothing."""
     state, code = slurm.wait(job.id, JOB_TIMEOUT_S)
     text = _read(job.out)
+    # Every task exited 0: the chief when done, the ps and workers (rdmadev serve --slurm) by
+    # themselves once the chief had; else the step would run to its time limit.
     assert (state, code) == ("COMPLETED", "0:0"), text[-4000:]
     _assert_released(slurm, job.id, job.port_base)
     with np.load(job.save) as r:
