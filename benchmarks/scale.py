@@ -43,6 +43,7 @@ configuration on stderr, a table on stdout, the JSON and a chart.
 """
 import argparse
 import collections
+import faulthandler
 import json
 import os
 import re
@@ -404,9 +405,11 @@ def run_config(args, tasks, protocol):
                 p.communicate()
             return {"tasks": tasks, "protocol": protocol, "error": "timed out"}
         if p.returncode != 0 or not os.path.exists(out):
-            tail = [l for l in stderr.splitlines() if l.strip()][-6:]
+            lines = [l for l in stderr.splitlines() if l.strip()]
+            fatal = [i for i, l in enumerate(lines) if l.startswith("Fatal Python error")]
+            tail = lines[fatal[0]:fatal[0] + 60] if fatal else lines[-6:]  # a crash: its stacks
             return {"tasks": tasks, "protocol": protocol,
-                    "error": f"exit {p.returncode}: " + " | ".join(tail)[-1200:]}
+                    "error": f"exit {p.returncode}: " + " | ".join(tail)[-(6000 if fatal else 1200):]}
         with open(out) as f:
             return json.load(f)
 
@@ -709,6 +712,7 @@ def main(argv=None):
             chart(json.load(f)["summaries"], args.prefix + ".png")
         return 0
     if args.one:
+        faulthandler.enable(all_threads=True)  # a crash says where, in run_config's error
         r = run_one(args)
         if args.json:
             with open(args.json, "w") as f:

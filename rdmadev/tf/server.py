@@ -11,7 +11,7 @@ Under Slurm (`--slurm JOBS`, in a task started by srun), TF's SlurmClusterResolv
 cluster from the step and picks this task's job and index from its Slurm rank
 (rdmadev.cluster.slurm). When the jobs have a chief (the coordinator, itself a task of the
 step), the task serves until the chief has exited, then exits 0, so the step ends with the
-training; a task the step kills (scancel, the time limit) ends as Slurm ends it.
+training; a task the step ends (scancel, the time limit) stops at Slurm's SIGTERM.
 
 Example:
     $ RDMADEV_SECRET=... python -m rdmadev.server --cluster '{"ps": ["h:2222"], "worker": ["h:2223"]}' --job ps --task 0
@@ -20,6 +20,7 @@ Example:
 """
 import argparse
 import os
+import signal
 import socket
 import sys
 import time
@@ -54,6 +55,8 @@ def main(argv=None):
                     help=f"with --slurm: the first TF port on each node (default {slurm.PORT_BASE}, "
                          f"TF's); a node's next tasks take the next ports")
     args = ap.parse_args(argv)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _stop)
     try:  # the configuration first: its errors come before TensorFlow's seconds of import
         if args.slurm is not None:
             if args.cluster is not None or args.job is not None or args.task is not None:
@@ -85,7 +88,7 @@ def main(argv=None):
           flush=True)
     if args.slurm is not None and "chief" in spec:
         _serve_until_chief_exits(spec["chief"][0])
-        return 0
+        _stop(None, None)  # as on SIGTERM: at once, status 0
     # Sleeping in Python (not server.join()) keeps the GIL free for the partition pass,
     # which calls the planner from TF's threads.
     while True:
@@ -139,3 +142,14 @@ def _serve_until_chief_exits(address):
             answered, closed = True, 0
         except OSError:
             closed += answered
+
+
+def _stop(signum, frame):
+    """SIGTERM (how Kubernetes, Slurm and systemd stop a task) or Ctrl-C: ends the task at once
+    and quietly, as the signal's default action would, with status 0. A handler is needed: as a
+    container's pid 1 the task would otherwise ignore SIGTERM (the kernel's rule for a pid
+    namespace's init) until Kubernetes' grace period ends in SIGKILL. Nothing is left to undo:
+    the kernel frees the task's memory and sockets, and its peers see it gone as after a kill."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -3,6 +3,7 @@
 Example:
     $ rdmadev doctor
     $ rdmadev doctor --json
+    $ rdmadev doctor --peer 10.0.0.2:2222    # the path to that task (doctor_peer.py)
 """
 import importlib.metadata
 import json
@@ -207,12 +208,27 @@ def collect(env=None):
 
 def main(argv=None):
     """Prints the report; exit status 0 if at least one fabric is viable, the
-    configuration is valid and the op library loads, else 1."""
+    configuration is valid and the op library loads, else 1. With --peer, doctor_peer's
+    report instead: 0 when no check found a problem, else 1."""
     import argparse
+
+    from . import doctor_peer
 
     ap = argparse.ArgumentParser(prog="rdmadev doctor", description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print JSON instead of text")
+    ap.add_argument("--peer", metavar="HOST:PORT",
+                    help="instead, check the path from this host to the task at HOST:PORT, its "
+                         "TF address as in the cluster spec (the doctor asks its control "
+                         "service, at PORT + RDMADEV_CONTROL_PORT_OFFSET, with this "
+                         "RDMADEV_SECRET): reachable, secret, version, the fabric the pair "
+                         "would use and that it connects, and on verbs link layer, GID type, "
+                         "MTU and memlock; exit status 1 when a check finds a problem")
+    ap.add_argument("--timeout", type=float, default=doctor_peer.DEFAULT_TIMEOUT_S, metavar="S",
+                    help="with --peer: seconds each step may take (lookup, connect, each "
+                         "answer; default %(default)g)")
     args = ap.parse_args(argv)
+    if args.peer is not None:
+        return doctor_peer.main(args.peer, args.timeout, args.json)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before the op library check imports TF
     try:
         import_tensorflow()  # without TF's start-up lines; a failure is reported below
