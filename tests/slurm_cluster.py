@@ -71,24 +71,28 @@ def require():
     pytest.skip(reason)
 
 
+def port_free(port):
+    """Whether nothing listens on `port` on any address (TF's server and rdmadev's hold of a
+    task's port bind every address, IPv4 and IPv6)."""
+    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("::", port))
+            return True
+        except OSError:
+            return False
+
+
 def consecutive_free_ports(count, attempts=200):
-    """The first of `count` consecutive ports on 127.0.0.1 that are free, each with its
-    rdmadev control port: the TF ports TF's SlurmClusterResolver gives a node's tasks."""
+    """The first of `count` consecutive ports free on every address, each with its rdmadev
+    control port: the TF ports TF's SlurmClusterResolver gives a node's tasks. Picked from
+    this run's slice (launch.free_ports); they stay free only until something else binds them."""
     for _ in range(attempts):
         base = launch.free_ports(1)[0]
-        ports = [p for i in range(count) for p in (base + i, control_address(f"127.0.0.1:{base + i}")[1])]
-        socks = []
-        try:
-            for p in ports:
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
+        if all(port_free(p) for i in range(count)
+               for p in (base + i, control_address(f"127.0.0.1:{base + i}")[1])):
             return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
     raise RuntimeError(f"no {count} consecutive free ports in {attempts} attempts")
 
 

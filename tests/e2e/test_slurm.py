@@ -10,7 +10,6 @@ The tests that submit jobs need root and Slurm (skipped, saying so, without them
 instead under RDMADEV_REQUIRE_SLURM=1)."""
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -121,18 +120,10 @@ def _job_processes(slurm, job):
 
 
 def _bound_ports(port_base):
-    """Of the job's TF ports and their rdmadev control ports, those something still holds
+    """Of the job's TF ports and their rdmadev control ports, those something still listens on
     (connections the tasks closed may linger in TIME_WAIT: they hold nothing a new task needs)."""
-    held = []
-    for port in range(port_base, port_base + TASKS):
-        for p in (port, control_address(f"127.0.0.1:{port}")[1]):
-            with socket.socket() as s:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    s.bind(("127.0.0.1", p))
-                except OSError:
-                    held.append(p)
-    return held
+    return [p for port in range(port_base, port_base + TASKS)
+            for p in (port, control_address(f"127.0.0.1:{port}")[1]) if not slurm_cluster.port_free(p)]
 
 
 def _assert_released(slurm, job, port_base):
