@@ -66,18 +66,22 @@ def rdmadev_summary(spec):
 
 
 def main(argv=None):
+    from rdmadev.cluster import slurm  # no TensorFlow
+    from rdmadev.tf.startup import import_tensorflow
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", default="chief=1,ps=1,worker=2", help="as rdmadev serve --slurm's")
-    ap.add_argument("--port-base", type=int, default=8888, help="as rdmadev serve --port-base")
+    ap.add_argument("--port-base", type=int, default=slurm.PORT_BASE, help="as rdmadev serve's")
     ap.add_argument("--rpc-layer", default="grpc+rdmadev", help="grpc: TF's own path, to compare")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--save", help="write the losses and final weights here (.npz)")
     args = ap.parse_args(argv)
 
-    from rdmadev.cluster import slurm
-    from rdmadev.tf.startup import import_tensorflow
-    jobs = slurm.parse_jobs(args.jobs)
-    slurm.check_step(jobs)
+    try:
+        jobs = slurm.parse_jobs(args.jobs)
+        slurm.check_step(jobs)
+    except ValueError as e:  # rdmadev's ConfigError: what is wrong and the fix
+        sys.exit(f"train_pss.py: {e}")
     tf = import_tensorflow()  # `import tensorflow as tf`, without TF's start-up log lines
     import numpy as np
 
