@@ -128,10 +128,16 @@ def parse_args(argv=None):
 
 # ------------------------------------------------------------------------- one configuration
 
-def make_step(tf, strategy, w):
+def make_step(tf, strategy, w, returns_loss=False):
     """Each worker reads `w` from the ps, computes a loss from it, and adds an update of w's
     size computed from what it read (1.0 wherever finite, so any order of updates adds up
-    exactly): one tensor ps -> worker, one worker -> ps."""
+    exactly): one tensor ps -> worker, one worker -> ps. The loss is returned only with
+    `returns_loss`, by the check's steps, which run one at a time: ClusterCoordinator copies a
+    step's output to the coordinator as soon as the step is done, and in TF 2.21 that copy, in
+    rounds of three workers' steps, now and then fails with "Unable to parse request"
+    from the worker (RunComponentFunction), or crashes the coordinator in TF's pybind11 error
+    path (PyErr_Occurred without the GIL; a core dump of 2026-12-04), on plain gRPC as on
+    grpc+rdmadev."""
     n = int(w.shape[0])
 
     @tf.function
@@ -141,7 +147,7 @@ def make_step(tf, strategy, w):
             x = tf.range(n, dtype=tf.float32) / n
             loss = tf.reduce_sum(tf.sin(v + x) * x)
             w.assign_add(tf.cast(tf.math.is_finite(v), tf.float32))
-            return loss
+            return loss if returns_loss else None
         return strategy.run(replica)
     return step
 
@@ -247,9 +253,10 @@ def run_one(args):
         result["steps"] = done
 
         w.assign(tf.zeros([VAR_ELEMENTS]))  # the check: steps one at a time from zero
+        check = make_step(tf, strategy, w, returns_loss=True)
         losses = []
         for _ in range(args.check_steps):
-            losses += [r.fetch() for r in run_round(coordinator, step, 1)[1]]
+            losses += [r.fetch() for r in run_round(coordinator, check, 1)[1]]
         result["check"] = {"losses": [float(l) for l in losses],
                            "bits": b"".join(tf.constant(l).numpy().tobytes() for l in losses).hex(),
                            "final_bits": w.numpy().tobytes().hex()}
@@ -266,7 +273,7 @@ def run_one(args):
             result.setdefault("fresh_first_s", []).append(
                 run_round(coordinator, fresh[-1], workers, timings)[0])
             result.setdefault("fresh_trace_s", []).append(timings["trace_s"])
-        del first, step, fresh, coordinator, strategy, w
+        del first, step, check, fresh, coordinator, strategy, w
         launch.release_remote_functions(cluster.spec)
     result["wall_s"] = time.perf_counter() - t0
     return result
