@@ -23,8 +23,8 @@
 # killed; both VMs are always stopped on exit.
 #
 # Knobs as run-in-vm.sh (RDMADEV_VM_DIR, _TIMEOUT, _RW, _VERBOSE, _REBUILD) and, per guest,
-# RDMADEV_VM_MEM (default 1536) and RDMADEV_VM_SMP (default 1: on this 2-core host two
-# guests of 1 vCPU each ran the two-guest tier faster than two of 2, tests/softroce/README).
+# RDMADEV_VM_MEM (default 1536: the tier's 64 MiB each way fits) and RDMADEV_VM_SMP (default
+# 1: two guests of one vCPU each on a 2-core host leave room for the host's other work).
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 VM_DIR=${RDMADEV_VM_DIR:-/tmp/rdmadev-softroce}
