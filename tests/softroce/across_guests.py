@@ -6,8 +6,8 @@ name does not start with test_): two_guests.sh runs it in guest a.
 The project's own fabric tests run here unchanged, with fixtures whose peer is in guest b:
 - one-sided writes of 0 B to 64 MiB landing byte-exact with their signal, RDMA READ of a
   peer's region, the peer writing back, writes from any memory (verbs' staging) (test_transfers);
-- signals and credits: a ring of 1 and 8 slots carrying thousands of transfers, a slow
-  receiver, a sender blocked without credit (test_channel);
+- signals and credits: a ring carrying thousands of transfers (1 and 8 slots; tcp: 8), a
+  slow receiver, a sender blocked without credit (test_channel);
 - channel setup through the control plane between task processes in both guests, and a
   connection between them reset with both running, after which the pairs are set up again and
   carry exact data (test_channel_setup, with ps:0 and worker:0 in guest b);

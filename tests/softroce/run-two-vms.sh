@@ -17,10 +17,10 @@
 #                                       rendezvous; the host's copy is removed afterwards)
 # Output: each guest's lines prefixed with "a| " or "b| ".
 #
-# Exit status: 0 when both commands exited 0; else the first nonzero of a's and b's (124
-# for RDMADEV_VM_TIMEOUT, 125 for a guest that died without reporting one). When one guest
-# ends, the other gets RDMADEV_VM_PEER_GRACE seconds (default 120) to end too, then it is
-# killed; both VMs are always stopped on exit.
+# Exit status: 0 when both commands exited 0; else the first nonzero of a's and b's (124 for
+# a guest stopped at RDMADEV_VM_TIMEOUT, or RDMADEV_VM_PEER_GRACE seconds (default 120) after
+# the other guest ended; 125 for a guest that died without reporting one). Both VMs are
+# always stopped on exit.
 #
 # Knobs as run-in-vm.sh (RDMADEV_VM_DIR, _TIMEOUT, _RW, _VERBOSE, _REBUILD) and, per guest,
 # RDMADEV_VM_MEM (default 1536: the tier's 64 MiB each way fits) and RDMADEV_VM_SMP (default
@@ -75,14 +75,15 @@ done
 
 sleep "$TIMEOUT" &
 TIMER_PID=$!
+WHY="timed out after ${TIMEOUT}s"
 declare -A QRC=()
 deadline_set=
 while [ ${#QRC[@]} -lt 2 ]; do
     wait -n "${PID[@]}" "$TIMER_PID"
     if ! kill -0 "$TIMER_PID" 2>/dev/null; then
         TIMER_PID=
-        say "timed out after ${TIMEOUT}s; the VMs are killed"
-        exit 124
+        say "${WHY}; the VMs are killed"
+        break   # a guest still running counts as 124; cleanup stops it
     fi
     for g in a b; do
         [ -n "${PID[$g]:-}" ] && ! kill -0 "${PID[$g]}" 2>/dev/null || continue
@@ -95,17 +96,16 @@ while [ ${#QRC[@]} -lt 2 ]; do
         deadline_set=1
         kill "$TIMER_PID" 2>/dev/null
         wait "$TIMER_PID" 2>/dev/null
-        TIMEOUT=$GRACE
+        WHY="guest ${!QRC[*]} ended and the other did not within ${GRACE}s"
         sleep "$GRACE" &
         TIMER_PID=$!
     fi
 done
-kill "$TIMER_PID" 2>/dev/null
-wait "$TIMER_PID" 2>/dev/null
+[ -n "$TIMER_PID" ] && kill "$TIMER_PID" 2>/dev/null && wait "$TIMER_PID" 2>/dev/null
 TIMER_PID=
 RC=0
 for g in a b; do
-    rc=$(vm_rc "$BASE/$g" "${QRC[$g]}")
+    if [ -n "${QRC[$g]:-}" ]; then rc=$(vm_rc "$BASE/$g" "${QRC[$g]}"); else rc=124; fi
     [ "$rc" = 0 ] || say "guest $g: exit status $rc"
     [ "$RC" = 0 ] && RC=$rc
 done
