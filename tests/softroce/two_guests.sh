@@ -2,7 +2,7 @@
 # two_guests.sh [PYTEST_ARG...]: the two-guest Soft-RoCE tier. Two QEMU guests joined by one
 # virtual Ethernet wire (run-two-vms.sh), rxe0 on each guest's NIC; rdmadev in guest a tests
 # against ends in guest b (two_hosts.py serves them, across_guests.py holds the tests: fabric
-# writes of 0 B to 64 MiB, reads, a stage read, signals and credits on verbs and tcp, channel
+# writes of 0 B to 16 MiB, reads, a stage read, signals and credits on verbs and tcp, channel
 # setup and a reset connection through the control plane, the pyverbs peer, the fabric picked
 # across guests). Extra arguments go to guest a's pytest.
 #
