@@ -16,6 +16,7 @@ rdmadev code) here writing into an rdmadev region there; a stage (a region a sen
 to one reader) read with RDMA READ from the other guest; the fabric two domains pick across
 guests (verbs when both open every viable one, tcp when asked, never shm).
 """
+import ipaddress
 import json
 import os
 import subprocess
@@ -275,4 +276,5 @@ def test_doctor_peer_finds_the_verbs_path_to_a_task_in_the_other_guest():
                  "mtu", "memlock"):
         assert checks[name] == "ok", (name, report)
     here, there = report["here"]["verbs"], report["peer_facts"]["verbs"]
-    assert (here["gid"], there["gid"]) == (f"::ffff:{A}", f"::ffff:{B}")
+    gids = [ipaddress.ip_address(side["gid"]) for side in (here, there)]  # sysfs writes hex
+    assert gids == [ipaddress.ip_address(f"::ffff:{A}"), ipaddress.ip_address(f"::ffff:{B}")]
