@@ -39,6 +39,7 @@ from ..device import fabric_report, open_domain
 from ..errors import (AuthError, ConfigError, DeadlineExceeded, PeerLostError, ProtocolError,
                       RdmadevError)
 from ..tf import pass_mode
+from .doctor import _rdma_devices, _rdma_ports, _read  # this host's sysfs, read in one place
 
 __all__ = ["Check", "facts", "check_version", "check_rewrites", "check_verbs", "check_memlock", "diagnose",
            "main"]
@@ -97,14 +98,6 @@ def _memlock():
     return {"soft": unlimited(soft), "hard": unlimited(hard), "ipc_lock": bool(cap >> CAP_IPC_LOCK & 1)}
 
 
-def _read(path):
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return None
-
-
 def _reach(address, fabric):
     """The reach of `fabric` in a domain address ("shm=...;tcp=h:p"), or None."""
     for item in address.split(";"):
@@ -135,7 +128,6 @@ def _verbs_port(address):
     reach = _reach(address, "verbs")
     if reach is None:
         return None
-    from .doctor import _rdma_devices, _rdma_ports
     gid = ipaddress.IPv6Address(reach.rsplit("/", 1)[1])
     for port in _rdma_ports(_rdma_devices()):
         for g in port["gids"]:
