@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import time
 
-from rdmadev.tools import doctor
+from rdmadev.cluster import facts
 
 __all__ = ["available", "device", "write_bw", "write_lat"]
 
@@ -39,7 +39,7 @@ def device():
     """(device, GID index) as rdmadev chooses them: RDMADEV_DEVICE / RDMADEV_GID_INDEX, else
     the first ACTIVE port's first RoCE v2 GID holding an IPv4 address (else index 0)."""
     want = os.environ.get("RDMADEV_DEVICE", "")
-    for p in doctor._rdma_ports():
+    for p in facts.rdma_ports():
         if (want and p["device"] != want) or "ACTIVE" not in (p["state"] or ""):
             continue
         if os.environ.get("RDMADEV_GID_INDEX"):

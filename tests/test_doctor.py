@@ -3,6 +3,7 @@ import json
 
 import pytest
 
+from rdmadev.cluster import facts
 from rdmadev.tf import ops, protocol
 from rdmadev.tools import doctor
 
@@ -113,12 +114,12 @@ def test_doctor_lists_every_rdma_device_port_and_gid_from_sysfs(tmp_path, monkey
     for name, text in files.items():
         (port / name).parent.mkdir(parents=True, exist_ok=True)
         (port / name).write_text(text + "\n")
-    monkeypatch.setattr(doctor, "SYSFS_IB", str(tmp_path))
+    monkeypatch.setattr(facts, "SYSFS_IB", str(tmp_path))
     verbs = doctor._verbs()
     assert verbs["devices"] == ["rxe0"]
     [p] = verbs["ports"]
     assert (p["device"], p["port"], p["state"], p["link_layer"]) == ("rxe0", 1, "4: ACTIVE", "Ethernet")
     assert [(g["index"], g["kind"], g["netdev"]) for g in p["gids"]] == [
         (0, "IB/RoCE v1, IPv6 link-local", None), (1, "RoCE v2, IPv4 10.9.9.1", "eth0")]
-    monkeypatch.setattr(doctor, "SYSFS_IB", str(tmp_path / "none"))
+    monkeypatch.setattr(facts, "SYSFS_IB", str(tmp_path / "none"))
     assert doctor._verbs() == {"devices": [], "ports": []}

@@ -28,12 +28,15 @@ import pytest
 
 import netns
 import rdmadev
-from conftest import SECRET
+from rdmadev.cluster import facts
 from rdmadev.cluster.control import control_address
 from rdmadev.testing import launch
 from rdmadev.tools import doctor_peer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+#: The cluster secret of this module's tasks (not conftest's: under pytest-xdist another
+#: directory's conftest module may be the one `import conftest` finds).
+SECRET = b"rdmadev-doctor-peer-secret"
 #: Seconds a doctor run may take: ~0.4 s here, its own timeouts at most a few.
 DOCTOR_TIMEOUT_S = 60
 
@@ -102,7 +105,7 @@ def test_json_says_the_same_as_data(served):
     assert theirs["rdmadev"] == rdmadev.__version__
     assert [f["fabric"] for f in theirs["fabrics"]] == [n for n, _, _ in rdmadev.fabric_report()]
     # one kernel and pid namespace: the shm reach of both ends starts with the same key
-    key = lambda facts: doctor_peer._reach(facts["address"], "shm").rsplit(":", 1)[0]
+    key = lambda facts: facts.reach(facts["address"], "shm").rsplit(":", 1)[0]
     assert key(theirs) == key(report["here"])
 
 
@@ -289,7 +292,7 @@ def test_a_firewall_that_drops_the_fabric_port(hosts):
     finally:
         hosts.nft(hosts.task_ns, "delete table inet doctor\n")
     report = json.loads(out)
-    tcp = doctor_peer._reach(report["peer_facts"]["address"], "tcp")
+    tcp = facts.reach(report["peer_facts"]["address"], "tcp")
     checks = {c["name"]: c for c in report["checks"]}
     assert status == 1 and not report["healthy"] and report["fabric"] == "tcp"
     assert checks["connects"]["status"] == "problem", checks
@@ -305,7 +308,7 @@ def here():
     here)."""
     config = rdmadev.Config(secret=SECRET)
     with rdmadev.open_domain("test:facts", config) as dom:
-        mine = doctor_peer.facts(config, dom)
+        mine = facts.facts(config, dom)
     mine["verbs"] = {"device": "rxe0", "port": 1, "gid_index": 1, "gid": "::ffff:10.9.9.1",
                      "link_layer": "Ethernet", "gid_type": "RoCE v2", "netdev": "eth0",
                      "netdev_mtu": 1500, "active_mtu": 1024}

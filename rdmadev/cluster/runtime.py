@@ -25,7 +25,7 @@ from graph_pass.devices import split_task, task_name
 from ..config import Config
 from ..device import open_domain
 from ..errors import ConfigError, PeerLostError, ProtocolError, RdmadevError, errno_hint
-from . import instances, limits, open_files, reports
+from . import facts, instances, limits, open_files, reports
 from .channels import REQUESTS as CHANNEL_REQUESTS, ChannelTable
 from .control import ControlClient, ControlServer, control_address
 from .event_loop import EventLoop
@@ -137,8 +137,7 @@ class Runtime:
                 self.heartbeats.heard_from(request["from"])
             return {"task": self.task, "address": self.domain.address}
         if op == "facts":  # what `rdmadev doctor --peer` judges the pair by
-            from ..tools.doctor_peer import facts
-            return facts(self.config, self.domain, self.task)
+            return facts.facts(self.config, self.domain, self.task)
         if op == "reports":  # those this task planned: its process may plan for others too
             return [dataclasses.asdict(r) for r in reports.reports()
                     if r.task == self.name]

@@ -3,7 +3,7 @@ mark in a function's name that opts it in: what rdmadev.optimize, enable() and t
 server set, through the op library's C entry points (opt_in.cc)."""
 import ctypes
 
-from ..cluster import runtime
+from ..cluster import facts, runtime
 from ..config import Config
 from ..errors import ConfigError
 from . import ops
@@ -67,3 +67,4 @@ def _pass_mode(request):
 
 
 runtime.register_handler("pass_mode", _pass_mode)
+facts.provide("pass_mode", current)  # `rdmadev doctor --peer`'s "rewrites" check

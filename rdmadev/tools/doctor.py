@@ -12,8 +12,9 @@ import resource
 
 from .. import _core
 from ..config import Config
-from ..device import fabric_report
 from ..cluster import open_files
+from ..cluster.facts import rdma_devices, rdma_ports
+from ..device import fabric_report
 from ..errors import ConfigError
 from ..tf import ops, protocol
 from ..tf.startup import import_tensorflow
@@ -55,73 +56,13 @@ def _dev_shm():
             "note": "rdmadev's shm regions are memfds: nothing is ever left in /dev/shm"}
 
 
-SYSFS_IB = "/sys/class/infiniband"
-
-
-def _read(path):
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return None
-
-
-def _gid_kind(gid, gid_type):
-    """'RoCE v2, IPv4 10.9.9.1' / 'RoCE v1, IPv6' / 'IB' for one GID."""
-    import ipaddress
-
-    addr = ipaddress.IPv6Address(gid)
-    v4 = addr.ipv4_mapped
-    family = f"IPv4 {v4}" if v4 else ("IPv6 link-local" if addr.is_link_local else "IPv6")
-    return f"{gid_type or 'type unknown'}, {family}"
-
-
-def _rdma_devices():
-    """The RDMA devices the kernel has (sysfs), [] if none."""
-    try:
-        return sorted(os.listdir(SYSFS_IB))
-    except OSError:
-        return []
-
-
-def _rdma_ports(devices):
-    """The ports of `devices`, their state and non-empty GIDs, from sysfs (what the verbs
-    fabric chooses from; it prefers RoCE v2 GIDs holding an IPv4 address)."""
-    out = []
-    for dev in devices:
-        ports_dir = os.path.join(SYSFS_IB, dev, "ports")
-        try:
-            port_names = sorted(os.listdir(ports_dir), key=int)
-        except (OSError, ValueError):
-            continue
-        for port in port_names:
-            base = os.path.join(ports_dir, port)
-            gids = []
-            try:
-                indexes = sorted(os.listdir(os.path.join(base, "gids")), key=int)
-            except (OSError, ValueError):
-                indexes = []
-            for i in indexes:
-                gid = _read(os.path.join(base, "gids", i))
-                if not gid or set(gid) <= {"0", ":"}:
-                    continue
-                gid_type = _read(os.path.join(base, "gid_attrs", "types", i))
-                netdev = _read(os.path.join(base, "gid_attrs", "ndevs", i))
-                gids.append({"index": int(i), "gid": gid, "type": gid_type, "netdev": netdev,
-                             "kind": _gid_kind(gid, gid_type)})
-            out.append({"device": dev, "port": int(port), "state": _read(os.path.join(base, "state")),
-                        "link_layer": _read(os.path.join(base, "link_layer")),
-                        "gids": gids})
-    return out
-
-
 def _verbs():
     """Every RDMA device, port and GID of this host. Whether the verbs fabric can use one
     (libibverbs loaded, a device with an ACTIVE port and a usable GID) is the core's verdict,
     in "fabrics"; the core's bindings do not list what it enumerates, so these come from
     sysfs, where the core reads GID types too."""
-    devices = _rdma_devices()
-    return {"devices": devices, "ports": _rdma_ports(devices)}
+    devices = rdma_devices()
+    return {"devices": devices, "ports": rdma_ports(devices)}
 
 
 def _tensorflow():

@@ -3,12 +3,14 @@ HOST:PORT (as in the cluster spec) can exchange tensors, each problem with its f
 
 The doctor talks to the task's rdmadev control service, at PORT + RDMADEV_CONTROL_PORT_OFFSET
 (minus it past 65535), with this shell's RDMADEV_SECRET, asks it for its `facts` (what
-`facts()` gathers in the task) and judges the pair with the same facts gathered here:
+rdmadev.cluster.facts gathers in the task) and judges the pair with the same facts gathered here:
 
     resolved   HOST has an address here
     reachable  the control service accepts a connection (refused, timed out, no route: which)
     secret     it accepts this RDMADEV_SECRET (a wrong one is named, apart from unreachable)
     version    the same rdmadev, built against the same TensorFlow, on both ends
+    rewrites   which functions the task's partition pass rewrites (a warning when only
+               rdmadev.optimize's: a plain-TF coordinator's steps then stay on gRPC)
     fabric     the fabrics each end opened, and the one the pair would use: Domain.choose,
                the call the runtime's channels connect with (shm only under one kernel and
                pid namespace, never between two hosts)
@@ -18,7 +20,7 @@ The doctor talks to the task's rdmadev control service, at PORT + RDMADEV_CONTRO
                task there may register (RDMADEV_MAX_REGISTERED_BYTES)
 
 A check that cannot run because an earlier one failed is skipped. The comparisons are plain
-functions of the two sides' facts (check_version, check_verbs, check_memlock).
+functions of the two sides' facts (check_version, check_rewrites, check_verbs, check_memlock).
 
 Example:
     $ RDMADEV_SECRET=... rdmadev doctor --peer 10.0.0.2:2222
@@ -26,29 +28,24 @@ Example:
 """
 import dataclasses
 import errno
-import ipaddress
 import json
-import resource
 import socket
 import threading
 
 from ..cluster.control import ControlClient, control_address
+from ..cluster.facts import facts, reach, versions
 from ..cluster.spec import split_address
 from ..config import Config
-from ..device import fabric_report, open_domain
+from ..device import open_domain
 from ..errors import (AuthError, ConfigError, DeadlineExceeded, PeerLostError, ProtocolError,
                       RdmadevError)
 from ..tf import pass_mode
-from .doctor import _rdma_devices, _rdma_ports, _read  # this host's sysfs, read in one place
 
-__all__ = ["Check", "facts", "check_version", "check_rewrites", "check_verbs", "check_memlock", "diagnose",
+__all__ = ["Check", "check_version", "check_rewrites", "check_verbs", "check_memlock", "diagnose",
            "main"]
 
 #: Seconds the doctor waits by default for each step (name lookup, connect, each answer).
 DEFAULT_TIMEOUT_S = 10.0
-#: Bit of CAP_IPC_LOCK in /proc/self/status's CapEff (<linux/capability.h>): a process with it
-#: may lock any amount of memory, whatever RLIMIT_MEMLOCK says.
-CAP_IPC_LOCK = 14
 #: What the fix of a control service nobody answers on says.
 SERVE_FIX = ("start the task with `rdmadev serve` (or a grpc+rdmadev server); its control "
              "service listens on the host of its cluster-spec address at its TF port + "
@@ -81,102 +78,6 @@ def _warning(name, detail, fix):
 
 def _skipped(name, detail):
     return Check(name, "skipped", detail)
-
-
-# --- facts: what one end knows about itself (served to peers as the "facts" request) ---
-
-def _memlock():
-    """This process's RLIMIT_MEMLOCK (None = unlimited) and whether CAP_IPC_LOCK exempts it."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-    cap = 0
-    try:
-        with open("/proc/self/status") as f:
-            cap = next((int(line.split()[1], 16) for line in f if line.startswith("CapEff:")), 0)
-    except OSError:
-        pass
-    unlimited = lambda v: None if v == resource.RLIM_INFINITY else v
-    return {"soft": unlimited(soft), "hard": unlimited(hard), "ipc_lock": bool(cap >> CAP_IPC_LOCK & 1)}
-
-
-def _reach(address, fabric):
-    """The reach of `fabric` in a domain address ("shm=...;tcp=h:p"), or None."""
-    for item in address.split(";"):
-        name, _, reach = item.partition("=")
-        if name == fabric:
-            return reach
-    return None
-
-
-def _active_mtu(device, port):
-    """The port's active MTU in bytes, from libibverbs through Debian's python3-pyverbs
-    (sysfs does not have it), or None without pyverbs."""
-    try:
-        from pyverbs.device import Context
-    except ImportError:
-        return None
-    try:
-        with Context(name=device) as ctx:
-            return 128 << int(ctx.query_port(port).active_mtu)  # IBV_MTU_256 = 1 ... 4096 = 5
-    except Exception:  # pyverbs' own errors: the MTU stays unknown
-        return None
-
-
-def _verbs_port(address):
-    """The device, port and GID the verbs fabric of the domain at `address` uses: its reach
-    ends in its GID, found here among the ports `rdmadev doctor` lists from sysfs, with the
-    GID's type, link layer and netdev; None when the domain has no verbs fabric."""
-    reach = _reach(address, "verbs")
-    if reach is None:
-        return None
-    gid = ipaddress.IPv6Address(reach.rsplit("/", 1)[1])
-    for port in _rdma_ports(_rdma_devices()):
-        for g in port["gids"]:
-            if ipaddress.IPv6Address(g["gid"]) != gid:
-                continue
-            mtu = _read(f"/sys/class/net/{g['netdev']}/mtu") if g["netdev"] else None
-            return {"device": port["device"], "port": port["port"], "gid_index": g["index"],
-                    "gid": str(gid), "link_layer": port["link_layer"], "gid_type": g["type"],
-                    "netdev": g["netdev"], "netdev_mtu": int(mtu) if mtu else None,
-                    "active_mtu": _active_mtu(port["device"], port["port"])}
-    return {"device": None, "gid": str(gid)}
-
-
-def _versions():
-    """{"rdmadev": this rdmadev's version, "tensorflow": the TF its libraries were built
-    against (setup.py's record; None when not built)}."""
-    from .. import __version__
-    try:
-        from .._build_info import TF_VERSION
-    except ImportError:
-        TF_VERSION = None
-    return {"rdmadev": __version__, "tensorflow": TF_VERSION}
-
-
-def facts(config, domain, task=None):
-    """What `rdmadev doctor --peer` judges one end of a pair by, JSON-able: a task serves it
-    as its "facts" control request; the doctor gathers its own side the same way.
-
-    Args:
-        config: the end's Config (fabric choice and options, registered-bytes budget).
-        domain: its open Domain, or None (a coordinator has none).
-        task: its task name, or None.
-    Returns:
-        dict: rdmadev and TensorFlow (built against) versions, hostname, RDMADEV_FABRIC,
-        every fabric's viability with its reason, the domain's address (the fabrics it opened
-        and their reach; shm's holds the kernel's boot id and the pid namespace), memlock,
-        the registered-bytes budget and the verbs port in use.
-    Example:
-        >>> facts(Config(), domain)["address"]
-        'shm=2daf...:25796;tcp=127.0.0.1:37085'
-    """
-    address = domain.address if domain is not None else ""
-    return {"task": task, **_versions(), "hostname": socket.gethostname(),
-            "fabric_setting": config.fabric,
-            "fabrics": [{"fabric": n, "viable": ok, "reason": why}
-                        for n, ok, why in fabric_report(config)],
-            "address": address, "memlock": _memlock(),
-            "max_registered_bytes": config.max_registered_bytes,
-            "verbs": _verbs_port(address), "pass_mode": pass_mode.current()}
 
 
 # --- judging: plain functions of the two sides' facts ---
@@ -281,7 +182,7 @@ def _fabrics_line(side):
 def _why_not(fabric, mine, theirs):
     """Why the pair does not use `fabric` (one ranked above the one it uses)."""
     for who, side in (("here", mine), ("at the peer", theirs)):
-        if _reach(side["address"], fabric) is None:
+        if reach(side["address"], fabric) is None:
             report = {f["fabric"]: f for f in side["fabrics"]}.get(fabric)
             if report is None:
                 return f"{fabric} not in rdmadev {who}"
@@ -290,7 +191,7 @@ def _why_not(fabric, mine, theirs):
     if fabric == "shm":
         return ("shm not between these two: it needs one kernel and pid namespace, and the "
                 "peer's boot id and pid namespace differ from this host's")
-    return f"{fabric} cannot reach the peer's {_reach(theirs['address'], fabric)}"
+    return f"{fabric} cannot reach the peer's {reach(theirs['address'], fabric)}"
 
 
 def _fabric_choice(domain, config, mine, theirs):
@@ -312,7 +213,7 @@ def _fabric_choice(domain, config, mine, theirs):
 
 def _connects(domain, config, theirs, chosen, timeout):
     """Check "connects": an endpoint to the peer on the chosen fabric opens and is closed."""
-    reach = _reach(theirs["address"], chosen)
+    where = reach(theirs["address"], chosen)
     try:
         domain.connect(theirs["address"], config.fabric, timeout=timeout).close()
     except RdmadevError as e:
@@ -322,8 +223,8 @@ def _connects(domain, config, theirs, chosen, timeout):
             "picks at start, from the kernel's ip_local_port_range, so a firewall must pass "
             "that range between the job's hosts, not only the TF and control ports"
             + (f"; {e.hint}" if e.hint else ""))
-        return _problem("connects", f"{chosen} to the peer's {reach} failed: {e.args[0]}", fix)
-    return _ok("connects", f"a {chosen} endpoint to the peer ({reach}) opened")
+        return _problem("connects", f"{chosen} to the peer's {where} failed: {e.args[0]}", fix)
+    return _ok("connects", f"a {chosen} endpoint to the peer ({where}) opened")
 
 
 # --- talking to the peer ---
@@ -447,7 +348,7 @@ def diagnose(peer, config, timeout=DEFAULT_TIMEOUT_S):
     if theirs is None:
         return _finish(report)
     report["peer_facts"] = theirs
-    checks.append(check_version(_versions(), theirs))
+    checks.append(check_version(versions(), theirs))
     checks.append(check_rewrites(theirs))
     try:
         domain = open_domain("doctor", config)
