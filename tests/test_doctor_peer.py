@@ -105,7 +105,7 @@ def test_json_says_the_same_as_data(served):
     assert theirs["rdmadev"] == rdmadev.__version__
     assert [f["fabric"] for f in theirs["fabrics"]] == [n for n, _, _ in rdmadev.fabric_report()]
     # one kernel and pid namespace: the shm reach of both ends starts with the same key
-    key = lambda facts: facts.reach(facts["address"], "shm").rsplit(":", 1)[0]
+    key = lambda side: facts.reach(side["address"], "shm").rsplit(":", 1)[0]
     assert key(theirs) == key(report["here"])
 
 

@@ -12,8 +12,7 @@ import resource
 
 from .. import _core
 from ..config import Config
-from ..cluster import open_files
-from ..cluster.facts import rdma_devices, rdma_ports
+from ..cluster import facts, open_files
 from ..device import fabric_report
 from ..errors import ConfigError
 from ..tf import ops, protocol
@@ -61,8 +60,8 @@ def _verbs():
     (libibverbs loaded, a device with an ACTIVE port and a usable GID) is the core's verdict,
     in "fabrics"; the core's bindings do not list what it enumerates, so these come from
     sysfs, where the core reads GID types too."""
-    devices = rdma_devices()
-    return {"devices": devices, "ports": rdma_ports(devices)}
+    devices = facts.rdma_devices()
+    return {"devices": devices, "ports": facts.rdma_ports(devices)}
 
 
 def _tensorflow():
@@ -193,7 +192,7 @@ def main(argv=None):
     s = info["dev_shm"]
     print(f"  /dev/shm      : {s.get('size')} ({s['note']})")
     v = info["verbs"]
-    print(f"  rdma devices  : {', '.join(v['devices']) or 'none'} ({SYSFS_IB})")
+    print(f"  rdma devices  : {', '.join(v['devices']) or 'none'} ({facts.SYSFS_IB})")
     for p in v["ports"]:
         print(f"  rdma port     : {p['device']} port {p['port']}: {p['state']}, {p['link_layer']}")
         for g in p["gids"]:
