@@ -8,15 +8,12 @@ import os
 import shutil
 import subprocess
 
+from netns import _ip  # `ip`, in a namespace or not, checked
+
 __all__ = ["Pods"]
 
 #: A private /24 that exists only inside the namespaces this module creates (netns.py's is .77).
 SUBNET = "10.231.78"
-
-
-def _ip(*args, ns=None):
-    cmd = (["ip", "netns", "exec", ns, "ip"] if ns else ["ip"]) + list(args)
-    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=30)
 
 
 class Pods:

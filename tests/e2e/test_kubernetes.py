@@ -29,13 +29,13 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml  # the test extra's pyyaml
 
 import netns
 import pods as pods_mod
 from rdmadev.config import Config
 from rdmadev.tf.server import READY_MARKER
 
-yaml = pytest.importorskip("yaml")
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "kubernetes"
