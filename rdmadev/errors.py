@@ -54,7 +54,11 @@ class AuthError(RdmadevError, PermissionError):
 
 
 class ProtocolError(RdmadevError):
-    """A malformed descriptor, address or frame, or peers out of step."""
+    """A malformed descriptor, address or frame, or peers out of step. A request a peer
+    task refused has `kind`: the class name of what it raised there ("RegionError": past its
+    registered-memory budget); "" else."""
+
+    kind = ""
 
 
 class ClosedError(RdmadevError):

@@ -84,6 +84,9 @@ class ChannelTable:
         self.lock = threading.Lock()
         self.memory = RegisteredMemory(self)  # the regions being allocated, held to the limit
         self.notices = {"sent": 0, "failed": 0}  # release requests to peers (failed setups)
+        # pairs received here released to make room for another plan, and set up again when
+        # their instantiation ran again (the planner's evictions.py asks)
+        self.evictions = {"evicted": 0, "set_up_again": 0}
         self.closing = threading.Event()
         self.received = {}  # instance -> its open_pairs entries received here, until released
         self.growth = Growth(self)
@@ -142,6 +145,8 @@ class ChannelTable:
         opened = in_parallel(lambda p: self.growth.open_as_learned(instance, p), r["pairs"])
         with self.lock:
             self.received.setdefault(instance, []).extend(p for p, _ in opened)
+            if r.get("again"):
+                self.evictions["set_up_again"] += len(opened)
         planner = session()
         if planner is not None:  # released here should the planner die before it asks
             planner.hold(("pairs", instance), functools.partial(self._release_received, instance))
@@ -301,6 +306,9 @@ class ChannelTable:
                 else:
                     _core.unfail_half(key, h)
         if "instance" in r:
+            if r.get("evicted"):
+                with self.lock:
+                    self.evictions["evicted"] += len(self.received.get(r["instance"], ()))
             planner = session()
             if planner is not None:
                 planner.let_go(("pairs", r["instance"]))
@@ -395,14 +403,19 @@ class ChannelTable:
 
         Returns:
             ``{"channels", "senders", "receivers", "parked", "retired", "regions",
-            "registered_bytes", "transfers", "sent", "received", "discarded", "abandoned",
+            "registered_bytes", "planned_bytes", "budget_bytes", "evicted", "set_up_again",
+            "transfers", "sent", "received", "discarded", "abandoned",
             "superseded", "grown", "staged", "stages", "warm", "waits", "fds", "memfd_maps",
             "notices", "reopened", "learned", "wanted", "peers", "silent_peers", "py_threads",
             "work_threads", "thread_names"}``:
             channel halves bound here, sending halves unbound but parked (their receiver had not
             credited all they sent; their memory goes once it has), receiving halves unbound but
             retired (verbs: their ring stays registered for the sender's late writes,
-            LATE_WRITE_GRACE_S), regions and their bytes in this task's Domain, transfers
+            LATE_WRITE_GRACE_S), regions and their bytes in this task's Domain (held: its
+            own channels' rings and credits, stages), the bytes the plans of the pairs
+            received here need (in use) and RDMADEV_MAX_REGISTERED_BYTES (the budget), pairs
+            received here released to make room for another plan and set up again since
+            (evictions.py), transfers
             completed by this process (of the received, those a failed step left behind and that
             were discarded unread; receives that ended without a transfer, and those a later
             step's receive took the place of), larger rings registered for channels whose
@@ -425,8 +438,12 @@ class ChannelTable:
         moved = _core.transfer_counts()
         regions, registered = self.domain.region_stats
         peers = self.peer_endpoints()
+        with self.lock:
+            planned = sum(p["bytes"] for pairs in self.received.values() for p in pairs)
+            evictions = dict(self.evictions)
         return {"channels": bound["senders"] + bound["receivers"], **bound,
-                "regions": regions, "registered_bytes": registered,
+                "regions": regions, "registered_bytes": registered, "planned_bytes": planned,
+                "budget_bytes": self.config.max_registered_bytes, **evictions,
                 "transfers": moved["sent"] + moved["received"], **moved,
                 "waits": self.domain.pending_waits, "fds": len(os.listdir("/proc/self/fd")),
                 "memfd_maps": _memfd_maps(), "notices": dict(self.notices),

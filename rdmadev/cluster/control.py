@@ -25,7 +25,7 @@ import time
 from .. import _core
 from ..config import Config
 from ..errors import (AuthError, DeadlineExceeded, PeerLostError, ProtocolError, RdmadevError,
-                      errno_hint)
+                      RegionError, errno_hint)
 from .event_loop import EventLoop
 from .spec import split_address
 
@@ -232,8 +232,9 @@ def _served_by(handler, session, request):
 async def _serve_connection(sock, where, handler, malformed, inline=(), workers=None):
     """Serves the requests of one authenticated control connection (a non-blocking socket)
     until the peer leaves or breaks the protocol: each request (a length-prefixed JSON object
-    with a string 'op') is answered with `handler(request)`'s result or its error; anything
-    else is answered with a ProtocolError. Requests whose op is in `inline` are answered on
+    with a string 'op') is answered with `handler(request)`'s result (``{"ok": true,
+    "result"}``) or its error (``{"ok": false, "error": text, "kind": its class name}``);
+    anything else is answered with a ProtocolError. Requests whose op is in `inline` are answered on
     the loop itself (they must not block: ping), the others on `workers` (an Executor;
     None: the loop's default), one at a time (a peer waits for each answer). What the
     connection held (Session) is released when it ends. `malformed` (a _LogBudget) logs
@@ -249,7 +250,8 @@ async def _serve_connection(sock, where, handler, malformed, inline=(), workers=
                 return
             if not isinstance(request, dict) or not isinstance(request.get("op"), str):
                 reply = {"ok": False, "error": "ProtocolError: a control request is a JSON "
-                                               "object with a string 'op'"}
+                                               "object with a string 'op'",
+                         "kind": "ProtocolError"}
                 malformed.warning("control: peer %s sent a request that is not an object with "
                                   "an 'op'; refused", where)
             else:
@@ -261,8 +263,14 @@ async def _serve_connection(sock, where, handler, malformed, inline=(), workers=
                                                             request)
                     reply = {"ok": True, "result": result}
                 except Exception as e:  # reported to the caller, who raises it
-                    log.exception("control: request %r failed", request["op"])
-                    reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+                    # Past the registered-memory budget, the planner makes room and asks
+                    # again (evictions.py): expected, not a fault here.
+                    if isinstance(e, RegionError):
+                        log.info("control: request %r refused: %s", request["op"], e)
+                    else:
+                        log.exception("control: request %r failed", request["op"])
+                    reply = {"ok": False, "error": f"{type(e).__name__}: {e}",
+                             "kind": type(e).__name__}
             await loop.sock_sendall(sock, _frame(reply))
     except (OSError, ProtocolError, ValueError) as e:
         log.info("control: connection from %s ended: %s", where, e)
@@ -500,8 +508,11 @@ class ControlClient:
                                                       "its log)") from None
                 raise
         if not reply.get("ok"):
-            raise ProtocolError(f"task at {self.address[0]}:{self.address[1]} refused "
-                                f"{request.get('op')}: {reply.get('error')}")
+            refused = ProtocolError(f"task at {self.address[0]}:{self.address[1]} refused "
+                                    f"{request.get('op')}: {reply.get('error')}")
+            kind = reply.get("kind")
+            refused.kind = kind if isinstance(kind, str) else ""
+            raise refused
         return reply["result"]
 
     async def ping(self, sender):

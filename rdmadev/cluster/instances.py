@@ -39,7 +39,7 @@ import weakref
 from .control import session
 
 __all__ = ["track", "tracked", "owner_of_current_call", "watch_function", "release_function",
-           "own_function"]
+           "own_function", "release_on_tasks"]
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
@@ -67,11 +67,16 @@ def owner_of_current_call():
     return None
 
 
-def _release_on_tasks(call, instance, tasks, keys):
-    """Asks every task of `instance` to unbind its channels (best effort)."""
+def release_on_tasks(call, instance, tasks, keys, evicted=False):
+    """Asks every task of `instance` to unbind its channels (best effort); `evicted`: to make
+    room for another plan, the instantiation to be set up again when it runs (evictions.py;
+    the tasks count it)."""
+    request = {"op": "release", "instance": instance, "keys": keys, "half": "both"}
+    if evicted:
+        request["evicted"] = True
     for task in tasks:
         try:
-            call(task, {"op": "release", "instance": instance, "keys": keys, "half": "both"})
+            call(task, request)
         except Exception as e:  # a dead task took its channels with it
             log.info("rdmadev: could not release instance %s at %s: %s", instance, task, e)
 
@@ -189,7 +194,7 @@ def track(call, instance, transfers, function="", marked=()):
     keys = [t.channel_key for t in transfers]
 
     def release():
-        _release_on_tasks(call, instance, tasks, keys)
+        release_on_tasks(call, instance, tasks, keys)
 
     owner = owner_of_current_call()
     if owner is not None:

@@ -56,7 +56,8 @@ def in_parallel(fn, items):
     return [f.result() for f in futures]
 
 
-def open_channels(call, instance, transfers, region_bytes, function="", marked=(), scope=""):
+def open_channels(call, instance, transfers, region_bytes, function="", marked=(), scope="",
+                  again=False):
     """Sets up the channels of an instantiation's swapped transfers: one ``open_pairs``
     request per receiving task (in parallel), one ``attach_senders`` round trip from each
     receiver to each of its senders (in parallel).
@@ -70,10 +71,14 @@ def open_channels(call, instance, transfers, region_bytes, function="", marked=(
         function: the name of the function instantiated, and `marked` the optimized functions
             it is or calls (releases follow them: instances.py).
         scope: the function's name across its instantiations (lineage).
+        again: the instantiation's channels were evicted and are set up again (counted by
+            the tasks as ``set_up_again``: evictions.py).
     Returns:
         ``({channel key: fabric}, {recv task: bytes registered there})``.
     Raises:
-        ProtocolError: naming the receiving task, and the sender and channel where known.
+        ProtocolError: naming the receiving task, and the sender and channel where known;
+            ``over_budget`` is that task when it refused for lack of registered memory
+            (RDMADEV_MAX_REGISTERED_BYTES), else None.
     """
     transfers = list({t.channel_key: t for t in transfers}.values())  # a bundle's share one channel
     pairs = {}  # recv task -> send task -> [transfer]
@@ -85,11 +90,15 @@ def open_channels(call, instance, transfers, region_bytes, function="", marked=(
         request = {"op": "open_pairs", "instance": instance, "pairs": [
             {"sender": s, "bytes": region_bytes[ts[0].region],
              "channels": [_channel_entry(t, scope) for t in ts]} for s, ts in senders.items()]}
+        if again:
+            request["again"] = True
         try:
             return call(recv_task, request)["pairs"]
         except Exception as e:
-            raise ProtocolError(f"receiving task {recv_task} could not set up channels from "
-                                f"{', '.join(senders)}: {e}") from None
+            refused = ProtocolError(f"receiving task {recv_task} could not set up channels "
+                                    f"from {', '.join(senders)}: {e}")
+            refused.over_budget = recv_task if getattr(e, "kind", "") == "RegionError" else None
+            raise refused from None
 
     try:
         opened = in_parallel(open_receiver, pairs)

@@ -22,9 +22,9 @@ from graph_pass.pass_view import PassView
 from graph_pass.plan import Config as PlanConfig
 
 from .. import _core
-from ..cluster import reports, runtime
-from ..cluster.channels import open_channels
+from ..cluster import evictions, reports, runtime
 from ..cluster.opening import lineage
+from . import calls
 from .api import opt_in_marker
 
 __all__ = ["rewrites", "plan_config", "lineage_scope", "OPS_CARRY"]
@@ -88,9 +88,10 @@ def rewrites(partitions, function="", marked=(), task=""):
     plan = graph_pass.plan_partitions(partitions, plan_config(rt.config, halves),
                                       instance_id=instance, rules=_core.PLANNER_RULES)
     swap = [t for t in plan.transfers if t.decision == "swap"]
-    fabrics, registered = open_channels(rt.call, instance, [t for t in swap if t.halves == "both"],
-                                        {r.region_id: r.bytes for r in plan.regions}, function,
-                                        marked, lineage_scope(function))
+    calls.install()  # before the first call that may find this instantiation evicted
+    fabrics, registered = evictions.open_within_budget(
+        rt.call, instance, [t for t in swap if t.halves == "both"],
+        {r.region_id: r.bytes for r in plan.regions}, function, marked, lineage_scope(function))
     swapped, kept, capacities = [], [], {}
     for t in plan.transfers:
         route = f"{t.send_task} -> {t.recv_task}"

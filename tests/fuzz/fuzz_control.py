@@ -130,9 +130,11 @@ def expected_replies(data):
         pos += n
         if not isinstance(request, dict) or not isinstance(request.get("op"), str):
             replies.append({"ok": False, "error": "ProtocolError: a control request is a JSON "
-                                                  "object with a string 'op'"})
+                                                  "object with a string 'op'",
+                            "kind": "ProtocolError"})
         elif request["op"].startswith("fail"):
-            replies.append({"ok": False, "error": "ValueError: asked to fail"})
+            replies.append({"ok": False, "error": "ValueError: asked to fail",
+                            "kind": "ValueError"})
         else:
             replies.append({"ok": True, "result": {"op": request["op"]}})
     return replies, False

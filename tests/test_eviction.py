@@ -1,0 +1,178 @@
+"""Registered memory as a budgeted cache (rdmadev/cluster/evictions.py), on a real loopback
+cluster of `rdmadev serve` tasks (1 ps, 2 workers) whose RDMADEV_MAX_REGISTERED_BYTES holds
+about eleven instantiations of one training step (benchmarks/retrace.py's): the step called
+with 60 batch sizes (60 traces, every one kept alive by TF) stays within the budget on every
+task, the instantiations evicted on the way are set up again when called, and training is
+bit for bit gRPC's."""
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from held import other_fds
+from rdmadev import Config
+from rdmadev.cluster import evictions, runtime
+from rdmadev.errors import ProtocolError
+from rdmadev.testing import launch
+
+RETRACE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                       "benchmarks", "retrace.py")
+#: Each task's budget: about eleven instantiations of the benchmark's step (its SMALL_BUDGET).
+BUDGET = 768 << 10
+ENV = {"RDMADEV_SECRET": "rdmadev-eviction-secret", "RDMADEV_DEADLINE_S": "60",
+       "RDMADEV_MAX_REGISTERED_BYTES": str(BUDGET)}
+TRACES, AGAIN = 60, 5
+#: A coordinator tracing and instantiating 60 functions on a loaded 2-core box.
+DRIVER_TIMEOUT_S = 900
+
+
+class _Owner:
+    """Stands for an AtomicFunction: what evictions keys instantiations by (weakly)."""
+
+
+def _kept(ev, count, task="ps", size=100):
+    """`count` instantiations kept in `ev`, oldest first: their owners, and the log of what
+    was released and set up again."""
+    owners, log = [_Owner() for _ in range(count)], []
+    for i, owner in enumerate(owners):
+        ev.keep(owner, f"i{i}", lambda again, i=i: log.append(("setup", i)) or ({}, {task: size}),
+                lambda i=i: log.append(("release", i)), {task: size})
+    return owners, log
+
+
+def test_the_idle_longest_go_first_a_running_one_never_and_a_call_sets_it_up_again():
+    ev = evictions.Evictions()
+    owners, log = _kept(ev, 4)
+    with ev.calling(owners[0]):  # the oldest, but running now: kept, and now the newest
+        assert ev.make_room("ps", 150)  # two of 100 B cover 150 B
+    assert log == [("release", 1), ("release", 2)]
+    assert ev.make_room("other-task", 1) is False  # nothing held there
+    with ev.calling(owners[2]):  # evicted: set up again before the call runs
+        assert log[-1] == ("setup", 2)
+    assert ev.counters() == {"planned": 4, "evicted_now": 1, "evicted": 2, "set_up_again": 1}
+    del owners[3]  # TF dropped that function: its instantiation is no longer kept
+    assert ev.counters()["planned"] == 3
+
+
+def test_a_call_waits_for_an_eviction_in_flight_then_sets_it_up_again():
+    ev = evictions.Evictions()
+    released, go_on = threading.Event(), threading.Event()
+    owner, log = _Owner(), []
+
+    def release():
+        released.set()
+        go_on.wait(30)
+        log.append("released")
+    ev.keep(owner, "i", lambda again: log.append("setup") or ({}, {"ps": 1}), release, {"ps": 1})
+    evictor = threading.Thread(target=ev.make_room, args=("ps", 1))
+    evictor.start()
+    assert released.wait(30)
+    caller = threading.Thread(target=lambda: ev.calling(owner).__enter__())
+    caller.start()
+    caller.join(0.5)
+    assert caller.is_alive() and log == []  # at the gate while the release runs
+    go_on.set()
+    caller.join(30)
+    evictor.join(30)
+    assert log == ["released", "setup"]
+
+
+def test_a_refusal_that_is_not_for_room_is_raised_as_it_is():
+    ev = evictions.Evictions()
+    _kept(ev, 1)
+    refused = ProtocolError("receiving task ps could not set up channels: reset")
+    refused.over_budget = None
+
+    def setup():
+        raise refused
+    with pytest.raises(ProtocolError) as e:
+        ev._within_budget(setup, {"ps": 1}, exclude=None)
+    assert e.value is refused and ev.counters()["evicted"] == 0
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with launch.Cluster(num_ps=1, num_workers=2, env=ENV) as c:
+        yield c
+
+
+def run(cluster, mode, traces=TRACES, again=AGAIN):
+    proc = subprocess.run([sys.executable, RETRACE, "--one", json.dumps(cluster.spec), mode,
+                           str(traces), str(again)],
+                          capture_output=True, text=True, timeout=DRIVER_TIMEOUT_S,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **ENV})
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, (proc.stdout + proc.stderr)[-4000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+@pytest.fixture(scope="module")
+def runs(cluster):
+    return {mode: run(cluster, mode) for mode in ("grpc", "rdmadev")}
+
+
+@pytest.mark.tf
+def test_sixty_traces_train_bit_for_bit_as_grpc(runs):
+    grpc, rdma = runs["grpc"], runs["rdmadev"]
+    assert rdma["traces"] == grpc["traces"] == TRACES
+    assert len(rdma["swapped"]) == TRACES and all(rdma["swapped"]), rdma["swapped"]
+    assert rdma["losses"] == grpc["losses"]  # the 60 steps, then 5 run again after eviction
+    assert rdma["w0"] == grpc["w0"] and rdma["w1"] == grpc["w1"]
+
+
+@pytest.mark.tf
+def test_sixty_traces_stay_within_the_budget_where_ten_were(runs):
+    rdma = runs["rdmadev"]
+    for task, end in rdma["end"].items():
+        ten = rdma["after_10"][task]
+        assert end["budget_bytes"] == BUDGET
+        assert end["registered_bytes"] <= BUDGET, (task, end["registered_bytes"])
+        assert end["registered_bytes"] <= ten["registered_bytes"] + (100 << 20)
+        assert end["planned_bytes"] <= end["registered_bytes"], (task, end)
+        assert other_fds(end) <= other_fds(ten) + 8, (task, other_fds(ten), other_fds(end))
+        assert end["memfd_maps"] <= ten["memfd_maps"] + 16, (task, ten["memfd_maps"],
+                                                             end["memfd_maps"])
+
+
+@pytest.mark.tf
+def test_evicted_instantiations_are_set_up_again_when_called(runs):
+    rdma = runs["rdmadev"]
+    here = rdma["evictions"]
+    assert here["planned"] == TRACES
+    # Most of the 60 went to make room; the first AGAIN sizes, evicted long before, ran again.
+    assert here["evicted"] >= TRACES - 15 and here["set_up_again"] >= AGAIN, here
+    tasks = rdma["end"].values()
+    assert sum(c["evicted"] for c in tasks) >= here["evicted"], rdma["end"]
+    assert sum(c["set_up_again"] for c in tasks) >= here["set_up_again"], rdma["end"]
+
+
+@pytest.mark.tf
+def test_the_budget_holds_the_first_ten_instantiations(runs):
+    """Nothing is evicted before the budget binds: after 10 traces every task held all ten
+    instantiations' channels."""
+    rdma = runs["rdmadev"]
+    for task, ten in rdma["after_10"].items():
+        assert ten["planned_bytes"] <= BUDGET and ten["evicted"] == 0, (task, ten)
+    # ps, worker:0 and worker:1 each receive from both others: 2 pairs per instantiation
+    assert all(ten["regions"] >= 10 * 2 for ten in rdma["after_10"].values()), rdma["after_10"]
+
+
+@pytest.mark.tf
+def test_nothing_is_left_on_the_tasks_once_the_coordinators_exit(cluster, runs):
+    """Evicted, set up again, evicted again: every instantiation's channels go when its
+    coordinator exits, none left bound or registered (a leak would show here)."""
+    rt = runtime.Runtime(cluster.spec, config=Config(secret=ENV["RDMADEV_SECRET"].encode()))
+    held = ("channels", "regions", "registered_bytes", "planned_bytes", "memfd_maps")
+    tasks = list(runs["rdmadev"]["end"])
+    now = lambda: {t: {k: rt.call(t, {"op": "counters"})[k] for k in held} for t in tasks}
+    try:
+        deadline = time.monotonic() + 60  # releases take milliseconds once the sockets close
+        while any(any(c.values()) for c in now().values()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(any(c.values()) for c in now().values()), now()
+    finally:
+        rt.close()
