@@ -176,3 +176,47 @@ def test_nothing_is_left_on_the_tasks_once_the_coordinators_exit(cluster, runs):
         assert not any(any(c.values()) for c in now().values()), now()
     finally:
         rt.close()
+
+
+#: A coordinator whose one step moves a 1 MiB variable to worker:0 and back: more than a
+#: task's whole budget, with nothing of this process's to evict.
+TOO_BIG = """
+import json, sys
+import tensorflow as tf
+import rdmadev
+from graph_pass.devices import task_name
+from rdmadev.cluster import runtime
+spec = json.loads(sys.argv[1])
+tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(spec))
+runtime.start(spec)
+with tf.device(task_name("ps", 0)):
+    v = tf.Variable(tf.zeros([512, 512]))
+
+@rdmadev.optimize
+@tf.function
+def step():
+    with tf.device(task_name("worker", 0)):
+        u = v + 1.0
+    with tf.device(task_name("ps", 0)):
+        v.assign(u)
+
+for _ in range(3):
+    step()
+print("RESULT " + json.dumps({"sum": float(tf.reduce_sum(v)), "report": step.report}))
+"""
+
+
+@pytest.mark.tf
+def test_a_plan_larger_than_the_budget_runs_on_grpc_and_says_why(cluster):
+    """Where rdmadev has no room it keeps TF's path, as TF would run the step: the report
+    names the reason and one WARNING the task and the fix."""
+    proc = subprocess.run([sys.executable, "-c", TOO_BIG, json.dumps(cluster.spec)],
+                          capture_output=True, text=True, timeout=DRIVER_TIMEOUT_S,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **ENV})
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, (proc.stdout + proc.stderr)[-4000:]
+    r = json.loads(lines[-1][len("RESULT "):])
+    assert r["sum"] == 3.0 * 512 * 512
+    assert "0 transfers swapped" in r["report"] and "(over_budget)" in r["report"], r["report"]
+    warned = [l for l in proc.stderr.splitlines() if "stays on gRPC" in l]
+    assert len(warned) == 1 and "RDMADEV_MAX_REGISTERED_BYTES" in warned[0], proc.stderr[-4000:]

@@ -23,11 +23,12 @@ from graph_pass.plan import Config as PlanConfig
 
 from .. import _core
 from ..cluster import evictions, reports, runtime
+from ..errors import ProtocolError
 from ..cluster.opening import lineage
 from . import calls
 from .api import opt_in_marker
 
-__all__ = ["rewrites", "plan_config", "lineage_scope", "OPS_CARRY"]
+__all__ = ["rewrites", "plan_config", "lineage_scope", "OPS_CARRY", "OVER_BUDGET"]
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
@@ -43,6 +44,11 @@ _instances = itertools.count()
 #: loop's frame is labelled alike, and the pass runs that frame's iterations one at a time on
 #: each task, so that a channel carries them in order; pass.cc, RunIterationsInOrder).
 OPS_CARRY = {"dynamic_shapes": True, "half_pairs": True, "dead_tensors": True, "loops": True}
+
+
+#: A report's reason for a pair the plan swapped that stays on gRPC after all: its receiving
+#: task has no room within RDMADEV_MAX_REGISTERED_BYTES (_kept_over_budget).
+OVER_BUDGET = "over_budget"
 
 
 def plan_config(config, halves=False):
@@ -89,9 +95,15 @@ def rewrites(partitions, function="", marked=(), task=""):
                                       instance_id=instance, rules=_core.PLANNER_RULES)
     swap = [t for t in plan.transfers if t.decision == "swap"]
     calls.install()  # before the first call that may find this instantiation evicted
-    fabrics, registered = evictions.open_within_budget(
-        rt.call, instance, [t for t in swap if t.halves == "both"],
-        {r.region_id: r.bytes for r in plan.regions}, function, marked, lineage_scope(function))
+    try:
+        fabrics, registered = evictions.open_within_budget(
+            rt.call, instance, [t for t in swap if t.halves == "both"],
+            {r.region_id: r.bytes for r in plan.regions}, function, marked,
+            lineage_scope(function))
+    except ProtocolError as e:
+        if getattr(e, "over_budget", None) is None:
+            raise
+        return _kept_over_budget(rt, instance, plan, function, marked, e)
     swapped, kept, capacities = [], [], {}
     for t in plan.transfers:
         route = f"{t.send_task} -> {t.recv_task}"
@@ -117,6 +129,23 @@ def rewrites(partitions, function="", marked=(), task=""):
     reports.record(report)
     log.info("%s", report)
     return PassView.of(plan, max_bytes=rt.config.max_tensor_bytes)
+
+
+def _kept_over_budget(rt, instance, plan, function, marked, refused):
+    """What rewrites returns when a receiving task has no room for the plan within its
+    RDMADEV_MAX_REGISTERED_BYTES, even with every instantiation this process could evict gone
+    (evictions.py): the instantiation stays on TF's gRPC path, as TF would run it, its report
+    saying why (``over_budget``) and one WARNING naming the task and the fix."""
+    kept = [(t.tensor_name, f"{t.send_task} -> {t.recv_task}",
+             OVER_BUDGET if t.decision == "swap" else t.reason) for t in plan.transfers]
+    report = reports.Report(instance, [], kept, {}, function=function, task=rt.name,
+                            marked=list(marked))
+    reports.record(report)
+    log.warning("rdmadev: instance %s%s stays on gRPC: %s has no room for its channels within "
+                "its registered-memory budget, and nothing this process planned is left to "
+                "evict there; %s", instance, f" ({function})" if function else "",
+                refused.over_budget, refused)  # which names the bytes, the limit and the fix
+    return PassView()
 
 
 def _meet_halves(rt, halves, report):
