@@ -277,6 +277,27 @@ def test_release_frees_regions_credits_and_mappings_on_every_task(world):
         assert other_fds(after) == other_fds(before[t]), (t, before[t], after)
 
 
+def test_an_instantiation_evicted_after_a_clean_step_frees_its_memory_at_once(world):
+    """evictions.py releases an instantiation idle after a clean call as `evicted` and
+    `quiescent`: every transfer it sent was taken, so no receiving ring is kept for a late
+    write (verbs keeps a released one LATE_WRITE_GRACE_S otherwise) and the plan it was
+    evicted for gets the room at once. The receiving task counts the pair evicted."""
+    rt, _ = world
+    instance = f"evicted{next(_instances)}"
+    _, swap, regions = plan([(W0, PS)], sizes=(400,))
+    keys = [t.channel_key for t in swap]
+    before = settled(rt, PS)
+    channels.open_channels(rt.call, instance, swap, regions)
+    assert exchange(rt, swap[0], 3, seed=11) == []  # a clean step: sent and taken
+    for task in (PS, W0):
+        rt.call(task, {"op": "release", "keys": keys, "half": "both", "instance": instance,
+                       "evicted": True, "quiescent": True})
+    after = rt.call(PS, {"op": "counters"})  # at once: nothing kept for the peer
+    assert after["retired"] == 0 and after["parked"] == 0, after
+    assert after["registered_bytes"] == before["registered_bytes"], (before, after)
+    assert after["evicted"] == before["evicted"] + 1
+
+
 def test_a_sending_half_released_before_its_receiver_took_its_transfer_waits_for_the_receiver(world):
     """The planner's release may reach a sender while a transfer it sent is still in the
     receiver's slot (its step cut short): the sending half is parked, its credit region kept,

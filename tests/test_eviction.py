@@ -40,7 +40,7 @@ def _kept(ev, count, task="ps", size=100):
     owners, log = [_Owner() for _ in range(count)], []
     for i, owner in enumerate(owners):
         ev.keep(owner, f"i{i}", lambda again, i=i: log.append(("setup", i)) or ({}, {task: size}),
-                lambda i=i: log.append(("release", i)), {task: size})
+                lambda quiescent, i=i: log.append(("release", i, quiescent)), {task: size})
     return owners, log
 
 
@@ -49,11 +49,15 @@ def test_the_idle_longest_go_first_a_running_one_never_and_a_call_sets_it_up_aga
     owners, log = _kept(ev, 4)
     with ev.calling(owners[0]):  # the oldest, but running now: kept, and now the newest
         assert ev.make_room("ps", 150)  # two of 100 B cover 150 B
-    assert log == [("release", 1), ("release", 2)]
+    assert log == [("release", 1, True), ("release", 2, True)]
     assert ev.make_room("other-task", 1) is False  # nothing held there
     with ev.calling(owners[2]):  # evicted: set up again before the call runs
         assert log[-1] == ("setup", 2)
     assert ev.counters() == {"planned": 4, "evicted_now": 1, "evicted": 2, "set_up_again": 1}
+    with pytest.raises(RuntimeError), ev.calling(owners[3]):
+        raise RuntimeError("the step failed")  # a transfer of it may still be in flight
+    assert ev.make_room("ps", 300)  # all three left, the one that failed last
+    assert log[-3:] == [("release", 0, True), ("release", 2, True), ("release", 3, False)]
     del owners[3]  # TF dropped that function: its instantiation is no longer kept
     assert ev.counters()["planned"] == 3
 
@@ -63,7 +67,7 @@ def test_a_call_waits_for_an_eviction_in_flight_then_sets_it_up_again():
     released, go_on = threading.Event(), threading.Event()
     owner, log = _Owner(), []
 
-    def release():
+    def release(quiescent):
         released.set()
         go_on.wait(30)
         log.append("released")

@@ -283,7 +283,8 @@ class ChannelTable:
         -9 or Ctrl-C while it exits) may never reach them, and this task's hold on its
         connection (open_pairs) is let go now, so no one else would. With ``r["failed"]``
         (``[why, fix]``: their pair could not be set up again, reopen), the steps that wait
-        for those halves fail with it at once; without, a reason given earlier is dropped."""
+        for those halves fail with it at once; without, a reason given earlier is dropped.
+        With ``r["quiescent"]`` nothing is parked or retired (evictions.py)."""
         half = r.get("half", "both")
         self.growth.released(r["keys"], half)
         if half != "send" and "instance" not in r:  # the planner's: _release_received
@@ -296,8 +297,13 @@ class ChannelTable:
                     else:
                         del self.received[instance]
         # A sending half its receiver may still read or credit is parked (registry.h); for
-        # less time once the receiver says it unbound its half (notify).
+        # less time once the receiver says it unbound its half (notify). A quiescent release
+        # (an instantiation evicted after a clean call: every transfer it sent was taken and
+        # none is in flight) keeps nothing: a receiving ring kept for late writes (verbs)
+        # would hold its memory LATE_WRITE_GRACE_S from the plan it was evicted for.
         park_s = _core.RELEASED_GRACE_S if r.get("receiver_unbound") else _core.PARKED_GRACE_S
+        if r.get("quiescent"):
+            park_s = 0
         n = sum(_core.unbind_channel(key, half, park_s) for key in r["keys"])
         for h in ("send", "recv") if half == "both" else (half,):
             for key in r["keys"]:

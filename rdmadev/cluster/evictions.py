@@ -53,10 +53,11 @@ class _Planned:
     def __init__(self, instance, setup, release, registered):
         self.instance = instance
         self.setup = setup  # setup(again) -> (fabrics, registered)
-        self.release = release  # release() on every task, as evicted
+        self.release = release  # release(quiescent) on every task, as evicted
         self.registered = registered  # {receiving task: bytes}
         self.used = 0  # Evictions.clock when last called (or planned)
         self.running = 0  # calls in flight
+        self.clean = True  # its last call ended without an error: nothing of it in flight
         self.evicted = False
         self.gate = threading.Lock()
 
@@ -93,14 +94,16 @@ class Evictions:
         if owner is not None and registered:
             tasks = sorted({t.recv_task for t in transfers} | {t.send_task for t in transfers})
             keys = [t.channel_key for t in transfers]
-            self.keep(owner, instance, setup, lambda: instances.release_on_tasks(
-                call, instance, tasks, keys, evicted=True), registered)
+            self.keep(owner, instance, setup, lambda quiescent: instances.release_on_tasks(
+                call, instance, tasks, keys, evicted=True, quiescent=quiescent), registered)
         return fabrics, registered
 
     def keep(self, owner, instance, setup, release, registered):
         """Keeps `instance`, called through `owner`, for eviction: ``setup(again)`` sets it up
-        (returning ``(fabrics, {recv task: bytes})``), ``release()`` releases it on every
-        task, and it holds `registered` (``{recv task: bytes}``) now."""
+        (returning ``(fabrics, {recv task: bytes})``), ``release(quiescent)`` releases it on
+        every task (`quiescent`: its last call ended cleanly, so no write of it is in flight and
+        no receiving ring need be kept for a late one), and it holds `registered` (``{recv
+        task: bytes}``) now."""
         planned = _Planned(instance, setup, release, dict(registered))
         with self.lock:
             planned.used = next(self.clock)
@@ -131,11 +134,11 @@ class Evictions:
                 if not p.gate.acquire(blocking=False):  # set up or released right now
                     continue
                 p.evicted = True  # a call from now on waits at the gate, then sets it up
-                chosen.append(p)
+                chosen.append((p, p.clean))
                 freed += p.registered[task]
-        for p in chosen:
+        for p, clean in chosen:
             try:
-                p.release()
+                p.release(clean)
             finally:
                 p.gate.release()
         with self.lock:
@@ -162,23 +165,28 @@ class Evictions:
                 if p.evicted:
                     self._set_up_again(p)
         except BaseException:
-            self.end_call(planned)
+            self.end_call(planned, clean=False)
             raise
         return planned
 
-    def end_call(self, planned):
+    def end_call(self, planned, clean=True):
+        """After the call begin_call returned `planned` for; `clean`: it ended without an
+        error (a failed step may leave a transfer of it in flight)."""
         with self.lock:
             for p in planned:
                 p.running -= 1
+                p.clean = clean
 
     @contextlib.contextmanager
     def calling(self, owner):
         """begin_call and end_call around a block."""
         planned = self.begin_call(owner)
+        clean = False
         try:
             yield
+            clean = True
         finally:
-            self.end_call(planned)
+            self.end_call(planned, clean)
 
     def _set_up_again(self, p):
         with p.gate:

@@ -67,13 +67,15 @@ def owner_of_current_call():
     return None
 
 
-def release_on_tasks(call, instance, tasks, keys, evicted=False):
+def release_on_tasks(call, instance, tasks, keys, evicted=False, quiescent=False):
     """Asks every task of `instance` to unbind its channels (best effort); `evicted`: to make
     room for another plan, the instantiation to be set up again when it runs (evictions.py;
-    the tasks count it)."""
+    the tasks count it); `quiescent`: no transfer of it is in flight (ChannelTable.release)."""
     request = {"op": "release", "instance": instance, "keys": keys, "half": "both"}
     if evicted:
         request["evicted"] = True
+    if quiescent:
+        request["quiescent"] = True
     for task in tasks:
         try:
             call(task, request)

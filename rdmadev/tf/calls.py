@@ -31,10 +31,13 @@ def install():
             running = evictions.begin_call(self)
         except RdmadevError as e:
             raise as_tf_error(e) from e
+        clean = False
         try:
-            return original(self, *args)
+            outputs = original(self, *args)
+            clean = True
+            return outputs
         finally:
-            evictions.end_call(running)
+            evictions.end_call(running, clean)
 
     call_flat.rdmadev_wrapped = True
     call_flat.__doc__ = original.__doc__

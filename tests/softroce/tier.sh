@@ -14,8 +14,9 @@
 # - completion and QP errors: a wait on a killed peer and the progress thread reporting it;
 # - registration: test_verbs (descriptor keys, dead peer within seconds, wrong GID index or
 #   device, the pyverbs peer both ways, memlock limits), the registered-memory limit, and a
-#   release, a parked half's memory kept for late writes, and a ring grown (re-registered)
-#   by the control plane between task processes (test_channel_setup);
+#   release, a parked half's memory kept for late writes (and none kept for an instantiation
+#   evicted after a clean step), and a ring grown (re-registered) by the control plane between
+#   task processes (test_channel_setup);
 # - a connection cut between tasks: the side channel reset, QPs set up again;
 # - TF's ops where they take a verbs path: a dynamic tensor's shape block, a bundle's one
 #   write, RDMA READ of a stage (a tensor past its slots: staged, never rewritten before it
@@ -66,6 +67,7 @@ TESTS=(
     tests/test_channel_setup.py::test_one_round_trip_per_pair_and_the_channels_carry_data
     tests/test_channel_setup.py::test_registered_memory_past_the_task_limit_is_refused_naming_the_setting
     tests/test_channel_setup.py::test_release_frees_regions_credits_and_mappings_on_every_task
+    tests/test_channel_setup.py::test_an_instantiation_evicted_after_a_clean_step_frees_its_memory_at_once
     tests/test_channel_setup.py::test_a_setup_past_the_memory_limit_waits_for_memory_a_parked_half_keeps
     tests/test_channel_setup.py::test_channels_of_a_connection_cut_while_both_tasks_run_are_set_up_again
     tests/test_channel_setup.py::test_a_channel_whose_tensors_outgrew_its_slots_moves_to_a_larger_ring
