@@ -3,7 +3,9 @@ cluster of `rdmadev serve` tasks (1 ps, 2 workers) whose RDMADEV_MAX_REGISTERED_
 about eleven instantiations of one training step (benchmarks/retrace.py's): the step called
 with 60 batch sizes (60 traces, every one kept alive by TF) stays within the budget on every
 task, the instantiations evicted on the way are set up again when called, and training is
-bit for bit gRPC's."""
+bit for bit gRPC's; a plan larger than the whole budget stays on gRPC and says why. The
+eviction policy itself (which go, never one running, a call waiting for an eviction in
+flight) is tested first, without TF."""
 import json
 import os
 import subprocess
@@ -224,3 +226,19 @@ def test_a_plan_larger_than_the_budget_runs_on_grpc_and_says_why(cluster):
     assert "0 transfers swapped" in r["report"] and "(over_budget)" in r["report"], r["report"]
     warned = [l for l in proc.stderr.splitlines() if "stays on gRPC" in l]
     assert len(warned) == 1 and "RDMADEV_MAX_REGISTERED_BYTES" in warned[0], proc.stderr[-4000:]
+
+
+@pytest.mark.tf
+def test_setting_up_again_fails_with_the_error_class_a_step_would():
+    """TF's retrying callers read the class: a task gone is Unavailable, no room left is TF's
+    out-of-memory class."""
+    import tensorflow as tf
+
+    from rdmadev.tf import calls
+    refused = ProtocolError("receiving task ps could not set up channels: past its limit")
+    refused.over_budget = "/job:ps/replica:0/task:0"
+    assert isinstance(calls.as_tf_error(refused), tf.errors.ResourceExhaustedError)
+    gone = ProtocolError("receiving task ps could not set up channels: connection refused")
+    gone.over_budget = None
+    error = calls.as_tf_error(gone)
+    assert isinstance(error, tf.errors.UnavailableError) and "connection refused" in str(error)
