@@ -56,9 +56,11 @@ class AuthError(RdmadevError, PermissionError):
 class ProtocolError(RdmadevError):
     """A malformed descriptor, address or frame, or peers out of step. A request a peer
     task refused has `kind`: the class name of what it raised there ("RegionError": past its
-    registered-memory budget); "" else."""
+    registered-memory budget); "" else. A channel setup a receiving task refused for lack of
+    room within its budget has `over_budget`: that task (opening.open_channels); None else."""
 
     kind = ""
+    over_budget = None
 
 
 class ClosedError(RdmadevError):

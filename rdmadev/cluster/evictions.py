@@ -116,7 +116,7 @@ class Evictions:
             try:
                 return setup()
             except ProtocolError as e:
-                task = getattr(e, "over_budget", None)
+                task = e.over_budget
                 if task is None or not self.make_room(task, needed.get(task, 0), exclude):
                     raise
 

@@ -97,7 +97,8 @@ def open_channels(call, instance, transfers, region_bytes, function="", marked=(
         except Exception as e:
             refused = ProtocolError(f"receiving task {recv_task} could not set up channels "
                                     f"from {', '.join(senders)}: {e}")
-            refused.over_budget = recv_task if getattr(e, "kind", "") == "RegionError" else None
+            if getattr(e, "kind", "") == "RegionError":
+                refused.over_budget = recv_task
             raise refused from None
 
     try:

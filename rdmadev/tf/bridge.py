@@ -101,7 +101,7 @@ def rewrites(partitions, function="", marked=(), task=""):
             {r.region_id: r.bytes for r in plan.regions}, function, marked,
             lineage_scope(function))
     except ProtocolError as e:
-        if getattr(e, "over_budget", None) is None:
+        if e.over_budget is None:
             raise
         return _kept_over_budget(rt, instance, plan, function, marked, e)
     swapped, kept, capacities = [], [], {}
