@@ -12,12 +12,17 @@ Example:
     ('tcp', {'verbs.device': 'rxe0'})
 """
 import dataclasses
+import functools
 import logging
 import os
+import resource
 
 from .errors import ConfigError
 
-__all__ = ["Config", "VARIABLES", "FABRIC_CHOICES", "FABRIC_OPTION_VARIABLES", "with_variable_names"]
+__all__ = ["Config", "VARIABLES", "FABRIC_CHOICES", "FABRIC_OPTION_VARIABLES", "with_variable_names",
+           "default_max_registered_bytes", "fabrics_may_open", "locked_memory",
+           "physical_memory", "memlock_holds", "VERBS_STAGING_BYTES", "RAISE_MEMLOCK",
+           "size_text"]
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
@@ -40,7 +45,7 @@ VARIABLES = (
     ("RDMADEV_ENABLED", "1", "0 turns rdmadev off everywhere: optimize() and RDMADEV_AUTO leave every function on TF's gRPC path."),
     ("RDMADEV_PLUGIN", "1", "0 keeps rdmadev's loader in site-packages/tensorflow-plugins/ inactive: `import tensorflow` then registers no grpc+rdmadev protocol (`rdmadev serve` still loads it)."),
     ("RDMADEV_AUTO", "0", "1 rewrites every function instantiated in the process (in tasks started by `rdmadev serve`: functions they partition, e.g. ParameterServerStrategy steps), so scripts run unchanged."),
-    ("RDMADEV_MAX_REGISTERED_BYTES", "(half of RAM)", "Bytes of channel regions a task registers at most (all its peers together; a K/M/G/T suffix counts in 1024s), a budget: a setup request past it is refused, and the process that planned it then releases the channels of its instantiations called longest ago that hold memory on that task and asks again (an evicted one is set up again before it next runs; `evicted`, `set_up_again` in rdmadev.counters()). With nothing of its own left to release there, the instantiation stays on TF's gRPC path with a WARNING (`over_budget` in its report); a setup request outside a plan fails with a RegionError naming this variable (after waiting up to 10.5 s when part of that memory is kept by unbound halves for their peer: a sending half parked until its receiver took its last transfer, a verbs ring retired for late writes after a broken connection), and a sender with no room left for a stage sends a tensor larger than its slots in chunks instead."),
+    ("RDMADEV_MAX_REGISTERED_BYTES", "(half of RAM; on verbs, at most half the memlock limit)", "Bytes of channel regions a task registers at most (all its peers together; a K/M/G/T suffix counts in 1024s), a budget: a setup request past it is refused, and the process that planned it then releases the channels of its instantiations called longest ago that hold memory on that task and asks again (an evicted one is set up again before it next runs; `evicted`, `set_up_again` in rdmadev.counters()). With nothing of its own left to release there, the instantiation stays on TF's gRPC path with a WARNING (`over_budget` in its report); a setup request outside a plan fails with a RegionError naming this variable (after waiting up to 10.5 s when part of that memory is kept by unbound halves for their peer: a sending half parked until its receiver took its last transfer, a verbs ring retired for late writes after a broken connection), and a sender with no room left for a stage sends a tensor larger than its slots in chunks instead. The default is half of physical memory; where the task may open verbs (RDMADEV_FABRIC=verbs, or auto on a host whose kernel lists an RDMA device in /sys/class/infiniband), lacks CAP_IPC_LOCK and has a finite locked-memory hard limit (`ulimit -Hl`), it is also at most the smaller of half that limit and the limit less 4 MiB, and at least 4 KiB, with one WARNING: verbs pins every region registered, and the rest of the limit is left for the 4 MiB staging buffer verbs pins outside this budget for each peer a task writes to. A value set here wins; on verbs, one that does not fit in the limit beside one such staging buffer gets a WARNING naming both."),
     ("RDMADEV_DYNAMIC_CAPACITY", "1M", "Payload bytes each slot of a channel whose tensor has a shape known only at run time starts with (ids after tf.unique, gathered rows, sparse gradients; a K/M/G suffix counts in 1024s), unless TF's shapes bound the tensor below it: then its slots hold that bound (the report says `slots of N B (its bound from TF's shapes)`). The shape travels with the tensor; one larger than a slot is staged by its sender and read by the receiver (`staged` in rdmadev.counters()) or sent in slot-sized chunks (RDMADEV_STAGE_BELOW_SLOT_BYTES), and the receiving task then moves the channel to slots that hold it and a quarter more, up to 4 MiB (`grown`), within RDMADEV_MAX_REGISTERED_BYTES. A starting size, never a limit."),
     ("RDMADEV_STAGE_BELOW_SLOT_BYTES", "1M", "A tensor of a run-time shape larger than its channel's slots is staged when the slots hold fewer than this many bytes (K/M/G/T suffix): its sender copies it whole into a region of its own and the receiver reads it from there in one go (a one-sided read). From this slot size on it goes in slot-sized chunks through the ring instead, where the sender's copy of one chunk overlaps the receiver's copy of the last. 0 never stages."),
     ("RDMADEV_ZERO_COPY_MIN_BYTES", "64K", "Bytes a received tensor must carry for its receive to hand TF the slot itself instead of a copy (K/M/G/T suffix), where the planner found that every consumer of the tensor keeps nothing (`+zc` in the report); the slot goes back to the sender when TF frees the tensor. A tensor that was staged or came in chunks is always copied; a value above every tensor (e.g. 1T) turns aliasing off."),
@@ -60,10 +65,20 @@ FABRIC_OPTION_VARIABLES = (
     ("RDMADEV_GID_INDEX", "verbs.gid_index", "gid_index"),
 )
 
-# Default RDMADEV_MAX_REGISTERED_BYTES: half of physical memory, so neither a plan too big for
-# the host nor a peer asking for huge regions can take a task's memory (or, on verbs, its pinned
-# pages) from under TF itself.
-DEFAULT_MAX_REGISTERED_BYTES = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+# Bytes the verbs fabric pins outside RDMADEV_MAX_REGISTERED_BYTES for each peer a task writes
+# to: the staging buffer of its endpoint (kStagingBytes, _native/core/verbs/verbs_send_queue.h,
+# which the bindings do not export; keep the two equal).
+VERBS_STAGING_BYTES = 4 << 20
+# The least default RDMADEV_MAX_REGISTERED_BYTES: one page, the least the verbs fabric
+# registers. 0 would mean "no limit" to the native domain (domain.h), the opposite of a
+# locked-memory limit too small to pin anything.
+MIN_DEFAULT_MAX_REGISTERED_BYTES = 4 << 10
+# Where the kernel lists RDMA devices (rdmadev.cluster.facts.SYSFS_IB): with none, libibverbs
+# finds none and RDMADEV_FABRIC=auto cannot open verbs.
+_SYSFS_IB = "/sys/class/infiniband"
+# Bit of CAP_IPC_LOCK in /proc/self/status's CapEff (<linux/capability.h>): a process with it
+# may lock any amount of memory, whatever RLIMIT_MEMLOCK says.
+_CAP_IPC_LOCK = 14
 # Default RDMADEV_DYNAMIC_CAPACITY: a slot holds the rows an embedding lookup of 4096 unique
 # ids x 64 floats gathers, and K = 2 such slots cost a receiver 2 MiB per dynamic channel.
 DEFAULT_DYNAMIC_CAPACITY = 1 << 20
@@ -114,6 +129,129 @@ def _size(env, name, default, zero=False):
     return int(digits) * unit
 
 
+def physical_memory():
+    """Bytes of physical memory of this machine."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def fabrics_may_open(fabric):
+    """The fabrics a task whose RDMADEV_FABRIC is `fabric` may open: that one, or for "auto"
+    every fabric (it opens the viable ones), verbs only where the kernel lists an RDMA device."""
+    if fabric != "auto":
+        return (fabric,)
+    try:
+        rdma = bool(os.listdir(_SYSFS_IB))
+    except OSError:
+        rdma = False
+    return tuple(f for f in FABRIC_CHOICES if f != "auto" and (f != "verbs" or rdma))
+
+
+def locked_memory():
+    """(this process's RLIMIT_MEMLOCK hard limit in bytes, None when unlimited; whether it has
+    CAP_IPC_LOCK, which exempts it from the limit). The hard limit, since a task raises its soft
+    limit to it when it starts (rdmadev/cluster/limits.py)."""
+    hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+    caps = 0
+    try:
+        with open("/proc/self/status") as f:
+            caps = next((int(line.split()[1], 16) for line in f if line.startswith("CapEff:")), 0)
+    except OSError:
+        pass
+    return (None if hard == resource.RLIM_INFINITY else hard), bool(caps >> _CAP_IPC_LOCK & 1)
+
+
+def default_max_registered_bytes(physical_bytes, fabrics, memlock_hard, ipc_lock):
+    """The default RDMADEV_MAX_REGISTERED_BYTES of a task.
+
+    Half of physical memory, so neither a plan too big for the host nor a peer asking for
+    huge regions can take a task's memory from under TF itself. A task that may open verbs
+    pins every region it registers (ibv_reg_mr), so where its locked-memory hard limit is
+    finite and it lacks CAP_IPC_LOCK, the budget is also at most the limit less a reserve for
+    what verbs pins outside the budget, a 4 MiB staging buffer for each peer the task writes
+    to (VERBS_STAGING_BYTES). The reserve is half the limit, and at least one staging buffer:
+    an 8 MiB limit (Linux's default since 5.16) gives a 4 MiB budget and room for one peer's
+    staging, 1 GiB gives 512 MiB and 128 peers'. The budget then binds before a registration
+    fails on the limit: past it the planner evicts idle instantiations or keeps one on TF's
+    gRPC path with a WARNING. Below 4 MiB + 4 KiB a limit cannot pin one staging buffer
+    beside anything, so a verbs connection fails on it (a RegionError naming RLIMIT_MEMLOCK);
+    the budget is then MIN_DEFAULT_MAX_REGISTERED_BYTES, which keeps every plan over budget,
+    on gRPC with a WARNING.
+
+    Args:
+        physical_bytes: the machine's memory (physical_memory()).
+        fabrics: the fabrics the task may open (fabrics_may_open()).
+        memlock_hard: its locked-memory hard limit in bytes; None: unlimited.
+        ipc_lock: whether it has CAP_IPC_LOCK (then no limit applies).
+    Returns:
+        int, bytes.
+    Example:
+        >>> default_max_registered_bytes(24 << 30, ("verbs",), 8 << 20, False)
+        4194304
+        >>> default_max_registered_bytes(24 << 30, ("shm", "tcp"), 8 << 20, False)
+        12884901888
+    """
+    budget = physical_bytes // 2
+    if "verbs" in fabrics and memlock_hard is not None and not ipc_lock:
+        reserve = max(memlock_hard // 2, VERBS_STAGING_BYTES)
+        budget = min(budget, max(memlock_hard - reserve, MIN_DEFAULT_MAX_REGISTERED_BYTES))
+    return budget
+
+
+def memlock_holds(budget, memlock_hard):
+    """Whether a locked-memory hard limit (None: unlimited) holds a task's registered regions,
+    `budget` bytes at most, and the staging buffer of at least one verbs peer."""
+    return memlock_hard is None or budget + VERBS_STAGING_BYTES <= memlock_hard
+
+
+def size_text(n):
+    """`n` bytes for a message: "1.5 GiB", "4.0 MiB", "64 KiB", "100 bytes"."""
+    for unit, name in ((1 << 30, "GiB"), (1 << 20, "MiB")):
+        if n >= unit:
+            return f"{n / unit:.1f} {name}"
+    return f"{n >> 10} KiB" if n >= 1 << 10 else f"{n} bytes"
+
+
+#: How to raise a locked-memory limit, for messages.
+RAISE_MEMLOCK = ("raise the locked-memory limit where the task starts (`ulimit -l unlimited`, "
+                 "memlock in /etc/security/limits.conf, LimitMEMLOCK=infinity for systemd, "
+                 "--ulimit memlock=-1 for docker)")
+
+
+def _max_registered_bytes(fabric, explicit):
+    """(RDMADEV_MAX_REGISTERED_BYTES of a task of this machine whose RDMADEV_FABRIC is
+    `fabric`: `explicit` when set, else the default; a warning when its locked-memory limit
+    lowered the default or does not hold `explicit` on verbs, else None)."""
+    fabrics = fabrics_may_open(fabric)
+    hard, ipc_lock = locked_memory() if "verbs" in fabrics else (None, False)
+    physical = physical_memory()
+    default = default_max_registered_bytes(physical, fabrics, hard, ipc_lock)
+    if explicit is None:
+        if default == physical // 2:
+            return default, None
+        return default, (
+            f"rdmadev: RDMADEV_MAX_REGISTERED_BYTES defaults to {size_text(default)} here, not half "
+            f"of RAM: the verbs fabric pins what a task registers, and this process's "
+            f"locked-memory hard limit is {size_text(hard)}, of which half (at least "
+            f"{size_text(VERBS_STAGING_BYTES)}) is left for the staging buffer of each verbs peer; "
+            f"past the budget idle instantiations are evicted and the rest stay on TF's gRPC "
+            f"path. Fix: {RAISE_MEMLOCK}, or set RDMADEV_FABRIC to shm or tcp where verbs is "
+            f"not used")
+    if ipc_lock or memlock_holds(explicit, hard):
+        return explicit, None
+    smaller = (f", or set RDMADEV_MAX_REGISTERED_BYTES to at most {hard - VERBS_STAGING_BYTES}"
+               if hard > VERBS_STAGING_BYTES else "")
+    return explicit, (
+        f"rdmadev: RDMADEV_MAX_REGISTERED_BYTES={explicit} ({size_text(explicit)}) and one verbs "
+        f"peer's {size_text(VERBS_STAGING_BYTES)} staging buffer do not fit in this process's "
+        f"locked-memory hard limit of {size_text(hard)}: on verbs, registrations fail on the limit "
+        f"before the budget binds. Fix: {RAISE_MEMLOCK}{smaller}")
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_once(message):
+    log.warning("%s", message)
+
+
 def _flag(env, name, default):
     text = env.get(name, "").strip()
     if not text:
@@ -143,7 +281,9 @@ class Config:
     enabled: bool = True
     auto: bool = False
     control_port_offset: int = 10000
-    max_registered_bytes: int = DEFAULT_MAX_REGISTERED_BYTES
+    # None: the default for this machine and fabric (default_max_registered_bytes), filled in
+    # when the Config is built.
+    max_registered_bytes: int = None
     dynamic_capacity: int = DEFAULT_DYNAMIC_CAPACITY
     max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES
     stage_below_slot_bytes: int = DEFAULT_STAGE_BELOW_SLOT_BYTES
@@ -152,6 +292,11 @@ class Config:
     zero_copy_min_bytes: object = None
     # None: the planner's default (graph_pass.plan.DEFAULT_BUNDLE_BELOW_BYTES).
     bundle_below_bytes: object = None
+
+    def __post_init__(self):
+        if self.max_registered_bytes is None:
+            budget, _ = _max_registered_bytes(self.fabric, None)
+            object.__setattr__(self, "max_registered_bytes", budget)
 
     @classmethod
     def from_env(cls, env=None):
@@ -189,6 +334,10 @@ class Config:
         if not sep or not host or not port.isdigit() or int(port) > 65535:
             raise ConfigError(f"RDMADEV_TCP_ADDR={tcp_addr!r} is not host:port",
                               hint="set it to an address of this host, e.g. 10.0.0.5:0")
+        budget, warning = _max_registered_bytes(
+            fabric, _size(env, "RDMADEV_MAX_REGISTERED_BYTES", None))
+        if warning:
+            _warn_once(warning)
         return cls(
             fabric=fabric,
             slots=_number(env, "RDMADEV_SLOTS", None, int, MIN_SLOTS, MAX_SLOTS),
@@ -202,8 +351,7 @@ class Config:
             enabled=_flag(env, "RDMADEV_ENABLED", True),
             auto=_flag(env, "RDMADEV_AUTO", False),
             control_port_offset=_number(env, "RDMADEV_CONTROL_PORT_OFFSET", 10000, int, 1, 65534),
-            max_registered_bytes=_size(env, "RDMADEV_MAX_REGISTERED_BYTES",
-                                       DEFAULT_MAX_REGISTERED_BYTES),
+            max_registered_bytes=budget,
             dynamic_capacity=_size(env, "RDMADEV_DYNAMIC_CAPACITY", DEFAULT_DYNAMIC_CAPACITY),
             max_tensor_bytes=_size(env, "RDMADEV_MAX_TENSOR_BYTES", DEFAULT_MAX_TENSOR_BYTES),
             stage_below_slot_bytes=_size(env, "RDMADEV_STAGE_BELOW_SLOT_BYTES",

@@ -2,12 +2,16 @@
 import json
 import os
 import re
+import resource
+import shutil
 import subprocess
 import sys
 
 import pytest
 
 import rdmadev
+from rdmadev import config
+from rdmadev.cluster import facts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -66,6 +70,124 @@ def test_auto_prefers_shm_on_one_host_and_tcp_across_hosts():
             a.choose(elsewhere.split(";")[0])
         with pytest.raises(rdmadev.ProtocolError, match="not fabric=reach"):
             a.choose("garbage")
+
+
+MiB, GiB = 1 << 20, 1 << 30
+
+
+@pytest.mark.parametrize("ram, fabrics, hard, ipc_lock, budget", [
+    (24 * GiB, ("shm", "tcp"), 8 * MiB, False, 12 * GiB),  # no verbs: nothing pinned
+    (24 * GiB, ("verbs",), None, False, 12 * GiB),  # unlimited
+    (24 * GiB, ("verbs",), 8 * MiB, True, 12 * GiB),  # CAP_IPC_LOCK: no limit applies
+    (24 * GiB, ("verbs",), 8 * MiB, False, 4 * MiB),  # half the limit, a peer's staging beside
+    (24 * GiB, ("shm", "verbs", "tcp"), GiB, False, 512 * MiB),  # auto with a device
+    (24 * GiB, ("verbs",), 6 * MiB, False, 2 * MiB),  # the limit less one staging buffer
+    (24 * GiB, ("verbs",), 64 << 10, False, 4 << 10),  # too small for any staging: the floor
+    (24 * GiB, ("verbs",), 0, False, 4 << 10),
+    (2 * GiB, ("verbs",), 64 * GiB, False, GiB),  # RAM binds first
+])
+def test_default_budget_is_half_of_ram_and_leaves_verbs_staging_room(ram, fabrics, hard, ipc_lock,
+                                                                    budget):
+    got = config.default_max_registered_bytes(ram, fabrics, hard, ipc_lock)
+    assert got == budget
+    # what `rdmadev doctor --peer` checks holds by construction wherever one staging buffer
+    # fits at all, and nowhere else
+    if "verbs" in fabrics and not ipc_lock and hard is not None:
+        assert config.memlock_holds(got, hard) == (
+            hard >= config.VERBS_STAGING_BYTES + config.MIN_DEFAULT_MAX_REGISTERED_BYTES)
+
+
+def test_auto_may_open_verbs_only_with_an_rdma_device():
+    assert config.fabrics_may_open("shm") == ("shm",)
+    assert config.fabrics_may_open("verbs") == ("verbs",)
+    auto = config.fabrics_may_open("auto")
+    assert {"shm", "tcp"} <= set(auto) and ("verbs" in auto) == bool(facts.rdma_devices())
+
+
+#: Run in a child that lowers its own locked-memory hard limit: {case: [budget, [warnings]]}
+#: of Configs built from real environments at each limit.
+_LOWERED = r"""
+import json, logging, resource, sys
+warnings = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        warnings.append(record.getMessage())
+logging.getLogger("rdmadev.config").addHandler(Keep(logging.WARNING))
+from rdmadev.config import Config
+out = {}
+def build(case, limit, **env):
+    warnings.clear()
+    cfg = Config.from_env(env)
+    Config.from_env(env)  # the same warning is logged once a process
+    out[case] = [cfg.max_registered_bytes, list(warnings)]
+for limit in map(int, sys.argv[1:]):
+    resource.setrlimit(resource.RLIMIT_MEMLOCK, (limit, limit))
+    for fabric in ("verbs", "shm", "auto"):
+        build(f"{fabric} {limit}", limit, RDMADEV_FABRIC=fabric)
+    build(f"verbs 1G {limit}", limit, RDMADEV_FABRIC="verbs", RDMADEV_MAX_REGISTERED_BYTES="1G")
+    build(f"verbs 2M {limit}", limit, RDMADEV_FABRIC="verbs", RDMADEV_MAX_REGISTERED_BYTES="2M")
+    build(f"shm 1G {limit}", limit, RDMADEV_FABRIC="shm", RDMADEV_MAX_REGISTERED_BYTES="1G")
+    warnings.clear()
+    out[f"Config(verbs) {limit}"] = [Config(fabric="verbs").max_registered_bytes, list(warnings)]
+print(json.dumps(out))
+"""
+
+
+def _lowered(*limits, ipc_lock=False):
+    """What _LOWERED prints, run with `limits` (bytes, each below the last), keeping
+    CAP_IPC_LOCK or dropping it (setpriv, from the bounding set it execs with)."""
+    hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+    if hard != resource.RLIM_INFINITY and hard < limits[0]:
+        pytest.skip(f"the locked-memory hard limit here is below {limits[0]}, which a test "
+                    "process may only lower")
+    has = config.locked_memory()[1]
+    if has and not ipc_lock and not shutil.which("setpriv"):
+        pytest.skip("this process has CAP_IPC_LOCK and no setpriv (util-linux) to drop it")
+    if ipc_lock and not has:
+        pytest.skip("this process lacks CAP_IPC_LOCK (not root)")
+    drop = ["setpriv", "--inh-caps=-ipc_lock", "--bounding-set=-ipc_lock"] if has and not ipc_lock \
+        else []
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RDMADEV_")}
+    done = subprocess.run([*drop, sys.executable, "-c", _LOWERED, *map(str, limits)], env=env,
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_lowered_memlock_lowers_the_default_budget_on_verbs_only():
+    """A real process without CAP_IPC_LOCK lowers its locked-memory hard limit to 8 MiB, then
+    64 KiB, and builds Configs from real environments."""
+    out = _lowered(8 * MiB, 64 << 10)
+    half = config.physical_memory() // 2
+    auto = half if not facts.rdma_devices() else None
+    budget, warned = out[f"verbs {8 * MiB}"]
+    assert budget == 4 * MiB and len(warned) == 1, out
+    assert "defaults to 4.0 MiB" in warned[0] and "hard limit is 8.0 MiB" in warned[0]
+    assert "ulimit -l unlimited" in warned[0]
+    assert out[f"Config(verbs) {8 * MiB}"] == [4 * MiB, []]  # built directly: the same default
+    assert out[f"shm {8 * MiB}"] == [half, []]
+    if auto is not None:  # no RDMA device: auto cannot open verbs
+        assert out[f"auto {8 * MiB}"] == [auto, []]
+    # an explicit budget wins; past the limit less one staging buffer, with a WARNING
+    budget, warned = out[f"verbs 1G {8 * MiB}"]
+    assert budget == GiB and len(warned) == 1, out
+    assert "RDMADEV_MAX_REGISTERED_BYTES=1073741824 (1.0 GiB)" in warned[0]
+    assert "hard limit of 8.0 MiB" in warned[0] and f"at most {4 * MiB}" in warned[0]
+    assert out[f"verbs 2M {8 * MiB}"] == [2 * MiB, []]
+    assert out[f"shm 1G {8 * MiB}"] == [GiB, []]
+    # a limit too small for one staging buffer: the floor, every plan over budget
+    budget, warned = out[f"verbs {64 << 10}"]
+    assert budget == 4 << 10 and len(warned) == 1, out
+    assert "defaults to 4 KiB" in warned[0] and "hard limit is 64 KiB" in warned[0]
+    budget, warned = out[f"verbs 1G {64 << 10}"]  # only raising the limit helps there
+    assert budget == GiB and len(warned) == 1 and "at most" not in warned[0], out
+
+
+def test_cap_ipc_lock_keeps_half_of_ram_under_any_memlock():
+    out = _lowered(8 * MiB, ipc_lock=True)
+    half = config.physical_memory() // 2
+    assert out[f"verbs {8 * MiB}"] == [half, []]
+    assert out[f"verbs 1G {8 * MiB}"] == [GiB, []]
 
 
 def _run(*args):

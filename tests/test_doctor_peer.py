@@ -28,6 +28,7 @@ import pytest
 
 import netns
 import rdmadev
+from rdmadev import config
 from rdmadev.cluster import facts
 from rdmadev.cluster.control import control_address
 from rdmadev.testing import launch
@@ -380,14 +381,46 @@ def test_memlock_must_hold_what_a_task_may_register(here):
     check = doctor_peer.check_memlock(locked, "the peer")
     assert check.status == "problem"
     assert check.detail.startswith("the peer: locked-memory hard limit 64 KiB is below the "
-                                   "1.0 GiB a task may register (RDMADEV_MAX_REGISTERED_BYTES)")
-    assert "ulimit -l unlimited" in check.fix
+                                   "1.0 GiB a task may register (RDMADEV_MAX_REGISTERED_BYTES) "
+                                   "and a verbs peer's 4.0 MiB staging buffer")
+    assert "ulimit -l unlimited" in check.fix and "at most" not in check.fix  # raising it only
     assert doctor_peer.check_memlock(dict(locked, memlock={**locked["memlock"], "hard": None}),
                                      "the peer").status == "ok"
     assert doctor_peer.check_memlock(dict(locked, memlock={**locked["memlock"], "ipc_lock": True}),
                                      "the peer").detail.startswith("the peer: CAP_IPC_LOCK")
     # this host's own limits, as gathered: root here has CAP_IPC_LOCK
     assert here["memlock"]["ipc_lock"] == (os.geteuid() == 0)
+
+
+@pytest.mark.parametrize("hard", [8 << 20, 6 << 20, 1 << 30, 64 << 30])
+def test_memlock_holds_the_default_budget_and_not_one_set_above_it(here, hard):
+    """The default budget (config.default_max_registered_bytes, for a task without
+    CAP_IPC_LOCK on verbs) passes the check by construction; a budget set past the limit less
+    a staging buffer fails it, with the largest budget that passes in its fix."""
+    memlock = {"soft": hard, "hard": hard, "ipc_lock": False}
+    budget = config.default_max_registered_bytes(config.physical_memory(), ("verbs",), hard,
+                                                 False)
+    check = doctor_peer.check_memlock(dict(here, memlock=memlock, max_registered_bytes=budget),
+                                      "this host")
+    assert check.status == "ok", check
+    peers = (hard - budget) >> 22
+    assert check.detail.endswith(f"staging buffers of {peers} verbs peer{'s' * (peers > 1)}")
+    fits = hard - config.VERBS_STAGING_BYTES
+    assert doctor_peer.check_memlock(dict(here, memlock=memlock, max_registered_bytes=fits),
+                                     "this host").status == "ok"
+    over = doctor_peer.check_memlock(dict(here, memlock=memlock, max_registered_bytes=fits + 1),
+                                     "this host")
+    assert over.status == "problem" and f"to at most {fits} there" in over.fix, over
+
+
+def test_memlock_too_small_for_one_staging_buffer_fails_even_with_the_default(here):
+    hard = 64 << 10
+    budget = config.default_max_registered_bytes(config.physical_memory(), ("verbs",), hard,
+                                                 False)
+    check = doctor_peer.check_memlock(
+        dict(here, memlock={"soft": hard, "hard": hard, "ipc_lock": False},
+             max_registered_bytes=budget), "the peer")
+    assert check.status == "problem" and "is below the 4 KiB a task may register" in check.detail
 
 
 def test_verbs_pair_in_a_soft_roce_guest():

@@ -17,7 +17,8 @@ rdmadev.cluster.facts gathers in the task) and judges the pair with the same fac
     connects   an endpoint on that fabric opens (the fabric's own port and handshake)
     verbs      when both ends opened verbs: link layer and GID type agree, active MTUs
     memlock    when both ends opened verbs: each side's locked-memory limit holds what a
-               task there may register (RDMADEV_MAX_REGISTERED_BYTES)
+               task there may register (RDMADEV_MAX_REGISTERED_BYTES) and a peer's
+               staging buffer
 
 A check that cannot run because an earlier one failed is skipped. The comparisons are plain
 functions of the two sides' facts (check_version, check_rewrites, check_verbs, check_memlock).
@@ -35,7 +36,7 @@ import threading
 from ..cluster.control import ControlClient, control_address
 from ..cluster.facts import facts, reach, versions
 from ..cluster.spec import split_address
-from ..config import Config
+from ..config import RAISE_MEMLOCK, VERBS_STAGING_BYTES, Config, memlock_holds, size_text
 from ..device import open_domain
 from ..errors import (AuthError, ConfigError, DeadlineExceeded, PeerLostError, ProtocolError,
                       RdmadevError)
@@ -113,26 +114,37 @@ def check_version(mine, theirs):
 
 
 def _size(n):
-    return "unlimited" if n is None else f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n >> 10} KiB"
+    return "unlimited" if n is None else size_text(n)
 
 
 def check_memlock(side, who):
-    """Whether `side`'s locked-memory limit holds what a task there may register on verbs
-    (every region is pinned: RDMADEV_MAX_REGISTERED_BYTES at most). A task raises its soft
-    limit to the hard one when it starts, so the hard limit counts; CAP_IPC_LOCK exempts."""
-    m, need = side["memlock"], side["max_registered_bytes"]
+    """Whether `side`'s locked-memory limit holds what a task there pins on verbs: every
+    region it registers (RDMADEV_MAX_REGISTERED_BYTES at most) and, outside that budget, a
+    staging buffer per peer it writes to, of which the pair needs one (config.memlock_holds).
+    A task raises its soft limit to the hard one when it starts, so the hard limit counts;
+    CAP_IPC_LOCK exempts. The default budget leaves room for staging by construction
+    (config.default_max_registered_bytes), so with it this fails only where the limit is too
+    small to pin one staging buffer at all; a budget set above the limit fails it too."""
+    m, budget = side["memlock"], side["max_registered_bytes"]
     if m["ipc_lock"]:
         return _ok("memlock", f"{who}: CAP_IPC_LOCK, no locked-memory limit applies")
-    if m["hard"] is None or m["hard"] >= need:
-        return _ok("memlock", f"{who}: hard limit {_size(m['hard'])} holds the "
-                              f"{_size(need)} a task may register")
+    if m["hard"] is None:
+        return _ok("memlock", f"{who}: no locked-memory limit")
+    staging = VERBS_STAGING_BYTES
+    if memlock_holds(budget, m["hard"]):
+        peers = (m["hard"] - budget) // staging
+        return _ok("memlock", f"{who}: hard limit {_size(m['hard'])} holds the {_size(budget)} "
+                              f"a task may register and the {_size(staging)} staging buffers of "
+                              f"{peers} verbs peer{'s' if peers > 1 else ''}")
+    smaller = (f", or set RDMADEV_MAX_REGISTERED_BYTES to at most "
+               f"{m['hard'] - staging} there (or unset it for the default)"
+               if m["hard"] > staging else "")
     return _problem(
         "memlock", f"{who}: locked-memory hard limit {_size(m['hard'])} is below the "
-                   f"{_size(need)} a task may register (RDMADEV_MAX_REGISTERED_BYTES): a plan "
-                   "larger than the limit fails to register on verbs",
-        "raise the limit where the task starts (`ulimit -l unlimited`, memlock in "
-        "/etc/security/limits.conf, LimitMEMLOCK=infinity for systemd, --ulimit memlock=-1 "
-        "for docker), or set RDMADEV_MAX_REGISTERED_BYTES below it")
+                   f"{_size(budget)} a task may register (RDMADEV_MAX_REGISTERED_BYTES) and a "
+                   f"verbs peer's {_size(staging)} staging buffer: registrations past the limit "
+                   "fail on verbs",
+        RAISE_MEMLOCK + smaller)
 
 
 def check_verbs(mine, theirs):
