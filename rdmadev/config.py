@@ -228,14 +228,18 @@ def _max_registered_bytes(fabric, explicit):
     if explicit is None:
         if default == physical // 2:
             return default, None
+        staging = size_text(VERBS_STAGING_BYTES)
+        why = (f"; the rest of it is left for the {staging} staging buffer verbs pins for "
+               f"each peer a task writes to ({(hard - default) // VERBS_STAGING_BYTES} here); "
+               f"past the budget idle instantiations are evicted, and what still does not fit "
+               f"stays on TF's gRPC path" if memlock_holds(default, hard) else
+               f", too small to pin one verbs peer's {staging} staging buffer: verbs "
+               f"connections fail on it, and instantiations stay on TF's gRPC path")
         return default, (
-            f"rdmadev: RDMADEV_MAX_REGISTERED_BYTES defaults to {size_text(default)} here, not half "
-            f"of RAM: the verbs fabric pins what a task registers, and this process's "
-            f"locked-memory hard limit is {size_text(hard)}, of which half (at least "
-            f"{size_text(VERBS_STAGING_BYTES)}) is left for the staging buffer of each verbs peer; "
-            f"past the budget idle instantiations are evicted and the rest stay on TF's gRPC "
-            f"path. Fix: {RAISE_MEMLOCK}, or set RDMADEV_FABRIC to shm or tcp where verbs is "
-            f"not used")
+            f"rdmadev: RDMADEV_MAX_REGISTERED_BYTES defaults to {size_text(default)} here, not "
+            f"half of RAM: the verbs fabric pins what a task registers, and this process's "
+            f"locked-memory hard limit is {size_text(hard)}{why}. Fix: {RAISE_MEMLOCK}, or "
+            f"set RDMADEV_FABRIC to shm or tcp where verbs is not used")
     if ipc_lock or memlock_holds(explicit, hard):
         return explicit, None
     smaller = (f", or set RDMADEV_MAX_REGISTERED_BYTES to at most {hard - VERBS_STAGING_BYTES}"

@@ -163,6 +163,7 @@ def test_lowered_memlock_lowers_the_default_budget_on_verbs_only():
     budget, warned = out[f"verbs {8 * MiB}"]
     assert budget == 4 * MiB and len(warned) == 1, out
     assert "defaults to 4.0 MiB" in warned[0] and "hard limit is 8.0 MiB" in warned[0]
+    assert "staging buffer verbs pins for each peer a task writes to (1 here)" in warned[0]
     assert "ulimit -l unlimited" in warned[0]
     assert out[f"Config(verbs) {8 * MiB}"] == [4 * MiB, []]  # built directly: the same default
     assert out[f"shm {8 * MiB}"] == [half, []]
@@ -178,7 +179,8 @@ def test_lowered_memlock_lowers_the_default_budget_on_verbs_only():
     # a limit too small for one staging buffer: the floor, every plan over budget
     budget, warned = out[f"verbs {64 << 10}"]
     assert budget == 4 << 10 and len(warned) == 1, out
-    assert "defaults to 4 KiB" in warned[0] and "hard limit is 64 KiB" in warned[0]
+    assert "defaults to 4 KiB" in warned[0] and "hard limit is 64 KiB, too small to pin one " \
+        "verbs peer's 4.0 MiB staging buffer" in warned[0]
     budget, warned = out[f"verbs 1G {64 << 10}"]  # only raising the limit helps there
     assert budget == GiB and len(warned) == 1 and "at most" not in warned[0], out
 
