@@ -22,8 +22,9 @@ os.environ["RDMADEV_PLUGIN"] = "0"
 CORE = os.path.join("_native", "core")
 CORE_SOURCES = [
     os.path.join(CORE, f)
-    for f in ("common.cc", "hmac.cc", "sockio.cc", "handshake.cc", "region.cc", "completion.cc",
-              "fabric.cc", "acceptor.cc", "domain.cc", "channel.cc", "stage.cc", "registry.cc", "bench.cc",
+    for f in ("common.cc", "hmac.cc", "sockio.cc", "handshake.cc", "region.cc", "arena.cc",
+              "completion.cc", "fabric.cc", "acceptor.cc", "domain.cc", "channel.cc", "stage.cc",
+              "registry.cc", "bench.cc",
               os.path.join("shm", "shm.cc"), os.path.join("shm", "shm_factory.cc"),
               os.path.join("tcp", "frame.cc"), os.path.join("tcp", "tcp.cc"),
               os.path.join("tcp", "tcp_factory.cc"), os.path.join("verbs", "verbs_factory.cc"),

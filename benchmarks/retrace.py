@@ -11,7 +11,8 @@ gradients, worker:1 the second layer and the loss; the ps applies the update. Ba
 2, ... TRACES each trace anew. Then the first AGAIN sizes run again (under the small budget
 they were evicted long before: their channels are set up again before they run) and the last
 size AGAIN times (live, warm). Each configuration reports, per task, the registered bytes,
-descriptors (besides control connections) and memfd mappings after 10 traces and at the end,
+descriptors (besides control connections), memfd mappings and chunks (what a task maps and
+registers its regions in: _native/core/arena.h) after 10 traces and at the end,
 the pairs evicted and set up again, and the seconds of the calls run again and of the warm
 ones (median, spread = (max - min) / median), against gRPC in the same run; losses and final
 weights must be bit for bit gRPC's.
@@ -118,8 +119,8 @@ def spread(xs):
 def table(results):
     """A markdown table of `results` ({configuration: one()'s result})."""
     rows = ["| configuration | task | registered after 10 / end | fds after 10 / end | memfd maps "
-            "after 10 / end | pairs evicted / set up again | call run again ms (spread) | "
-            "warm call ms (spread) |", "|---|---|---|---|---|---|---|---|"]
+            "after 10 / end | chunks after 10 / end | pairs evicted / set up again | call run "
+            "again ms (spread) | warm call ms (spread) |", "|---|---|---|---|---|---|---|---|---|"]
     for name, r in results.items():
         again, warm = spread(r["again_s"]), spread(r["warm_s"])
         for i, (task, end) in enumerate(r["end"].items()):
@@ -130,7 +131,8 @@ def table(results):
             rows.append(f"| {name if i == 0 else ''} | {task.split('/')[1][4:]}:"
                         f"{task.rsplit(':', 1)[1]} | {ten['registered_bytes'] / 1024:.0f} / "
                         f"{end['registered_bytes'] / 1024:.0f} KiB | {fds[0]} / {fds[1]} | "
-                        f"{ten['memfd_maps']} / {end['memfd_maps']} | {end['evicted']} / "
+                        f"{ten['memfd_maps']} / {end['memfd_maps']} | {ten['chunks']} / "
+                        f"{end['chunks']} | {end['evicted']} / "
                         f"{end['set_up_again']} | {times} |")
     return "\n".join(rows)
 

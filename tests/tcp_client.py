@@ -13,7 +13,7 @@ FRAME_MAGIC, HELLO_MAGIC = 0x464D4452, 0x48444D52
 OP_WRITE, OP_READ, FLAG_SIGNAL = 1, 2, 1
 # Region descriptor v2 (80 bytes): magic, version, id, size, rkey, pid, fd, ino, dev,
 # verbs address, verbs rkey, reserved.
-DESC = struct.Struct("<IIQQQIiQQQI12x")
+DESC = struct.Struct("<IIQQQIiQQQI4xQ")  # descriptor v3 (region.h)
 
 
 def parse_desc(desc):

@@ -148,13 +148,14 @@ def _clients(spec, workers, env=None):
 
 
 def _released(shared, cluster, spec):
-    """The counters of `spec`'s tasks once no channel half is bound and no region registered
-    there (the sessions closed: their kernels unbound their halves), or after RELEASE_WAIT_S."""
+    """The counters of `spec`'s tasks once no channel half is bound, no region registered
+    there (the sessions closed: their kernels unbound their halves) and no released region's
+    pages are quarantined for late writes (10 s), or after RELEASE_WAIT_S."""
     deadline = time.monotonic() + RELEASE_WAIT_S
     while True:
         c = shared.counters(cluster, spec)
-        if all(v["channels"] == 0 and v["registered_bytes"] == 0 for v in c.values()) or \
-                time.monotonic() > deadline:
+        if all(v["channels"] == 0 and v["registered_bytes"] == 0 and v["quarantined_bytes"] == 0
+               for v in c.values()) or time.monotonic() > deadline:
             return c
         time.sleep(0.5)
 

@@ -123,18 +123,19 @@ PAIRS = [(W0, PS), (PS, W1), (W1, PS), (W1, W0), (W0, W1)]
 
 def settled(rt, task):
     """`task`'s counters once no unbound half keeps memory for its peer (on verbs a released
-    receiving ring stays registered for late writes, LATE_WRITE_GRACE_S) and no recovery of a
+    receiving ring stays registered for late writes, LATE_WRITE_GRACE_S), no released region's
+    span is quarantined for late writes (as long again) and no recovery of a
     broken connection runs on it or in this process (an earlier test's cut may still be
     setting pairs up again on a loaded machine): counts compared across a release are read
     after they went."""
     now = lambda: rt.call(task, {"op": "counters"})
-    within = _core.LATE_WRITE_GRACE_S + 30
+    within = 2 * _core.LATE_WRITE_GRACE_S + 30
 
     def quiet():
         c = now()
         recovering = [n for n in [*c["thread_names"], *(t.name for t in threading.enumerate())]
                       if n.startswith("rdmadev-recover")]
-        return c["parked"] + c["retired"] == 0 and not recovering
+        return c["parked"] + c["retired"] + c["quarantined_bytes"] == 0 and not recovering
     assert wait_until(quiet, within, 0.2), (task, now())
     return now()
 

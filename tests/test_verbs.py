@@ -25,7 +25,7 @@ HERE = os.path.dirname(__file__)
 PYVERBS_PEER = os.path.join(HERE, "softroce", "pyverbs_peer.py")
 # Debian's python3-pyverbs lives in the system Python's dist-packages only.
 SYSTEM_PYTHON = "/usr/bin/python3"
-DESC = struct.Struct("<IIQQQIiQQQI12x")
+DESC = struct.Struct("<IIQQQIiQQQI4xQ")  # descriptor v3 (region.h)
 
 
 def _pyverbs_pattern(n):
@@ -41,8 +41,8 @@ def vdomain(secret):
 
 def test_descriptor_carries_the_registration(vdomain):
     region = vdomain.allocate(3 * 4096 + 5)
-    magic, version, rid, size, _, _, _, _, _, addr, rkey = DESC.unpack(region.descriptor)
-    assert (version, rid, size) == (2, region.id, 3 * 4096 + 5)
+    magic, version, rid, size, _, _, _, _, _, addr, rkey, _ = DESC.unpack(region.descriptor)
+    assert (version, rid, size) == (3, region.id, 3 * 4096 + 5)
     view = np.frombuffer(region, np.uint8)
     assert addr == view.ctypes.data and rkey != 0
     assert vdomain.address.startswith("verbs=") and "/::ffff:" in vdomain.address
@@ -152,3 +152,15 @@ def test_a_task_registers_past_a_soft_memlock_limit_below_its_hard_one():
                                       f'exec "{sys.executable}" -c "{code}"'],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.split()[-1] == str(64 << 20), r.stderr
+
+
+def test_the_regions_granted_one_peer_share_one_registration(vdomain):
+    """One registration per chunk (_native/core/arena.h): the regions granted one peer carry
+    its rkey, each at its own offset; another peer's are in a chunk (and a key) of their own."""
+    first, second = (vdomain.allocate(5000, grant=["peer"]) for _ in range(2))
+    other = vdomain.allocate(100, grant=["other"])
+    (*_, a_addr, a_key, a_off), (*_, b_addr, b_key, b_off), (*_, o_key, _o_off) = (
+        DESC.unpack(r.descriptor) for r in (first, second, other))
+    assert a_key == b_key != o_key and a_key != 0
+    assert b_addr - a_addr == b_off - a_off != 0
+    assert vdomain.chunk_stats["chunks"] == 2

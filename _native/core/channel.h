@@ -190,6 +190,8 @@ class RingSender {
   std::pair<const std::atomic<uint64_t>*, uint64_t> CreditNeeded() const;
   const RingLayout& layout() const { return layout_; }
   const std::shared_ptr<Endpoint>& endpoint() const { return ep_; }
+  // The local region the receiver writes credits into.
+  const std::shared_ptr<Region>& credit_region() const { return credit_; }
   // The control plane unbound this half (ChannelRegistry: its function was released, its
   // peer failed or restarted, or the key was bound again): a wait on it ends (the TF ops'
   // liveness check asks, every WaitPolicy::liveness_every_ns) instead of holding the ring
@@ -279,6 +281,8 @@ class RingReceiver {
   uint64_t wanted() const { return wanted_.load(std::memory_order_relaxed); }
   const RingLayout& layout() const { return layout_; }
   const std::shared_ptr<Endpoint>& endpoint() const { return ep_; }
+  // The local region the sender writes into.
+  const std::shared_ptr<Region>& ring_region() const { return ring_; }
   // As RingSender's: a wait on an unbound half ends.
   void MarkUnbound() { unbound_.store(true, std::memory_order_release); }
   bool unbound() const { return unbound_.load(std::memory_order_acquire); }

@@ -27,7 +27,10 @@ std::vector<std::pair<std::string, std::string>> ParseAddress(const std::string&
   return out;
 }
 
-Domain::Domain(const DomainOptions& options) : options_(options) {}
+Domain::Domain(const DomainOptions& options)
+    : options_(options),
+      arena_(options.name, [this](Chunk& c) { RegisterChunk(c); },
+             [this](Chunk& c) { DeregisterChunk(c); }) {}
 
 std::shared_ptr<Domain> Domain::Open(const DomainOptions& options) {
   std::shared_ptr<Domain> d(new Domain(options));
@@ -49,6 +52,9 @@ std::shared_ptr<Domain> Domain::Open(const DomainOptions& options) {
     }
     d->fabrics_.push_back(factory.create(ctx, options.fabric_options));
   }
+  double quarantine_s = 0;
+  for (const auto& f : d->fabrics_) quarantine_s = std::max(quarantine_s, f->late_write_window_s());
+  d->arena_.set_quarantine_s(quarantine_s);
   d->progress_.reset(new Progress(options.wait));
   return d;
 }
@@ -72,26 +78,41 @@ std::vector<std::string> Domain::fabric_names() const {
   return out;
 }
 
-std::shared_ptr<Region> Domain::Allocate(uint64_t size, const std::string& label) {
+void Domain::RegisterChunk(Chunk& chunk) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) throw Error(ErrorKind::kClosed, "Failed to allocate region: domain is closed");
+  for (size_t i = 0; i < fabrics_.size(); ++i) {
+    try {
+      fabrics_[i]->RegisterChunk(chunk);
+    } catch (...) {
+      for (size_t j = 0; j < i; ++j) fabrics_[j]->DeregisterChunk(chunk);
+      throw;
+    }
+  }
+}
+
+void Domain::DeregisterChunk(Chunk& chunk) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& f : fabrics_) f->DeregisterChunk(chunk);
+}
+
+std::shared_ptr<Region> Domain::Allocate(uint64_t size, const std::string& label,
+                                         const std::string& peer) {
   uint64_t id;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) throw Error(ErrorKind::kClosed, "Failed to allocate region: domain is closed");
     id = next_region_++;
   }
-  auto r = Region::Allocate(id, size, options_.name + "/" + label);
-  std::lock_guard<std::mutex> lock(mu_);
-  if (closed_) throw Error(ErrorKind::kClosed, "Failed to allocate region: domain is closed");
-  // Registered while the lock is held, so Close never races a half-registered region.
-  for (size_t i = 0; i < fabrics_.size(); ++i) {
-    try {
-      fabrics_[i]->RegisterRegion(*r);
-    } catch (...) {
-      for (size_t j = 0; j < i; ++j) fabrics_[j]->DeregisterRegion(*r);
-      r->Close();
-      throw;
-    }
+  std::shared_ptr<Region> r;
+  {
+    std::lock_guard<std::mutex> lock(arena_mu_);
+    r = arena_.Place(id, size, peer, options_.max_registered_bytes);
   }
+  r->Grant(peer);
+  std::lock_guard<std::mutex> lock(mu_);
+  // Close may have come meanwhile: its fabrics no longer serve the chunk.
+  if (closed_) throw Error(ErrorKind::kClosed, "Failed to allocate region: domain is closed");
   regions_[id] = r;
   return r;
 }
@@ -113,8 +134,9 @@ void Domain::Release(uint64_t id) {
     if (it == regions_.end()) return;
     r = it->second;
     regions_.erase(it);
-    for (auto& f : fabrics_) f->DeregisterRegion(*r);
   }
+  // Its span stays in its chunk, registered, until the last reference to it goes (a TF
+  // tensor may alias a slot) and any quarantine ends; Trim then lets an idle chunk go.
   r->Close();
 }
 
@@ -123,6 +145,17 @@ std::pair<uint64_t, uint64_t> Domain::RegionStats() const {
   uint64_t bytes = 0;
   for (const auto& kv : regions_) bytes += kv.second->size();
   return {regions_.size(), bytes};
+}
+
+ChunkCounts Domain::ChunkStats() {
+  std::lock_guard<std::mutex> lock(arena_mu_);
+  arena_.Trim();
+  return arena_.Stats();
+}
+
+void Domain::Trim() {
+  std::lock_guard<std::mutex> lock(arena_mu_);
+  arena_.Trim();
 }
 
 std::string Domain::Choose(const std::string& peer_address, const std::string& fabric) const {
@@ -173,6 +206,8 @@ void Domain::Close() {
   for (auto& f : fabrics) f->Close();
   if (progress_) progress_->Close();
   for (auto& kv : regions) kv.second->Close();
+  std::lock_guard<std::mutex> lock(arena_mu_);
+  arena_.Clear();
 }
 
 bool Domain::closed() const {

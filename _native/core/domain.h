@@ -1,5 +1,6 @@
 // Domain: one process's view of the remote-device layer: its regions (the registry the
-// fabrics serve them from), its open fabrics, its identity and secret.
+// fabrics serve them from) and the chunks that hold them (arena.h), its open fabrics, its
+// identity and secret.
 #pragma once
 
 #include <map>
@@ -8,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "arena.h"
 #include "completion.h"
 #include "fabric.h"
 #include "region.h"
@@ -42,13 +44,21 @@ class Domain : public std::enable_shared_from_this<Domain> {
   std::string address() const;
   std::vector<std::string> fabric_names() const;
 
-  std::shared_ptr<Region> Allocate(uint64_t size, const std::string& label);
+  // A region of `size` bytes granted to `peer`, placed in a chunk of the regions granted to
+  // that peer (arena.h).
+  std::shared_ptr<Region> Allocate(uint64_t size, const std::string& label,
+                                   const std::string& peer = kAnyPeer);
   // The live region with this id, or null (the tcp fabric serves frames through this);
   // *retired (if given) says whether the id named a region this domain has released.
   std::shared_ptr<Region> Find(uint64_t id, bool* retired = nullptr) const;
   void Release(uint64_t id);
-  // Regions live in this domain and their bytes (what it has registered with its fabrics).
+  // Regions live in this domain and their bytes (what its plans use).
   std::pair<uint64_t, uint64_t> RegionStats() const;
+  // Chunks this domain holds and their bytes (what it has mapped and registered with its
+  // fabrics: its regions, their quarantined spans and free room); idle chunks go first.
+  ChunkCounts ChunkStats();
+  // Chunks whose regions all went, quarantine over, go now.
+  void Trim();
 
   // An endpoint to the peer at `peer_address` over `fabric` ("auto": the best fabric both
   // ends can reach, in FabricPriority order).
@@ -68,6 +78,12 @@ class Domain : public std::enable_shared_from_this<Domain> {
   bool closed_ = false;
   uint64_t next_region_ = 1;
   std::map<uint64_t, std::shared_ptr<Region>> regions_;
+  // Places regions; its own lock, taken before mu_ (a new chunk is mapped and faulted in
+  // without holding up Find, which the tcp fabric serves every frame through).
+  std::mutex arena_mu_;
+  Arena arena_;
+  void RegisterChunk(Chunk& chunk);    // with every fabric, under mu_; throws kRegion
+  void DeregisterChunk(Chunk& chunk);  // from every fabric, under mu_
   std::vector<std::unique_ptr<Fabric>> fabrics_;  // in priority order
   std::unique_ptr<Progress> progress_;
 };

@@ -1,6 +1,5 @@
 #include "fabric.h"
 
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -8,8 +7,13 @@
 
 namespace rdmadev {
 
-RemoteRegion::~RemoteRegion() {
-  if (mapped) munmap(mapped, mapped_len);
+void CheckRegionLive(const RegionDesc& d, uint64_t entry) {
+  if (entry != d.id) {
+    throw Error(ErrorKind::kPeerLost,
+                "Failed to attach region " + std::to_string(d.id) +
+                    ": its owner closed it (its chunk's directory no longer names it)",
+                0, "ask the peer for a fresh descriptor");
+  }
 }
 
 void CheckRemoteRange(const RegionDesc& d, uint64_t off, uint64_t len, const Signal* sig) {

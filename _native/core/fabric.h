@@ -47,10 +47,13 @@ struct RemoteRegion {
   RemoteRegion() = default;
   explicit RemoteRegion(const RegionDesc& d) : desc(d) {}
   RegionDesc desc;
-  uint8_t* mapped = nullptr;  // shm: the peer's memory mapped here; others: null
-  uint64_t mapped_len = 0;
-  ~RemoteRegion();
+  uint8_t* mapped = nullptr;  // shm: byte 0 of the peer's region mapped here; others: null
+  std::shared_ptr<void> mapping;  // shm: the mapping of the peer's chunk it lies in (shared)
 };
+
+// Throws kPeerLost unless `entry`, the directory word of `d`'s chunk that the attaching peer
+// read (region.h), still names the region: the owner closed it.
+void CheckRegionLive(const RegionDesc& d, uint64_t entry);
 
 // Throws kBounds for a remote range outside the peer's region (checked by the sender;
 // the receiving side checks again wherever it is a trust boundary).
@@ -61,7 +64,8 @@ class Endpoint {
   virtual ~Endpoint() = default;
   virtual std::string fabric() const = 0;
   virtual std::string peer() const = 0;  // the peer's address, for messages
-  // Makes the peer's region (from its descriptor) addressable from here.
+  // Makes the peer's region (from its descriptor) addressable from here; throws kPeerLost
+  // when the peer closed it (CheckRegionLive; tcp: its next frame is refused).
   virtual std::shared_ptr<RemoteRegion> Attach(const RegionDesc& desc) = 0;
   // One-sided write of len bytes from src into the peer's region at roff, then the signal.
   // Returns once src may be reused; the bytes may still be on their way (verbs posts a copy
@@ -112,12 +116,18 @@ class Fabric {
   virtual bool CanReach(const std::string& peer_reach) const = 0;
   virtual std::shared_ptr<Endpoint> Connect(const std::string& peer_reach,
                                             const Deadline& deadline) = 0;
-  // Called by Domain::Allocate before a region is handed out: a fabric whose hardware must
-  // know the memory (verbs: one memory registration per region) registers it here and
-  // records in the region's descriptor what a peer needs to address it. Throws kRegion.
-  virtual void RegisterRegion(Region& region) {}
-  // Called by Domain::Release before the region is closed: peers lose access. Never throws.
-  virtual void DeregisterRegion(Region& region) {}
+  // How long after a release a peer's write posted before it may still land in the
+  // released memory, when the fabric writes into it directly (shm: a copy already past its
+  // credit wait; verbs: a work request in flight); 0 when the owner checks every write against
+  // its live regions (tcp). A released region's span is quarantined that long (arena.h).
+  virtual double late_write_window_s() const { return 0; }
+  // Called by the Domain's arena before a new chunk holds any region: a fabric whose
+  // hardware must know the memory (verbs: one memory registration per chunk) registers it
+  // here and records in the chunk what a peer needs to address it (each region's descriptor
+  // carries it). Throws kRegion.
+  virtual void RegisterChunk(Chunk& chunk) {}
+  // Called when an idle chunk goes (no region left in it): peers lose access. Never throws.
+  virtual void DeregisterChunk(Chunk& chunk) {}
   virtual void Close() = 0;
 };
 

@@ -7,12 +7,13 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <iterator>
 
 // In an AddressSanitizer build (the fuzz targets of tests/fuzz/; never the shipped library) a
-// region's mapping sits between two guard pages, and ASan is told that its bytes past `size`
-// (up to a page of slack) and both guard pages are off limits: any access outside the region
-// is reported where it happens, even one that lands in mapped memory, which would otherwise
-// go unseen unless it reached an unmapped page.
+// chunk's mapping sits between two guard pages, and ASan is told that every byte of it but
+// those of its regions (each its `size`, not its page-rounded span) is off limits, guard
+// pages too: any access outside a region is reported where it happens, even one that lands
+// in mapped memory, which would otherwise go unseen unless it reached an unmapped page.
 #if defined(__has_feature)
 #if __has_feature(address_sanitizer)
 #define RDMADEV_ASAN_REGIONS 1
@@ -31,8 +32,8 @@ const char kAnyPeer[] = "*";
 
 namespace {
 constexpr uint32_t kDescMagic = 0x524d4452;  // "RDMR" little-endian
-// 2: 80 bytes, carries the verbs address and rkey.
-constexpr uint32_t kDescVersion = 2;
+// 2: 80 bytes, carries the verbs address and rkey. 3: and the region's offset in its chunk.
+constexpr uint32_t kDescVersion = 3;
 
 template <typename T>
 void Put(std::string* out, size_t at, T v) { std::memcpy(&(*out)[at], &v, sizeof v); }
@@ -55,6 +56,7 @@ std::string RegionDesc::Encode() const {
   Put<uint64_t>(&out, 48, dev);
   Put<uint64_t>(&out, 56, verbs_addr);
   Put<uint32_t>(&out, 64, verbs_rkey);
+  Put<uint64_t>(&out, 72, offset);
   return out;
 }
 
@@ -81,6 +83,7 @@ RegionDesc RegionDesc::Decode(const std::string& bytes) {
   d.dev = Get<uint64_t>(bytes, 48);
   d.verbs_addr = Get<uint64_t>(bytes, 56);
   d.verbs_rkey = Get<uint32_t>(bytes, 64);
+  d.offset = Get<uint64_t>(bytes, 72);
   return d;
 }
 
@@ -103,64 +106,185 @@ uint64_t RandomU64() {
   return v;
 }
 
-std::shared_ptr<Region> Region::Allocate(uint64_t id, uint64_t size, const std::string& label) {
-  std::shared_ptr<Region> r(new Region());
-  r->size_ = size;
-  r->mapped_ = RoundUp(size == 0 ? 1 : size, kPageSize);
-  if (r->mapped_ < size) throw Error(ErrorKind::kRegion, "Failed to allocate region: size overflows");
+std::shared_ptr<Chunk> Chunk::Map(uint64_t id, uint64_t room, const std::string& label) {
+  std::shared_ptr<Chunk> c(new Chunk());
+  c->id_ = id;
+  const uint64_t room_pages = RoundUp(room == 0 ? 1 : room, kPageSize) / kPageSize;
+  // A directory page holds the words of 512 pages, its own included.
+  const uint64_t words_per_page = kPageSize / 8;
+  const uint64_t dir_pages = (room_pages + words_per_page - 2) / (words_per_page - 1);
+  c->size_ = (dir_pages + room_pages) * kPageSize;
+  if (room_pages == 0 || c->size_ / kPageSize < room_pages) {
+    throw Error(ErrorKind::kRegion, "Failed to allocate region: size overflows");
+  }
   std::string name = "rdmadev:" + label;
-  r->fd_ = memfd_create(name.c_str(), MFD_CLOEXEC);
-  if (r->fd_ < 0) ThrowErrno(ErrorKind::kRegion, "Failed to create memfd for region", errno);
+  c->fd_ = memfd_create(name.c_str(), MFD_CLOEXEC);
+  if (c->fd_ < 0) ThrowErrno(ErrorKind::kRegion, "Failed to create memfd for region", errno);
   // fallocate reserves every page now, so running out of memory is an error here
   // rather than a SIGBUS in the middle of a transfer.
-  if (ftruncate(r->fd_, static_cast<off_t>(r->mapped_)) != 0 ||
-      fallocate(r->fd_, 0, 0, static_cast<off_t>(r->mapped_)) != 0) {
-    ThrowErrno(ErrorKind::kRegion, "Failed to reserve " + std::to_string(r->mapped_) +
+  if (ftruncate(c->fd_, static_cast<off_t>(c->size_)) != 0 ||
+      fallocate(c->fd_, 0, 0, static_cast<off_t>(c->size_)) != 0) {
+    ThrowErrno(ErrorKind::kRegion, "Failed to reserve " + std::to_string(c->size_) +
                                        " bytes for region", errno,
                "free memory, or plan smaller regions");
   }
 #ifdef RDMADEV_ASAN_REGIONS
-  void* span = mmap(nullptr, r->mapped_ + 2 * kPageSize, PROT_NONE,
+  void* span = mmap(nullptr, c->size_ + 2 * kPageSize, PROT_NONE,
                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (span == MAP_FAILED) ThrowErrno(ErrorKind::kRegion, "Failed to reserve region", errno);
-  void* p = mmap(static_cast<uint8_t*>(span) + kPageSize, r->mapped_, PROT_READ | PROT_WRITE,
-                 MAP_SHARED | MAP_POPULATE | MAP_FIXED, r->fd_, 0);
+  void* p = mmap(static_cast<uint8_t*>(span) + kPageSize, c->size_, PROT_READ | PROT_WRITE,
+                 MAP_SHARED | MAP_POPULATE | MAP_FIXED, c->fd_, 0);
   if (p == MAP_FAILED) {
     int err = errno;  // for the ThrowErrno below
-    munmap(span, r->mapped_ + 2 * kPageSize);
+    munmap(span, c->size_ + 2 * kPageSize);
     errno = err;
   }
 #else
-  void* p = mmap(nullptr, r->mapped_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, r->fd_, 0);
+  void* p = mmap(nullptr, c->size_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, c->fd_, 0);
 #endif
   if (p == MAP_FAILED) ThrowErrno(ErrorKind::kRegion, "Failed to map region", errno);
-  r->base_ = static_cast<uint8_t*>(p);
+  c->base_ = static_cast<uint8_t*>(p);
 #ifdef RDMADEV_ASAN_REGIONS
-  ASAN_POISON_MEMORY_REGION(r->base_ - kPageSize, kPageSize);
-  ASAN_POISON_MEMORY_REGION(r->base_ + size, r->mapped_ - size + kPageSize);
+  ASAN_POISON_MEMORY_REGION(c->base_ - kPageSize, kPageSize);
+  ASAN_POISON_MEMORY_REGION(c->base_ + dir_pages * kPageSize, (room_pages + 1) * kPageSize);
 #endif
   struct stat st;
-  if (fstat(r->fd_, &st) != 0) ThrowErrno(ErrorKind::kRegion, "Failed to stat region memfd", errno);
+  if (fstat(c->fd_, &st) != 0) ThrowErrno(ErrorKind::kRegion, "Failed to stat region memfd", errno);
+  c->ino_ = st.st_ino;
+  c->dev_ = st.st_dev;
+  c->free_[dir_pages * kPageSize] = room_pages * kPageSize;
+  return c;
+}
+
+Chunk::~Chunk() {
+#ifdef RDMADEV_ASAN_REGIONS
+  if (base_) {
+    ASAN_UNPOISON_MEMORY_REGION(base_ - kPageSize, size_ + 2 * kPageSize);
+    munmap(base_ - kPageSize, size_ + 2 * kPageSize);
+  }
+#else
+  if (base_) munmap(base_, size_);
+#endif
+  if (fd_ >= 0) close(fd_);
+}
+
+void Chunk::FreeLocked(uint64_t offset, uint64_t span) {
+  auto next = free_.lower_bound(offset);
+  if (next != free_.end() && offset + span == next->first) {  // joins the run after it
+    span += next->second;
+    next = free_.erase(next);
+  }
+  if (next != free_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == offset) {  // joins the run before it
+      prev->second += span;
+      return;
+    }
+  }
+  free_[offset] = span;
+}
+
+void Chunk::ReleaseQuarantineLocked() {
+  const auto now = Clock::now();
+  for (auto it = quarantined_.begin(); it != quarantined_.end();) {
+    if (it->until <= now) {
+      FreeLocked(it->offset, it->span);
+      it = quarantined_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+bool Chunk::Take(uint64_t span, uint64_t* offset) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ReleaseQuarantineLocked();
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    if (it->second < span) continue;
+    *offset = it->first;
+    if (it->second > span) free_[it->first + span] = it->second - span;
+    free_.erase(it);
+    taken_ += span;
+    return true;
+  }
+  return false;
+}
+
+void Chunk::Give(uint64_t offset, uint64_t span, Clock::time_point reusable_at) {
+  std::lock_guard<std::mutex> lock(mu_);
+  taken_ -= span;
+  if (reusable_at > Clock::now()) {
+    quarantined_.push_back({offset, span, reusable_at});
+  } else {
+    FreeLocked(offset, span);
+  }
+}
+
+uint64_t Chunk::quarantined() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto now = Clock::now();
+  uint64_t n = 0;
+  for (const auto& q : quarantined_) n += q.until > now ? q.span : 0;
+  return n;
+}
+
+bool Chunk::idle() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto now = Clock::now();
+  for (const auto& q : quarantined_) {
+    if (q.until > now) return false;
+  }
+  return taken_ == 0;
+}
+
+std::shared_ptr<Region> Region::Allocate(uint64_t id, uint64_t size, const std::string& label) {
+  auto chunk = Chunk::Map(id, size, label);
+  uint64_t offset = 0;
+  chunk->Take(RoundUp(size == 0 ? 1 : size, kPageSize), &offset);
+  return Place(id, size, std::move(chunk), offset);
+}
+
+std::shared_ptr<Region> Region::Place(uint64_t id, uint64_t size, std::shared_ptr<Chunk> chunk,
+                                      uint64_t offset) {
+  std::shared_ptr<Region> r(new Region());
+  r->size_ = size;
+  r->span_ = RoundUp(size == 0 ? 1 : size, kPageSize);
+  r->offset_ = offset;
+  r->base_ = chunk->base() + offset;
+#ifdef RDMADEV_ASAN_REGIONS
+  ASAN_UNPOISON_MEMORY_REGION(r->base_, size);
+#endif
+  // A span taken again holds its last region's bytes: a ring's sequence words must read 0.
+  std::memset(r->base_, 0, size);
   r->desc_.id = id;
   r->desc_.size = size;
   r->desc_.rkey = RandomU64();
   r->desc_.pid = static_cast<uint32_t>(getpid());
-  r->desc_.fd = r->fd_;
-  r->desc_.ino = st.st_ino;
-  r->desc_.dev = st.st_dev;
+  r->desc_.fd = chunk->fd();
+  r->desc_.ino = chunk->ino();
+  r->desc_.dev = chunk->dev();
+  r->desc_.offset = offset;
+  if (chunk->verbs_rkey() != 0) {
+    r->desc_.verbs_addr = chunk->verbs_addr() + offset;
+    r->desc_.verbs_rkey = chunk->verbs_rkey();
+  }
+  chunk->DirectoryWord(offset)->store(id, std::memory_order_release);
+  r->chunk_ = std::move(chunk);
   return r;
 }
 
 Region::~Region() {
+  if (!chunk_) return;
+  chunk_->DirectoryWord(offset_)->store(0, std::memory_order_release);
 #ifdef RDMADEV_ASAN_REGIONS
-  if (base_) {
-    ASAN_UNPOISON_MEMORY_REGION(base_ - kPageSize, mapped_ + 2 * kPageSize);
-    munmap(base_ - kPageSize, mapped_ + 2 * kPageSize);
-  }
-#else
-  if (base_) munmap(base_, mapped_);
+  ASAN_POISON_MEMORY_REGION(base_, span_);
 #endif
-  if (fd_ >= 0) close(fd_);
+  auto reusable_at = Chunk::Clock::now();
+  if (!quiet_.load(std::memory_order_acquire)) {
+    reusable_at += std::chrono::duration_cast<Chunk::Clock::duration>(
+        std::chrono::duration<double>(chunk_->quarantine_s()));
+  }
+  chunk_->Give(offset_, span_, reusable_at);
 }
 
 void Region::Grant(const std::string& peer) {
@@ -196,11 +320,9 @@ void Region::Close() {
   std::lock_guard<std::mutex> lock(grants_mu_);
   closed_.store(true, std::memory_order_release);
   grants_.clear();
-  // No new shm peer can map the region once its fd is gone; existing mappings stay valid.
-  if (fd_ >= 0) {
-    close(fd_);
-    fd_ = -1;
-  }
+  // Peers attaching it from now on find it closed; those attached already keep their access
+  // (shm mappings, verbs keys) until its span is taken again after its quarantine.
+  chunk_->DirectoryWord(offset_)->store(0, std::memory_order_release);
 }
 
 }  // namespace rdmadev

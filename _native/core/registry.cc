@@ -248,6 +248,8 @@ void ReleaseKept(std::vector<T>* kept, Done done, std::vector<std::shared_ptr<vo
 
 void ChannelRegistry::RetireLocked(const std::string& key, Sender&& s, double park_s,
                                    std::vector<std::shared_ptr<void>>* graveyard) {
+  // Nothing in flight: the credit region's span may be taken again at once (region.h).
+  if (park_s <= 0 && s.ring && s.ring->credit_region()) s.ring->credit_region()->Quiet();
   if (!s.ring || s.ring->Drained() || park_s <= 0) return Bury(std::move(s), graveyard);
   parked_.push_back({key, std::move(s), After(park_s)});
 }
@@ -256,6 +258,7 @@ void ChannelRegistry::RetireLocked(const std::string& key, Receiver&& r, double 
                                    std::vector<std::shared_ptr<void>>* graveyard) {
   const bool late_writes_break =
       r.ring && r.ring->endpoint() && r.ring->endpoint()->late_write_breaks();
+  if (park_s <= 0 && r.ring && r.ring->ring_region()) r.ring->ring_region()->Quiet();
   if (!late_writes_break || park_s <= 0) return Bury(std::move(r), graveyard);
   retired_.push_back({key, std::move(r), After(std::min(park_s, kLateWriteGraceS))});
 }

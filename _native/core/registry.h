@@ -64,10 +64,12 @@ constexpr double kReleasedGraceS = 5;
 // within the queue pair's retry budget (~2.1 s, verbs_qp.h); one posted after it comes from a
 // send already past its credit wait on the sender, whose half goes with the same release
 // (the planner tells every task) or with this task's notice (channels.py), one control round
-// trip later. 10 s covers both on a loaded host. A write later still breaks the connection:
-// the control plane then unbinds the channels it carried, as for a lost peer, and connects
-// afresh for the next instantiation (channels.py).
-constexpr double kLateWriteGraceS = 10;
+// trip later. 10 s (kLateWriteGraceS, region.h) covers both on a loaded host. Once the ring's
+// region goes, its span of the chunk stays registered and is quarantined as long again before
+// another region takes it (Chunk::Give); a write later still lands in whatever region took it
+// then, or, once its chunk went, breaks the connection: the control plane then unbinds the
+// channels it carried, as for a lost peer, and connects afresh for the next instantiation
+// (channels.py).
 
 class ChannelRegistry {
  public:
@@ -142,6 +144,9 @@ class ChannelRegistry {
   // fabric breaks on a late write (verbs) is retired likewise, its ring kept registered for
   // min(park_s, kLateWriteGraceS) (a half of `key` retired earlier gets at most that much
   // more): its sender's last write may still be on its way.
+  // `park_s` <= 0 says that nothing is in flight on the halves (their last step ended
+  // cleanly, their peer is gone, or their Domain closes): their regions' spans are not
+  // quarantined for late writes (Region::Quiet) and may be taken again at once.
   size_t Unbind(const std::string& key, Half half = kBoth, double park_s = kParkedGraceS);
   // Unbinds every half bound with `domain` (its task is shutting down), parked ones too.
   size_t UnbindDomain(const Domain* domain);

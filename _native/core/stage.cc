@@ -44,14 +44,13 @@ std::shared_ptr<Region> Stage::Room(const std::shared_ptr<Domain>& domain, uint6
   region_.reset();
   std::shared_ptr<Region> region;
   try {
-    region = domain->Allocate(size, "stage");
+    region = domain->Allocate(size, "stage", reader_.empty() ? kAnyPeer : reader_);
   } catch (const Error& e) {
     failed_ = true;
     LogEvent("channel " + channel + ": no stage of " + std::to_string(size) +
              " bytes, its tensors larger than a slot go in chunks: " + e.what());
     return nullptr;
   }
-  region->Grant(reader_.empty() ? kAnyPeer : reader_);
   lease_ = LeaseRegion(domain, region);
   region_ = std::move(region);
   CountStage();

@@ -164,19 +164,20 @@ class ChannelTable:
         with self.lock:
             return instance in self.received
 
-    def _release_received(self, instance, notify_in_background=False):
+    def _release_received(self, instance, notify_in_background=False, quiescent=False):
         """Unbinds the receiving halves of the pairs `instance` opened here and tells each
         sender to unbind its halves (once: a later call finds nothing). In the background,
-        the request being served does not wait on a sender that is cut off."""
+        the request being served does not wait on a sender that is cut off. `quiescent`:
+        nothing is in flight on them (release), so no memory is kept for late writes."""
         with self.lock:
             pairs = self.received.pop(instance, [])
         notices = [(p["sender"], [c["key"] for c in p["channels"]]) for p in pairs]
         for _, keys in notices:
-            self.release({"keys": keys, "half": "recv"})
+            self.release({"keys": keys, "half": "recv", "quiescent": quiescent})
 
         def notify():
             for sender, keys in notices:
-                self.notify(sender, keys, "send")
+                self.notify(sender, keys, "send", quiescent=quiescent)
         if notices and notify_in_background:
             threading.Thread(target=notify, daemon=True,
                              name=f"rdmadev-release {instance}").start()
@@ -229,8 +230,9 @@ class ChannelTable:
                     self.notify(sender, keys, "send")
                 raise
         except BaseException:
-            if not grown:
+            if not grown:  # no step runs before its plan is set up: nothing was written
                 self.growth.untrack(keys)
+                region.quiet()
             let_go(credit, lease, region)
             raise
         return {"sender": sender, "fabric": sent["fabric"], "registered": p["bytes"]}
@@ -267,6 +269,8 @@ class ChannelTable:
             else:
                 bind_halves(channels, "send", lease, receiver, make, failing)
         except BaseException:
+            if hold is None:  # not a grown pair's: no step ran on it, nothing was credited
+                credit.quiet()
             let_go(ring, lease, credit)
             raise
         return {"address": self.domain.address, "credit": credit.descriptor.hex(),
@@ -318,19 +322,22 @@ class ChannelTable:
             planner = session()
             if planner is not None:
                 planner.let_go(("pairs", r["instance"]))
-            self._release_received(r["instance"], notify_in_background=True)
+            self._release_received(r["instance"], notify_in_background=True,
+                                   quiescent=bool(r.get("quiescent")))
         return n
 
-    def notify(self, peer, keys, half, failed=None):
+    def notify(self, peer, keys, half, failed=None, quiescent=False):
         """For the parts: best effort, tells `peer` to unbind its `half` of `keys`, saying
         that this task, their receiver, unbound its own (and, `failed`, why the steps using
-        them fail and the fix: ``[why, fix]``)."""
+        them fail and the fix: ``[why, fix]``; `quiescent`: nothing is in flight on them)."""
         if self.call is None or not keys:
             return
         try:
             request = {"op": "release", "keys": list(keys), "half": half, "receiver_unbound": True}
             if failed:
                 request["failed"] = failed
+            if quiescent:
+                request["quiescent"] = True
             self.call(peer, request)
             self.notices["sent"] += 1
         except Exception as e:  # the peer may be gone; its channels went with it
@@ -394,12 +401,14 @@ class ChannelTable:
 
     def _watch_peers(self):
         """Unbinds the halves of peers that died, frees the memory of sending halves parked
-        until their receiver was done with it (_core.release_drained) and grows channels
-        whose tensors outgrew their slots, every WATCH_INTERVAL_S until closed."""
+        until their receiver was done with it (_core.release_drained), lets go of the chunks
+        whose regions all went (Domain.trim) and grows channels whose tensors outgrew their
+        slots, every WATCH_INTERVAL_S until closed."""
         while not self.closing.wait(WATCH_INTERVAL_S):
             try:
                 self.sweep_dead_peers()
                 _core.release_drained()
+                self.domain.trim()
                 self.growth.grow_channels()
             except Exception as e:  # never let the watcher die
                 log.info("rdmadev: peer sweep or growth failed: %s", e)
@@ -409,7 +418,8 @@ class ChannelTable:
 
         Returns:
             ``{"channels", "senders", "receivers", "parked", "retired", "regions",
-            "registered_bytes", "planned_bytes", "budget_bytes", "evicted", "set_up_again",
+            "registered_bytes", "planned_bytes", "budget_bytes", "chunks", "chunk_bytes",
+            "quarantined_bytes", "evicted", "set_up_again",
             "transfers", "sent", "received", "discarded", "abandoned",
             "superseded", "grown", "staged", "stages", "warm", "waits", "fds", "memfd_maps",
             "notices", "reopened", "learned", "wanted", "peers", "silent_peers", "py_threads",
@@ -419,7 +429,9 @@ class ChannelTable:
             retired (verbs: their ring stays registered for the sender's late writes,
             LATE_WRITE_GRACE_S), regions and their bytes in this task's Domain (held: its
             own channels' rings and credits, stages), the bytes the plans of the pairs
-            received here need (in use) and RDMADEV_MAX_REGISTERED_BYTES (the budget), pairs
+            received here need (in use) and RDMADEV_MAX_REGISTERED_BYTES (the budget), the
+            chunks the regions are placed in (mapped and, on verbs, registered once each), their
+            bytes, and those of released regions' spans quarantined for late writes, pairs
             received here released to make room for another plan and set up again since
             (evictions.py), transfers
             completed by this process (of the received, those a failed step left behind and that
@@ -443,13 +455,16 @@ class ChannelTable:
         bound = _core.channel_counts(self.domain)
         moved = _core.transfer_counts()
         regions, registered = self.domain.region_stats
+        chunks = self.domain.chunk_stats
         peers = self.peer_endpoints()
         with self.lock:
             planned = sum(p["bytes"] for pairs in self.received.values() for p in pairs)
             evictions = dict(self.evictions)
         return {"channels": bound["senders"] + bound["receivers"], **bound,
                 "regions": regions, "registered_bytes": registered, "planned_bytes": planned,
-                "budget_bytes": self.config.max_registered_bytes, **evictions,
+                "budget_bytes": self.config.max_registered_bytes, "chunks": chunks["chunks"],
+                "chunk_bytes": chunks["bytes"], "quarantined_bytes": chunks["quarantined"],
+                **evictions,
                 "transfers": moved["sent"] + moved["received"], **moved,
                 "waits": self.domain.pending_waits, "fds": len(os.listdir("/proc/self/fd")),
                 "memfd_maps": _memfd_maps(), "notices": dict(self.notices),

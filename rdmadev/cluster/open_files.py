@@ -1,5 +1,6 @@
 """The open-file limit of a task. A task holds descriptors for every peer task it exchanges
-tensors with (control connections, heartbeat lanes, its fabric endpoint, a memfd per region),
+tensors with (control connections, heartbeat lanes, its fabric endpoint, the memfds of the
+chunks its regions for that peer are placed in),
 so a ps serving a few hundred workers needs more than the soft RLIMIT_NOFILE of 1024 that most
 systems start a process with, below a hard limit that is usually far higher.
 
@@ -29,8 +30,9 @@ __all__ = ["DESCRIPTORS_PER_PEER", "BASE_DESCRIPTORS", "needed", "peers_served",
 #:   run-time shape): each ps peaked at 19 with 1 worker and 51 with 4, ~10.7 per worker.
 #: They are 1 + liveness.LANES control connections the peer holds to it, LANES it pings the
 #: peer on, 1 it calls the peer on, the fabric endpoint (a pidfd or socket) and the regions of
-#: each function's pairs (a memfd each); rounded up for a few more functions. (LANES was 2
-#: then; with 1, tests/test_event_loop.py measures 7 per peer with one function's pairs.)
+#: each function's pairs (a memfd each then; since chunks, a memfd per chunk: a few per peer
+#: whatever the functions, _native/core/arena.h); rounded up for a few more functions. (LANES
+#: was 2 then; with 1, tests/test_event_loop.py measures 7 per peer with one function's pairs.)
 DESCRIPTORS_PER_PEER = 12
 #: Descriptors a task holds before its first peer: Python, TensorFlow's gRPC server and the
 #: control listener; measured 11 for `rdmadev serve` (2026-11-28), with room for log files.

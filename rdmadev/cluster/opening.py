@@ -104,12 +104,14 @@ def open_channels(call, instance, transfers, region_bytes, function="", marked=(
     try:
         opened = in_parallel(open_receiver, pairs)
     except Exception:
-        # Pairs that did open would otherwise stay bound: nothing will ever use them.
+        # Pairs that did open would otherwise stay bound: nothing will ever use them. No step
+        # ran on them (the instantiation is still being planned, or waits at its gate to be
+        # set up again: evictions.py), so nothing is in flight and no memory is kept.
         keys = [t.channel_key for t in transfers]
         tasks = {t.recv_task for t in transfers} | {t.send_task for t in transfers}
         for task in sorted(tasks):
             try:
-                call(task, {"op": "release", "keys": keys, "half": "both"})
+                call(task, {"op": "release", "keys": keys, "half": "both", "quiescent": True})
             except Exception as e:
                 log.info("rdmadev: could not release the channels of %s at %s: %s",
                          instance, task, e)

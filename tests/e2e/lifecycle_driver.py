@@ -50,15 +50,16 @@ def drain():
 
 
 def settled(want_live=0):
-    """Counters once every tracked instantiation is released and the tasks' channel counts
-    stop changing."""
+    """Counters once every tracked instantiation is released, the tasks' channel counts stop
+    changing and no released region's pages are quarantined for late writes (10 s)."""
     deadline = time.monotonic() + SETTLE_S
     last = None
     while True:
         drain()
         now = counters()
         shape = {t: (c["channels"], c["regions"], c["registered_bytes"]) for t, c in now.items()}
-        if instances.tracked()["live"] <= want_live and shape == last:
+        quarantined = any(c["quarantined_bytes"] for c in now.values())
+        if instances.tracked()["live"] <= want_live and shape == last and not quarantined:
             return now
         if time.monotonic() > deadline:
             return now

@@ -75,12 +75,22 @@ def _held():
     return {task: {k: c[k] for k in HELD} for task, c in rdmadev.counters().items()}
 
 
+def _settled_held(within=30):
+    """_held() once no task has a released region's pages quarantined for late writes (10 s):
+    their chunks may go meanwhile, and what is compared must not count them."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline and any(
+            c["quarantined_bytes"] for c in rdmadev.counters().values()):
+        time.sleep(0.5)
+    return _held()
+
+
 def release(cluster):
     """Drop scheduled functions, one after another: their instantiations on the workers (which
     planned them, in a TF thread) and on the ps are released, so what the tasks hold goes back
     to where it started, every time."""
     strategy, coordinator = _strategy(cluster)
-    start = _held()
+    start = _settled_held()
     rounds = []
     for _ in range(3):
         _, step = _model(strategy)
@@ -105,7 +115,7 @@ def restart_worker(cluster):
     strategy, coordinator = _strategy(cluster)
     w, step = _model(strategy)
     _run(coordinator, step, STEPS)
-    before = _held()
+    before = _settled_held()
     old_pid = cluster.pid("worker", 1)
     for _ in range(STEPS):  # in flight while the worker dies
         coordinator.schedule(step)

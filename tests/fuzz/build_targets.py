@@ -36,7 +36,7 @@ TARGETS = {
     # includes tcp.cc to reach the endpoint class) and RegionDesc::Decode.
     "client": ("fuzz_client.cc", ["tcp/frame.cc", "region.cc", "common.cc", "sockio.cc", "hmac.cc",
                              "handshake.cc", "acceptor.cc", "fabric.cc", "completion.cc",
-                             "domain.cc"]),
+                             "domain.cc", "arena.cc"]),
     # The handshake of every authenticated service, both roles.
     # region.cc is left out: the harness defines RandomBytes (its nonces are fixed).
     "handshake": ("fuzz_handshake.cc", ["handshake.cc", "sockio.cc", "hmac.cc", "common.cc"]),

@@ -113,12 +113,12 @@ void FuzzDecode(const uint8_t* data, size_t size) {
     std::memcpy(&magic, data, 4);
     std::memcpy(&version, data + 4, 4);
   }
-  const bool valid = size == RegionDesc::kEncodedSize && magic == 0x524d4452 && version == 2;
+  const bool valid = size == RegionDesc::kEncodedSize && magic == 0x524d4452 && version == 3;
   try {
     RegionDesc d = RegionDesc::Decode(in);
-    if (!valid) Fail("Decode accepted a record that is not a version-2 descriptor");
+    if (!valid) Fail("Decode accepted a record that is not a version-3 descriptor");
     std::string want = in;
-    std::memset(&want[68], 0, 12);  // reserved: encoded as zeros
+    std::memset(&want[68], 0, 4);  // reserved: encoded as zeros
     if (d.Encode() != want) Fail("a decoded descriptor does not encode back to its bytes");
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::kProtocol || valid) {

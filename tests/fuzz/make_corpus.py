@@ -69,8 +69,8 @@ def client_seeds():
         fields.update(kw)
         return bytes([0, off_b, len_b]) + frame(**fields) + payload
 
-    desc = struct.pack("<IIQQQIiQQQIIQ", 0x524D4452, 2, 7, 4096, 0x1234, 42, 5, 99, 3,
-                       0x7F0000001000, 77, 0, 0)
+    desc = struct.pack("<IIQQQIiQQQIIQ", 0x524D4452, 3, 7, 4096, 0x1234, 42, 5, 99, 3,
+                       0x7F0000001000, 77, 0, 8192)
     return {
         "read": answer(1, 2),
         "read_empty": answer(0, 0),

@@ -41,7 +41,7 @@ PORT = 1
 TAG = b"rdmadev-verbs-v1"
 HELLO = struct.Struct("<II32s")                     # "RDMH", version 1, server nonce
 QPINFO = struct.Struct("<IIIHBB16sII")              # "RDMQ", qpn, psn, lid, mtu, ethernet, gid, gid index, 0
-DESC = struct.Struct("<IIQQQIiQQQI12x")             # descriptor v2: ..., verbs addr, verbs rkey
+DESC = struct.Struct("<IIQQQIiQQQI4xQ")            # descriptor v3: ..., verbs addr, verbs rkey, offset
 DESC_MAGIC, HELLO_MAGIC, QPINFO_MAGIC = 0x524D4452, 0x48444D52, 0x51444D52
 ACCESS = E.IBV_ACCESS_LOCAL_WRITE | E.IBV_ACCESS_REMOTE_WRITE | E.IBV_ACCESS_REMOTE_READ
 
@@ -130,8 +130,9 @@ class Peer:
 def write_mode(address, desc_hex, secret_hex, offset, length, seq):
     reach = dict(item.split("=", 1) for item in address.split(";"))["verbs"]
     host, port = reach.rsplit("/", 1)[0].rsplit(":", 1)
-    magic, version, _id, size, _k, _pid, _fd, _ino, _dev, addr, rkey = DESC.unpack(bytes.fromhex(desc_hex))
-    assert magic == DESC_MAGIC and version == 2 and rkey, "not a verbs-registered v2 descriptor"
+    magic, version, _id, size, _k, _pid, _fd, _ino, _dev, addr, rkey, _off = DESC.unpack(
+        bytes.fromhex(desc_hex))
+    assert magic == DESC_MAGIC and version == 3 and rkey, "not a verbs-registered v3 descriptor"
     assert offset + length <= size
     secret = bytes.fromhex(secret_hex)
     s = socket.create_connection((host, int(port)), timeout=30)
@@ -162,7 +163,7 @@ def serve_mode(secret_hex, size, offset, length, seq, timeout):
     ls.bind(("127.0.0.1", 0))
     ls.listen(1)
     gid = str(ipaddress.IPv6Address(str(peer.gid)))
-    desc = DESC.pack(DESC_MAGIC, 2, 1, size, 0, os.getpid(), -1, 0, 0, peer.mr.buf, peer.mr.rkey)
+    desc = DESC.pack(DESC_MAGIC, 3, 1, size, 0, os.getpid(), -1, 0, 0, peer.mr.buf, peer.mr.rkey, 0)
     print(json.dumps({"address": f"verbs=127.0.0.1:{ls.getsockname()[1]}/{gid}",
                       "descriptor": desc.hex()}), flush=True)
     ls.settimeout(timeout)

@@ -80,14 +80,15 @@ class VerbsFabric : public Fabric {
     }
   }
 
-  void RegisterRegion(Region& region) override {
+  double late_write_window_s() const override { return kLateWriteGraceS; }
+  void RegisterChunk(Chunk& chunk) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) throw Error(ErrorKind::kClosed, "Failed to register region: verbs fabric closed");
-    mem_->Register(region);
+    mem_->Register(chunk);
   }
-  void DeregisterRegion(Region& region) override {
+  void DeregisterChunk(Chunk& chunk) override {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!stopping_) mem_->Deregister(region);
+    if (!stopping_) mem_->Deregister(chunk);
   }
 
   void Close() override {

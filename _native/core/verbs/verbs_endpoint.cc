@@ -18,6 +18,10 @@ namespace rdmadev {
 #if RDMADEV_HAVE_VERBS
 namespace {
 
+// How long attaching a region waits for the READ of its directory word: the queue pair's
+// retry budget (~2.1 s, verbs_qp.h) and then some on a loaded host.
+constexpr double kAttachReadS = 10;
+
 void RequireVerbsKey(const RegionDesc& d) {
   if (d.verbs_rkey == 0) {
     throw Error(ErrorKind::kProtocol,
@@ -51,8 +55,20 @@ class VerbsEndpoint : public Endpoint {
   std::string peer() const override { return "verbs=" + reach_; }
   bool late_write_breaks() const override { return true; }
 
+  // One RDMA READ of the region's directory word in its chunk: a closed region is refused.
   std::shared_ptr<RemoteRegion> Attach(const RegionDesc& desc) override {
     RequireVerbsKey(desc);
+    if (desc.offset % kPageSize != 0 || desc.offset > desc.verbs_addr) {
+      throw Error(ErrorKind::kProtocol, "Failed to attach region " + std::to_string(desc.id) +
+                                            ": its offset in its chunk is malformed",
+                  0, "pass the exact descriptor the owning process gave");
+    }
+    RemoteRegion directory(desc);
+    directory.desc.size = 8;
+    directory.desc.verbs_addr = desc.verbs_addr - desc.offset + Chunk::DirectoryOffset(desc.offset);
+    uint64_t entry = 0;
+    Read(directory, 0, &entry, sizeof entry, Deadline::After(kAttachReadS));
+    CheckRegionLive(desc, entry);
     return std::make_shared<RemoteRegion>(desc);
   }
 

@@ -63,28 +63,27 @@ ibv_mr* VerbsMemory::Reg(void* p, size_t len, const std::string& what) {
              "check `rdmadev doctor` and the kernel log (dmesg) for the device's reason");
 }
 
-void VerbsMemory::Register(Region& region) {
-  uint64_t len = RoundUp(region.size() == 0 ? 1 : region.size(), kPageSize);
-  ibv_mr* mr = Reg(region.base(), len, "region " + std::to_string(region.id()));
+void VerbsMemory::Register(Chunk& chunk) {
+  ibv_mr* mr = Reg(chunk.base(), chunk.size(), "a chunk of regions");
   std::unique_lock<std::shared_mutex> lock(mu_);
-  by_region_[region.id()] = mr;
-  by_address_[reinterpret_cast<uintptr_t>(region.base())] = mr;
-  registered_bytes_ += len;
-  region.SetVerbsKey(reinterpret_cast<uint64_t>(region.base()), mr->rkey);
+  by_chunk_[chunk.id()] = mr;
+  by_address_[reinterpret_cast<uintptr_t>(chunk.base())] = mr;
+  registered_bytes_ += chunk.size();
+  chunk.SetVerbsKey(reinterpret_cast<uint64_t>(chunk.base()), mr->rkey);
 }
 
-void VerbsMemory::Deregister(Region& region) {
+void VerbsMemory::Deregister(Chunk& chunk) {
   ibv_mr* mr = nullptr;
   {
     std::unique_lock<std::shared_mutex> lock(mu_);
-    auto it = by_region_.find(region.id());
-    if (it == by_region_.end()) return;
+    auto it = by_chunk_.find(chunk.id());
+    if (it == by_chunk_.end()) return;
     mr = it->second;
-    by_region_.erase(it);
+    by_chunk_.erase(it);
     by_address_.erase(reinterpret_cast<uintptr_t>(mr->addr));
     registered_bytes_ -= mr->length;
   }
-  region.SetVerbsKey(0, 0);
+  chunk.SetVerbsKey(0, 0);
   dev_->lib->dereg_mr(mr);
 }
 
@@ -119,7 +118,7 @@ void VerbsMemory::DeregisterAll() {
   std::map<uint64_t, ibv_mr*> regs;
   {
     std::unique_lock<std::shared_mutex> lock(mu_);
-    regs.swap(by_region_);
+    regs.swap(by_chunk_);
     by_address_.clear();
     registered_bytes_ = 0;
   }

@@ -1,7 +1,7 @@
-// The verbs fabric's protection domain and memory registrations: one registration per
-// region, made when the region is allocated (Domain::Allocate -> Fabric::RegisterRegion), so
-// no transfer ever registers memory; plus the lookup a write uses to find the local key of
-// its source bytes.
+// The verbs fabric's protection domain and memory registrations: one registration per chunk
+// of regions, made when the chunk is mapped (arena.h -> Fabric::RegisterChunk), so no
+// transfer and no region ever registers memory; plus the lookup a write uses to find the
+// local key of its source bytes.
 #pragma once
 
 #include <cstdint>
@@ -23,11 +23,11 @@ class VerbsMemory {
   const VerbsDevice& dev() const { return *dev_; }
   ibv_pd* pd() const { return pd_; }
 
-  // Registers the region (local write, remote read and write) and puts its address and
-  // rkey in its descriptor. Throws kRegion; when the memlock limit is the cause, the
-  // message says how many bytes are needed and how to raise the limit.
-  void Register(Region& region);
-  void Deregister(Region& region);
+  // Registers the chunk (local write, remote read and write) and records its address and
+  // rkey in it, for its regions' descriptors. Throws kRegion; when the memlock limit is the
+  // cause, the message says how many bytes are needed and how to raise the limit.
+  void Register(Chunk& chunk);
+  void Deregister(Chunk& chunk);
   // Registers a private buffer (an endpoint's bounce and signal buffer).
   ibv_mr* RegisterBuffer(void* p, size_t len, const std::string& what);
   void DeregisterBuffer(ibv_mr* mr);
@@ -41,7 +41,7 @@ class VerbsMemory {
   std::unique_ptr<VerbsDevice> dev_;
   ibv_pd* pd_ = nullptr;
   mutable std::shared_mutex mu_;
-  std::map<uint64_t, ibv_mr*> by_region_;   // region id -> registration
+  std::map<uint64_t, ibv_mr*> by_chunk_;    // chunk id -> registration
   std::map<uintptr_t, ibv_mr*> by_address_;  // start address -> registration
   uint64_t registered_bytes_ = 0;
 };

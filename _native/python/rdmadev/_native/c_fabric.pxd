@@ -55,15 +55,23 @@ cdef extern from "domain.h" namespace "rdmadev":
         uint64_t max_registered_bytes
         uint64_t stage_below_slot_bytes
 
+    cdef struct ChunkCounts:
+        uint64_t chunks
+        uint64_t bytes
+        uint64_t quarantined
+
     cdef cppclass Domain:
         @staticmethod
         shared_ptr[Domain] Open(const DomainOptions& options) except +raise_py_error nogil
         const DomainOptions& options()
         string address()
         vector[string] fabric_names()
-        shared_ptr[Region] Allocate(uint64_t size, const string& label) except +raise_py_error nogil
+        shared_ptr[Region] Allocate(uint64_t size, const string& label,
+                                    const string& peer) except +raise_py_error nogil
         void Release(uint64_t id)
         pair[uint64_t, uint64_t] RegionStats()
+        ChunkCounts ChunkStats()
+        void Trim()
         shared_ptr[Endpoint] Connect(const string& address, const string& fabric,
                                      const Deadline& deadline) except +raise_py_error nogil
         string Choose(const string& address, const string& fabric) except +raise_py_error

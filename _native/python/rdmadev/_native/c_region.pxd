@@ -24,3 +24,4 @@ cdef extern from "region.h" namespace "rdmadev":
         void CheckRange(uint64_t off, uint64_t n, const char* what) except +raise_py_error
         AtomicU64* Word(uint64_t off) except +raise_py_error
         bool closed()
+        void Quiet()

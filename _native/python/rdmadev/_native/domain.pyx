@@ -136,14 +136,30 @@ cdef class Domain(Handle):
         """(regions, bytes) this domain has allocated and not yet released."""
         return self._get().RegionStats()
 
+    @property
+    def chunk_stats(self):
+        """{"chunks", "bytes", "quarantined"}: the chunks this domain has mapped, and
+        registered with its fabrics, to hold its regions (idle ones go first), their bytes,
+        and the bytes of spans quarantined for peers' late writes (_native/core/arena.h)."""
+        c = self._get().ChunkStats()
+        return {"chunks": c.chunks, "bytes": c.bytes, "quarantined": c.quarantined}
+
+    def trim(self):
+        """Lets the chunks go whose regions all went (their quarantine over)."""
+        self._get().Trim()
+
     def allocate(self, uint64_t size, label="region", grant=(ANY_PEER,)):
-        """Allocates a pre-faulted region of `size` bytes that `grant` peers may access."""
+        """Allocates a pre-faulted region of `size` bytes that `grant` peers may access. It
+        is placed in a chunk of the regions granted to grant[0] (one mapping and one verbs
+        registration for all of them: _native/core/arena.h)."""
         cdef CDomain* d = self._get()
         cdef string lab = as_bytes(label)
+        grant = list(grant) or [ANY_PEER]
+        cdef string peer = as_bytes(grant[0])
         cdef shared_ptr[CRegion] r
         with nogil:
-            r = d.Allocate(size, lab)
-        for g in grant:
+            r = d.Allocate(size, lab, peer)
+        for g in grant[1:]:
             r.get().Grant(as_bytes(g))
         reg = Region.__new__(Region)
         (<Region>reg).p = r
