@@ -10,9 +10,10 @@ record (verbs_qp.h). Two modes, each printing one JSON line and exiting 0 on suc
       pattern bytes at OFFSET of the region DESC_HEX names, then the signal as rdmadev
       defines it: aux (= LENGTH) at byte 8, then SEQ at byte 0, as two ordered writes.
   serve SECRET_HEX SIZE OFFSET LENGTH SEQ TIMEOUT
-      registers a SIZE-byte MR, prints {"address", "descriptor"} for rdmadev to connect to
-      and attach, accepts one connection, then waits until the word at byte 0 of the MR is
-      SEQ and checks the pattern at OFFSET and aux (= LENGTH) at byte 8.
+      registers an MR laid out as a chunk (region.h: a directory page naming region 1, then
+      its SIZE bytes), prints {"address", "descriptor"} for rdmadev to connect to and attach,
+      accepts one connection, then waits until the word at byte 0 of the region is SEQ and
+      checks the pattern at OFFSET and aux (= LENGTH) at byte 8.
 """
 import hashlib
 import hmac
@@ -43,6 +44,7 @@ HELLO = struct.Struct("<II32s")                     # "RDMH", version 1, server 
 QPINFO = struct.Struct("<IIIHBB16sII")              # "RDMQ", qpn, psn, lid, mtu, ethernet, gid, gid index, 0
 DESC = struct.Struct("<IIQQQIiQQQI4xQ")            # descriptor v3: ..., verbs addr, verbs rkey, offset
 DESC_MAGIC, HELLO_MAGIC, QPINFO_MAGIC = 0x524D4452, 0x48444D52, 0x51444D52
+PAGE = 4096
 ACCESS = E.IBV_ACCESS_LOCAL_WRITE | E.IBV_ACCESS_REMOTE_WRITE | E.IBV_ACCESS_REMOTE_READ
 
 
@@ -157,13 +159,17 @@ def write_mode(address, desc_hex, secret_hex, offset, length, seq):
 
 def serve_mode(secret_hex, size, offset, length, seq, timeout):
     secret = bytes.fromhex(secret_hex)
-    peer = Peer(size)
-    peer.mr.write(bytes(size), size, 0)
+    # The MR is a chunk as region.h lays one out: a directory page, whose word for the region's
+    # page names the region (a peer attaching it reads that word), then region 1 on page 1.
+    peer = Peer(PAGE + size)
+    peer.mr.write(bytes(PAGE + size), PAGE + size, 0)
+    peer.mr.write(struct.pack("<Q", 1), 8, 8)
     ls = socket.socket()
     ls.bind(("127.0.0.1", 0))
     ls.listen(1)
     gid = str(ipaddress.IPv6Address(str(peer.gid)))
-    desc = DESC.pack(DESC_MAGIC, 3, 1, size, 0, os.getpid(), -1, 0, 0, peer.mr.buf, peer.mr.rkey, 0)
+    desc = DESC.pack(DESC_MAGIC, 3, 1, size, 0, os.getpid(), -1, 0, 0, peer.mr.buf + PAGE,
+                     peer.mr.rkey, PAGE)
     print(json.dumps({"address": f"verbs=127.0.0.1:{ls.getsockname()[1]}/{gid}",
                       "descriptor": desc.hex()}), flush=True)
     ls.settimeout(timeout)
@@ -182,13 +188,13 @@ def serve_mode(secret_hex, size, offset, length, seq, timeout):
     s.sendall(peer.info())
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        if struct.unpack("<Q", peer.mr.read(8, 0))[0] == seq:
+        if struct.unpack("<Q", peer.mr.read(8, PAGE))[0] == seq:
             break
         time.sleep(0.001)
     else:
         raise SystemExit(f"sequence word never reached {seq}")
-    aux = struct.unpack("<Q", peer.mr.read(8, 8))[0]
-    ok = peer.mr.read(length, offset) == pattern(length) and aux == length
+    aux = struct.unpack("<Q", peer.mr.read(8, PAGE + 8))[0]
+    ok = peer.mr.read(length, PAGE + offset) == pattern(length) and aux == length
     print(json.dumps({"ok": ok, "seq": seq, "aux": aux}), flush=True)
     s.close()
     return ok
