@@ -22,7 +22,7 @@ from .errors import ConfigError
 __all__ = ["Config", "VARIABLES", "FABRIC_CHOICES", "FABRIC_OPTION_VARIABLES", "with_variable_names",
            "default_max_registered_bytes", "fabrics_may_open", "locked_memory",
            "physical_memory", "memlock_holds", "VERBS_STAGING_BYTES", "RAISE_MEMLOCK",
-           "size_text"]
+           "size_text", "SYSFS_IB", "CAP_IPC_LOCK"]
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
@@ -73,12 +73,12 @@ VERBS_STAGING_BYTES = 4 << 20
 # registers. 0 would mean "no limit" to the native domain (domain.h), the opposite of a
 # locked-memory limit too small to pin anything.
 MIN_DEFAULT_MAX_REGISTERED_BYTES = 4 << 10
-# Where the kernel lists RDMA devices (rdmadev.cluster.facts.SYSFS_IB): with none, libibverbs
-# finds none and RDMADEV_FABRIC=auto cannot open verbs.
-_SYSFS_IB = "/sys/class/infiniband"
+# Where the kernel lists RDMA devices: with none, libibverbs finds none and RDMADEV_FABRIC=auto
+# cannot open verbs (rdmadev.cluster.facts reads the devices from here too).
+SYSFS_IB = "/sys/class/infiniband"
 # Bit of CAP_IPC_LOCK in /proc/self/status's CapEff (<linux/capability.h>): a process with it
 # may lock any amount of memory, whatever RLIMIT_MEMLOCK says.
-_CAP_IPC_LOCK = 14
+CAP_IPC_LOCK = 14
 # Default RDMADEV_DYNAMIC_CAPACITY: a slot holds the rows an embedding lookup of 4096 unique
 # ids x 64 floats gathers, and K = 2 such slots cost a receiver 2 MiB per dynamic channel.
 DEFAULT_DYNAMIC_CAPACITY = 1 << 20
@@ -140,7 +140,7 @@ def fabrics_may_open(fabric):
     if fabric != "auto":
         return (fabric,)
     try:
-        rdma = bool(os.listdir(_SYSFS_IB))
+        rdma = bool(os.listdir(SYSFS_IB))
     except OSError:
         rdma = False
     return tuple(f for f in FABRIC_CHOICES if f != "auto" and (f != "verbs" or rdma))
@@ -157,7 +157,7 @@ def locked_memory():
             caps = next((int(line.split()[1], 16) for line in f if line.startswith("CapEff:")), 0)
     except OSError:
         pass
-    return (None if hard == resource.RLIM_INFINITY else hard), bool(caps >> _CAP_IPC_LOCK & 1)
+    return (None if hard == resource.RLIM_INFINITY else hard), bool(caps >> CAP_IPC_LOCK & 1)
 
 
 def default_max_registered_bytes(physical_bytes, fabrics, memlock_hard, ipc_lock):

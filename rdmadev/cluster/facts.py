@@ -16,14 +16,11 @@ import os
 import resource
 import socket
 
+from ..config import SYSFS_IB, locked_memory
 from ..device import fabric_report
 
 __all__ = ["SYSFS_IB", "rdma_devices", "rdma_ports", "reach", "versions", "facts", "provide"]
 
-SYSFS_IB = "/sys/class/infiniband"
-#: Bit of CAP_IPC_LOCK in /proc/self/status's CapEff (<linux/capability.h>): a process with it
-#: may lock any amount of memory, whatever RLIMIT_MEMLOCK says.
-CAP_IPC_LOCK = 14
 _providers = {}  # name -> callable giving that fact (provide)
 
 
@@ -89,15 +86,10 @@ def rdma_ports(devices=None):
 
 def _memlock():
     """This process's RLIMIT_MEMLOCK (None = unlimited) and whether CAP_IPC_LOCK exempts it."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-    cap = 0
-    try:
-        with open("/proc/self/status") as f:
-            cap = next((int(line.split()[1], 16) for line in f if line.startswith("CapEff:")), 0)
-    except OSError:
-        pass
-    unlimited = lambda v: None if v == resource.RLIM_INFINITY else v
-    return {"soft": unlimited(soft), "hard": unlimited(hard), "ipc_lock": bool(cap >> CAP_IPC_LOCK & 1)}
+    soft = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
+    hard, ipc_lock = locked_memory()
+    return {"soft": None if soft == resource.RLIM_INFINITY else soft, "hard": hard,
+            "ipc_lock": ipc_lock}
 
 
 def reach(address, fabric):

@@ -64,7 +64,8 @@ class RegisteredMemory:
                     f"region {label} of {size} bytes would take task {table.task}'s registered "
                     f"memory to {registered + size} bytes, past its limit of {limit}{waited}",
                     hint="raise RDMADEV_MAX_REGISTERED_BYTES in this task (default: half of "
-                         "RAM), or plan smaller tensors or fewer slots (RDMADEV_SLOTS)")
+                         "RAM, less on verbs under a locked-memory limit), or plan smaller "
+                         "tensors or fewer slots (RDMADEV_SLOTS)")
             _core.release_drained()
             time.sleep(KEPT_POLL_S)
         try:
