@@ -28,9 +28,10 @@ exactly).
                also until its heartbeats reach every peer): threads (and their names; also
                the most seen during the first round, sampled every 20 ms), descriptors by kind,
                mappings of rdmadev memfds, RSS, PSS and heap; from the task's open rdmadev
-               memfds the regions it holds (= registrations on verbs: one per region) and their
-               bytes rounded to pages (held); on rdmadev also its counters (registered bytes in
-               use, control connections, Python thread names) and reports.
+               memfds the chunks its regions are placed in (= registrations on verbs: one per
+               chunk, _native/core/arena.h) and their bytes (held); on rdmadev also its counters
+               (regions and registered bytes in use, control connections, Python thread names)
+               and reports.
   check        from a reset variable, `--check_steps` steps one at a time: the losses and the
                final variable, compared bitwise between the protocols; on rdmadev every
                worker's reports (every cross-task tensor between ps and workers swapped).

@@ -25,8 +25,8 @@ def probe(pid):
 
     Returns:
         {"threads", "thread_names" (comm, digits dropped: count), "fds", "sockets",
-         "memfds" (its open rdmadev region memfds: one per region it allocated),
-         "held_bytes" (their sizes, page-rounded), "maps", "memfd_maps" (mappings of rdmadev
+         "memfds" (its open rdmadev memfds: one per chunk its regions are placed in),
+         "held_bytes" (their sizes), "maps", "memfd_maps" (mappings of rdmadev
          memfds, its own and peers'), "rss_bytes", "pss_bytes" (its share of pages shared
          with other processes: TF's libraries), "anon_bytes" (its own heap)}.
     """

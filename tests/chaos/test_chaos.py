@@ -67,6 +67,9 @@ RECOVERY_STEPS = 5
 #: (threads: rdmadev's lasting Python threads: each task's event loop, which serves its control
 #: connections and heartbeats, and watchers; the loop's workers come and go with work.)
 HELD = ("channels", "regions", "registered_bytes", "memfd_maps", "threads")
+#: How long a baseline waits for released regions' pages to leave quarantine (2 s on shm,
+#: 10 s on verbs: _native/core/arena.h), with room for a loaded host.
+QUARANTINE_WAIT_S = 30
 #: Counts a task may end a case above where it began: TF's own gRPC connections come and go
 #: with its peers (a restarted peer, a coordinator that left); a peer keeps as many control
 #: connections to a task as it ever had calls in flight to it at once (runtime.py _give_back:
@@ -186,9 +189,16 @@ def _recovery_run(cluster, mode, job="in-graph", within=HANG_S * 2):
 
 
 def _warm(cluster, rt, mode, job):
-    """One clean run, so the baseline has what stays between jobs (endpoints, heartbeats)."""
+    """One clean run, so the baseline has what stays between jobs (endpoints, heartbeats),
+    read once no released region's pages are quarantined for late writes (their chunks go
+    then: a baseline holding one would never be met again)."""
     assert _recovery_run(cluster, mode, job)
     time.sleep(2 * LIVENESS_S)  # the heartbeats' connections open within an interval
+    deadline = time.monotonic() + QUARANTINE_WAIT_S
+    while time.monotonic() < deadline and any(
+            rt.call(task_name(job_, i), {"op": "counters"})["quarantined_bytes"]
+            for job_, i, _ in cluster.tasks()):
+        time.sleep(0.25)
     return _settled(rt, cluster, _held(rt, cluster), timeout=0)[0]
 
 

@@ -115,9 +115,10 @@ def _recovery_run(cluster):
 
 def _baseline(cluster, rt):
     """What the tasks hold between jobs: once the heartbeats' connections are open, no ring is
-    retired or parked any more (verbs keeps a released receiver's ring registered for late
-    writes for LATE_WRITE_GRACE_S: a reading taken before that held one more region on a
-    worker, failing the next case's check) and two readings a sweep apart agree; bounded."""
+    retired or parked and no released region's pages quarantined any more (verbs keeps a
+    released receiver's ring registered for late writes for LATE_WRITE_GRACE_S, then its pages
+    as long: a reading taken before that held one more region or chunk on a worker, failing
+    the next case's check) and two readings a sweep apart agree; bounded."""
     time.sleep(2 * chaos.LIVENESS_S)
     deadline = time.monotonic() + SETTLE_S
     last = chaos._held(rt, cluster)
@@ -125,7 +126,7 @@ def _baseline(cluster, rt):
         time.sleep(WATCH_INTERVAL_S)
         now = chaos._held(rt, cluster)
         idle = all(rt.call(t, {"op": "counters"})[k] == 0
-                   for t in now for k in ("retired", "parked"))
+                   for t in now for k in ("retired", "parked", "quarantined_bytes"))
         if idle and now == last:
             return now
         last = now
