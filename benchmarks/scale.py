@@ -167,19 +167,18 @@ def run_round(coordinator, step, steps, timings=None):
 
 def settle(protocol, spec, wait_s):
     """Waits until what a task holds per peer is all there before it is probed: `wait_s`
-    (--settle_s, SETTLE_S by default) on either protocol, then on rdmadev until every task pings each of its peers on all LANES
-    (a task starts a peer's heartbeats at its watch's next look, up to 2.5 s after the
-    peer's first channel), at most SETTLE_MAX_S. Returns whether it did settle."""
+    (--settle_s, SETTLE_S by default) on either protocol, then on rdmadev until every task
+    hears each of its peers' heartbeats by datagram (a task starts a peer's heartbeats at its
+    watch's next look, up to 1.25 s after the peer's first channel), at most SETTLE_MAX_S. Returns whether it did settle."""
     time.sleep(wait_s)
     if protocol == "grpc":
         return True
     import rdmadev
-    from rdmadev.cluster.liveness import LANES
     deadline = time.monotonic() + SETTLE_MAX_S
     while True:
         counters = rdmadev.counters(spec)
-        if all(isinstance(c, dict) and c["control_connections"]["heartbeats"]
-               >= LANES * len(c["peers"]) for c in counters.values()):
+        if all(isinstance(c, dict) and c["heard_by_datagram"] >= len(c["peers"])
+               for c in counters.values()):
             return True
         if time.monotonic() > deadline:
             return False
@@ -191,7 +190,7 @@ def rdmadev_view(spec):
     import rdmadev
     counters = rdmadev.counters(spec)
     keep = ("regions", "registered_bytes", "channels", "transfers", "fds", "memfd_maps",
-            "py_threads", "thread_names", "control_connections", "peers")
+            "py_threads", "thread_names", "control_connections", "heard_by_datagram", "peers")
     view = {t: ({k: c[k] for k in keep if k in c} if isinstance(c, dict) else {"error": c})
             for t, c in counters.items()}
     for task, reps in rdmadev.task_reports(spec).items():

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -129,39 +130,117 @@ def test_a_peer_that_answers_stays_heard_through_a_long_wait(pair):
     assert rt.table.counters()["silent_peers"] == []
 
 
+def _dropping(rules, seconds, rt):
+    """The silent peers seen while nftables drops loopback packets matching each of `rules`
+    (e.g. "tcp sport 1234") for `seconds`, and how many packets it dropped."""
+    table = f"rdmadev_test_drop_{os.getpid()}"
+    script = [f"add table inet {table}",
+              f"add chain inet {table} out {{ type filter hook output priority 0; }}"]
+    script += [f"add rule inet {table} out oifname lo {r} counter drop" for r in rules]
+    subprocess.run(["nft", "-f", "-"], text=True, check=True, capture_output=True, timeout=30,
+                   input="\n".join(script) + "\n")
+    try:
+        silent, until = [], time.monotonic() + seconds
+        while time.monotonic() < until:
+            silent += rt.table.counters()["silent_peers"]
+            time.sleep(0.02)
+        listed = subprocess.run(["nft", "list", "table", "inet", table], capture_output=True,
+                                text=True, timeout=30).stdout
+    finally:
+        subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True, timeout=30)
+    return silent, sum(map(int, re.findall(r"packets (\d+)", listed)))
+
+
 @pytest.mark.parametrize("pair", ["tcp"], indirect=True)
-def test_a_peer_stays_heard_while_one_heartbeat_connection_is_stalled(pair):
-    """A ping whose packets are lost waits for TCP's retransmissions and holds its connection's
-    next pings behind it; the peer's own pings on its lane to this task keep it heard. Real
-    loss: nftables drops every packet of this task's lane to the ps on loopback (that port
-    only) for 4 x RDMADEV_LIVENESS_S."""
+def test_a_peer_stays_heard_by_datagram_while_its_control_link_is_stalled(pair):
+    """A ping on a TCP connection whose packets are lost waits for retransmissions and holds
+    the next pings behind it; datagrams do not. Real loss: nftables drops every packet of the
+    control link between the two tasks (its port only) for 4 x RDMADEV_LIVENESS_S."""
     netns.require("nft")
     rt, _ = pair
     _, swap, regions = plan([(PS, W1)])
     channels.open_channels(rt.call, "lanes", swap, regions)  # an endpoint: the ps is watched
-    assert wait_until(lambda: PS in rt.heartbeats.peers and all(
-        lane.client for lane in rt.heartbeats.peers[PS].lanes), 30)
-    lanes = rt.heartbeats.peers[PS].lanes
-    stalled = lanes[0].client
-    port = stalled.sock.getsockname()[1]
-    table = f"rdmadev_test_lane_{os.getpid()}"
-    subprocess.run(["nft", "-f", "-"], text=True, check=True, capture_output=True, timeout=30,
-                   input=f"add table inet {table}\n"
-                         f"add chain inet {table} out {{ type filter hook output priority 0; }}\n"
-                         f"add rule inet {table} out oifname lo tcp sport {port} counter drop\n"
-                         f"add rule inet {table} out oifname lo tcp dport {port} counter drop\n")
+    assert wait_until(lambda: rt.heartbeats.heard_by_datagram() == 1, 30)
+    (link,) = rt.links.live[PS]
+    port = link.sock.getsockname()[1]
+    stalled = threading.Timer(0.5, rt.call, (PS, {"op": "ping"}))  # waits for retransmissions
+    stalled.start()
+    silent, dropped = _dropping([f"tcp sport {port}", f"tcp dport {port}"], 4 * LIVENESS_S, rt)
+    stalled.join(DEADLINE_S)
+    assert dropped > 0  # lost, really
+    assert silent == []  # yet the ps was never marked silent: its datagram answers came
+    assert rt.heartbeats.heard_by_datagram() == 1
+    assert rt.links.live[PS] == [link]  # and the stalled link carries calls again
+
+
+@pytest.mark.parametrize("pair", ["tcp"], indirect=True)
+def test_a_peer_whose_datagrams_are_filtered_is_pinged_on_its_link(pair):
+    """UDP filtered between two hosts (a firewall that lets the control port's TCP through):
+    the peer is pinged on its control link instead and never marked silent. Real filtering:
+    nftables drops every heartbeat datagram on loopback for 4 x RDMADEV_LIVENESS_S."""
+    netns.require("nft")
+    rt, _ = pair
+    _, swap, regions = plan([(PS, W1)])
+    channels.open_channels(rt.call, "filtered", swap, regions)
+    assert wait_until(lambda: rt.heartbeats.heard_by_datagram() == 1, 30)
+    ports = " , ".join(str(p) for p in {rt.server.server_address[1],
+                                       rt._control_address(PS)[1]})
+    silent, dropped = _dropping([f"udp dport {{ {ports} }}"], 4 * LIVENESS_S, rt)
+    assert dropped > 0
+    assert rt.heartbeats.heard_by_datagram() == 0  # none came through: heard on the link
+    assert silent == []
+    assert wait_until(lambda: rt.heartbeats.heard_by_datagram() == 1, 30)  # and back
+
+
+def test_a_heartbeat_datagram_counts_only_as_an_answer_to_a_recent_ping_of_ours():
+    """Only a datagram under the cluster secret's HMAC, addressed to this task and answering
+    one of its own recent nonces hears a peer: a forged, misaddressed or replayed one does
+    not, and a ping is answered to whoever sent it, at its size (no amplification)."""
+    beats = []
     try:
-        silent, until = [], time.monotonic() + 4 * LIVENESS_S
-        while time.monotonic() < until:
-            silent += rt.table.counters()["silent_peers"]
-            time.sleep(0.02)
-        dropped = subprocess.run(["nft", "list", "table", "inet", table], capture_output=True,
-                                 text=True, timeout=30).stdout
+        for task, secret in ((PS, b"s"), (W1, b"s"), ("/job:worker/replica:0/task:0", b"other")):
+            listener = socket.create_server(("127.0.0.1", 0))
+            beats.append(liveness.Heartbeats(1000.0, dict, task, secret, listener,
+                                             None, None))
+            listener.close()
+        ps, worker, stranger = beats
+        peer = liveness._Peer(W1, worker.sock.getsockname())
+        ps.peers[W1] = peer
+        nonce = b"n" * liveness.NONCE_BYTES
+        peer.nonces.append(nonce)
+        answered_before = peer.answered
+
+        def arrives(datagram, to=ps):
+            sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            sender.sendto(datagram, to.sock.getsockname())
+            sender.close()
+            time.sleep(0.2)
+
+        refused = ps.refused
+        arrives(stranger._datagram(liveness.ANSWER, nonce, PS.encode()))  # another secret
+        arrives(worker._datagram(liveness.ANSWER, nonce, b"/job:ps/replica:0/task:9"))  # not us
+        arrives(worker._datagram(liveness.ANSWER, nonce, PS.encode())[:-1] + b"x")  # tampered
+        assert ps.refused == refused + 3 and peer.answered is answered_before
+        arrives(worker._datagram(liveness.ANSWER, b"m" * liveness.NONCE_BYTES, PS.encode()))
+        assert peer.answered is answered_before  # not a nonce of ours
+        arrives(worker._datagram(liveness.ANSWER, nonce, PS.encode()))
+        assert peer.answered is not answered_before  # an answer to our ping: heard
+        heard = peer.answered
+        arrives(worker._datagram(liveness.ANSWER, nonce, PS.encode()))
+        assert peer.answered == heard  # replayed: the nonce was used up
+
+        asker = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        asker.bind(("127.0.0.1", 0))
+        asker.settimeout(5)
+        ping = worker._datagram(liveness.PING, nonce, PS.encode())
+        asker.sendto(ping, ps.sock.getsockname())
+        answer, _ = asker.recvfrom(liveness.MAX_DATAGRAM)
+        asker.close()
+        assert len(answer) == len(ping) and ps._parse(answer) is None  # addressed to W1
+        assert worker._parse(answer) == (liveness.ANSWER, nonce, PS.encode())
     finally:
-        subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True, timeout=30)
-    assert sum(map(int, re.findall(r"packets (\d+)", dropped))) > 0, dropped  # lost, really
-    assert lanes[0].client is not stalled  # its ping timed out: one lane alone went quiet
-    assert silent == []  # yet the ps was never marked silent: its own pings came through
+        for b in beats:
+            b.close()
 
 
 def test_liveness_zero_turns_heartbeats_off():

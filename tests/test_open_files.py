@@ -2,7 +2,8 @@
 raises its soft RLIMIT_NOFILE (and RLIMIT_MEMLOCK, limits.py) to the hard one and warns when
 its cluster may need more; a
 process out of descriptors gets errors that name the limit, from the core (a region's memfd),
-from a control connection and from the heartbeats, and recovers once descriptors are free.
+from a control connection and from the heartbeats when a ping needs one, and recovers once
+descriptors are free; heartbeats by datagram need none.
 
 Each case runs in a child process with its own limits, so the test process keeps its own.
 """
@@ -18,6 +19,9 @@ from rdmadev.cluster import open_files
 from rdmadev.testing import launch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import netns  # noqa: E402
+
 ENV = {"RDMADEV_SECRET": "rdmadev-open-files-secret",
        "PYTHONPATH": os.pathsep.join([os.path.dirname(HERE), HERE, os.environ.get("PYTHONPATH", "")])}
 #: Seconds a child may take: it imports numpy and rdmadev on a loaded 2-core machine.
@@ -123,30 +127,31 @@ def test_out_of_descriptors_errors_name_the_open_file_limit_and_the_fix():
     assert out["recovered"], out
 
 
-#: worker:1 with channels to ps:0 (a control_task process): its heartbeat lane, and the one
-#: ps:0 pings it on, lose their connections while this process has no descriptor left, so it
-#: can neither ping ps:0 nor accept its pings.
+#: worker:1 with channels to ps:0 (a control_task process). Out of descriptors, it still hears
+#: ps:0: its heartbeats need none (one datagram socket: liveness.py). Then, with datagrams
+#: filtered (nftables) and its control link to ps:0 gone, it can ping ps:0 only by dialing a
+#: new link, which needs a descriptor: the mark says so.
 HEARTBEATS_WITHOUT_DESCRIPTORS = """
-import json, os, resource, socket, sys, time
+import json, os, resource, subprocess, sys, time
 from graph_pass.devices import task_name
 from rdmadev import Config, _core
 from rdmadev.cluster import channels, runtime
 from rdmadev.errors import DeadlineExceeded
 from rdmadev.testing.timing import wait_until
 import control_task
-from test_channel_setup import plan
+from test_channel_setup import exchange, plan
 
 spec, fabric = json.loads(sys.argv[1]), sys.argv[2]
 PS, W1 = task_name("ps", 0), task_name("worker", 1)
 WAIT_S = 5.0  # past RDMADEV_LIVENESS_S (1 s) and its ping intervals
 runtime.register_handler("t_send", control_task.t_send)
+runtime.register_handler("t_recv", control_task.t_recv)
 rt = runtime.Runtime(spec, "worker", 1, Config(fabric=fabric, secret=os.environ["RDMADEV_SECRET"].encode(),
                                                deadline_s=120, liveness_s=1.0))
 _, swap, regions = plan([(PS, W1)])
 channels.open_channels(rt.call, "fds", swap, regions)
 into_me = swap[0]
-assert wait_until(lambda: PS in rt.heartbeats.peers and all(
-    l.client is not None for l in rt.heartbeats.peers[PS].lanes), 60)
+assert wait_until(lambda: rt.heartbeats.heard_by_datagram() == 1, 60)
 open_now = len(os.listdir("/proc/self/fd"))
 resource.setrlimit(resource.RLIMIT_NOFILE, (open_now + 64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 fillers = []
@@ -160,36 +165,51 @@ def fill():
         pass
 
 
-lanes = rt.heartbeats.peers[PS].lanes
 fill()
-for attempt in range(10):  # a lane that connected again before fill() took its descriptor back
-    for lane in lanes:
-        lane.drop_client()  # as a reset connection would: the lane must connect again
-    with rt.server.admission:  # and so must the ps's lane here, whose pings would keep it heard
-        served = list(rt.server.served)
-    for sock in served:
-        sock.shutdown(socket.SHUT_RDWR)
-    fill()  # takes the descriptors the dropped connections freed
-    if wait_until(lambda: all(l.local_failure for l in lanes), 5):
-        break
-out = {"filled": len(fillers), "attempts": attempt + 1}
-started = time.monotonic()
-try:  # a silent peer does not end the wait (liveness.py): its deadline says why it waited
-    _core.channel_recv(into_me.channel_key, timeout=WAIT_S)
-except DeadlineExceeded as e:
-    out["error"], out["after_s"] = str(e), time.monotonic() - started
-for fd in fillers:
+out = {"filled": len(fillers), "silent_while_full": []}
+until = time.monotonic() + 4.0
+while time.monotonic() < until:  # heartbeats need no descriptor: ps:0 stays heard
+    out["silent_while_full"] += rt.heartbeats.silent()
+    time.sleep(0.05)
+for fd in fillers:  # nft needs a few
     os.close(fd)
+fillers.clear()
+table = "rdmadev_test_fds_%d" % os.getpid()
+ports = "%d, %d" % (rt.server.server_address[1], rt._control_address(PS)[1])
+subprocess.run(["nft", "-f", "-"], text=True, check=True, capture_output=True, timeout=30,
+               input="add table inet %s\\nadd chain inet %s out { type filter hook output priority 0; }\\n"
+                     "add rule inet %s out oifname lo udp dport { %s } drop\\n" % (table, table, table, ports))
+try:
+    peer = rt.heartbeats.peers[PS]
+    for attempt in range(10):  # ps:0 may dial a link again before fill() takes its descriptor
+        for link in list(rt.links.live.get(PS, ())):
+            link.close()  # ps:0 lets go of what this task planned there; the endpoint stays
+            link.ended.result(30)  # its descriptor is closed
+        fill()  # takes the descriptor the link freed
+        if wait_until(lambda: peer.local_failure, 5):
+            break
+    out["local_failure"], out["attempts"] = peer.local_failure, attempt + 1
+    started = time.monotonic()
+    try:  # a silent peer does not end the wait (liveness.py): its deadline says why it waited
+        _core.channel_recv(into_me.channel_key, timeout=WAIT_S)
+    except DeadlineExceeded as e:
+        out["error"], out["after_s"] = str(e), time.monotonic() - started
+finally:
+    for fd in fillers:
+        os.close(fd)
+    subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True, timeout=30)
 out["heard_again"] = wait_until(lambda: rt.table.counters()["silent_peers"] == [], 60)
-rt.call(PS, {"op": "t_send", "key": into_me.channel_key, "count": 1, "size": 40, "seed": 5})
-out["data_ok"] = _core.channel_recv(into_me.channel_key, timeout=60)[1] == control_task.pattern(40, 5)
+_, swap, regions = plan([(PS, W1)])
+channels.open_channels(rt.call, "fds-again", swap, regions)
+out["data_ok"] = exchange(rt, swap[0], 3, seed=5) == []
 rt.close()
 print("RESULT " + json.dumps(out), flush=True)
 """
 
 
 @pytest.mark.parametrize("fabric", ["shm", "tcp"])
-def test_heartbeats_that_cannot_connect_for_lack_of_descriptors_say_so(fabric):
+def test_heartbeats_need_no_descriptor_and_say_so_when_a_ping_needs_one(fabric):
+    netns.require("nft")
     ports = launch.free_ports(3)  # worker:0 is never started
     spec = {"ps": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{p}" for p in ports[1:]]}
 
@@ -201,6 +221,8 @@ def test_heartbeats_that_cannot_connect_for_lack_of_descriptors_say_so(fabric):
     with launch.Cluster(spec={"ps": spec["ps"]}, env=env, launcher=launcher):
         out, _ = run_child(HEARTBEATS_WITHOUT_DESCRIPTORS, json.dumps(spec), fabric)
     assert out["filled"] < 1000, out
+    assert out["silent_while_full"] == [], out
+    assert "Too many open files" in out["local_failure"], out
     assert "silent: no answer to rdmadev heartbeats" in out.get("error", ""), out
     assert "this task could not ping it" in out["error"] and "Too many open files" in out["error"], out
     assert "open-file limit (RLIMIT_NOFILE" in out["error"], out

@@ -2,6 +2,10 @@
 set up channels (the receiver allocates its region exactly as planned and hands its
 descriptor to the sender). Bytes of tensors never travel here.
 
+Two tasks talk on one connection both ways, a Link: each message is a length-prefixed JSON
+object, a request ``{"op", "id", ...}`` or a reply ``{"ok", "result" | "error", "kind", "re"}``
+answering the request whose id ``re`` names; a task keeps one link per peer task (links.py).
+
 Every task serves on the host of its cluster-spec address at port
 ``tf_port + RDMADEV_CONTROL_PORT_OFFSET`` (or ``tf_port - offset`` when that exceeds 65535).
 Both ends prove knowledge of the cluster secret before any request is read, with rdmadev's one
@@ -9,13 +13,17 @@ handshake (``_native/core/handshake.h``, the same code the tcp and verbs fabrics
 own tag, so a proof made for a fabric never passes here.
 
 Example:
-    >>> client = ControlClient(("127.0.0.1", 12222), secret)
+    >>> client = ControlClient(("127.0.0.1", 12222), secret)   # one call at a time (tools)
     >>> client.call({"op": "ping"})
+    >>> link, _ = dial(("127.0.0.1", 12222), secret, task, handler, loop, 60.0)
+    >>> link.call({"op": "ping"}, 60.0)
 """
 import asyncio
 import collections
+import concurrent.futures
 import errno
 import json
+import itertools
 import logging
 import socket
 import struct
@@ -29,7 +37,7 @@ from ..errors import (AuthError, DeadlineExceeded, PeerLostError, ProtocolError,
 from .event_loop import EventLoop
 from .spec import split_address
 
-__all__ = ["ControlServer", "ControlClient", "Session", "session", "control_address"]
+__all__ = ["ControlServer", "ControlClient", "Link", "dial", "Session", "session", "control_address"]
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
@@ -46,8 +54,8 @@ HANDSHAKE_TIMEOUT_S = 10.0
 # this many descriptors and threads at most, and cannot keep a real peer out (its connection is
 # the newest while it proves the secret).
 MAX_HANDSHAKING = 64
-# Authenticated connections, at most: a peer task holds 1 + liveness.LANES (its calls, its
-# heartbeats), a coordinator process one, so this serves a job of ~1300 tasks. Every task trusts
+# Authenticated connections, at most: a peer task holds one (its link, links.py), a
+# coordinator process one, so this serves a job of ~4000 tasks. Every task trusts
 # every holder of the cluster secret (docs/faults/security.md, "Trust model"), so this only bounds
 # threads and descriptors should a peer misbehave.
 MAX_CONNECTIONS = 4096
@@ -229,62 +237,266 @@ def _served_by(handler, session, request):
         _serving.session = None
 
 
-async def _serve_connection(sock, where, handler, malformed, inline=(), workers=None):
-    """Serves the requests of one authenticated control connection (a non-blocking socket)
-    until the peer leaves or breaks the protocol: each request (a length-prefixed JSON object
-    with a string 'op') is answered with `handler(request)`'s result (``{"ok": true,
-    "result"}``) or its error (``{"ok": false, "error": text, "kind": its class name}``);
-    anything else is answered with a ProtocolError. Requests whose op is in `inline` are answered on
-    the loop itself (they must not block: ping), the others on `workers` (an Executor;
-    None: the loop's default), one at a time (a peer waits for each answer). What the
-    connection held (Session) is released when it ends. `malformed` (a _LogBudget) logs
-    refused requests. Returns when the connection ends: nothing the peer sends makes it raise
-    (tests/fuzz/fuzz_control.py fuzzes it)."""
-    loop = asyncio.get_running_loop()
-    held = Session(where)
-    try:
-        while True:
-            try:
-                request = await _recv_async(loop, sock)
-            except PeerLostError:
-                return
-            if not isinstance(request, dict) or not isinstance(request.get("op"), str):
-                reply = {"ok": False, "error": "ProtocolError: a control request is a JSON "
-                                               "object with a string 'op'",
-                         "kind": "ProtocolError"}
-                malformed.warning("control: peer %s sent a request that is not an object with "
-                                  "an 'op'; refused", where)
-            else:
-                try:
-                    if request["op"] in inline:
-                        result = _served_by(handler, held, request)
-                    else:
-                        result = await loop.run_in_executor(workers, _served_by, handler, held,
-                                                            request)
-                    reply = {"ok": True, "result": result}
-                except Exception as e:  # reported to the caller, who raises it
-                    # Past the registered-memory budget, the planner makes room and asks
-                    # again (evictions.py): expected, not a fault here.
-                    if isinstance(e, RegionError):
-                        log.info("control: request %r refused: %s", request["op"], e)
-                    else:
-                        log.exception("control: request %r failed", request["op"])
-                    reply = {"ok": False, "error": f"{type(e).__name__}: {e}",
-                             "kind": type(e).__name__}
-            await loop.sock_sendall(sock, _frame(reply))
-    except (OSError, ProtocolError, ValueError) as e:
-        log.info("control: connection from %s ended: %s", where, e)
-    finally:
+#: TCP keepalive of a link (seconds idle before the first probe, between probes, and probes
+#: unanswered before the kernel ends it): heartbeats go by datagram, so a link can idle for a
+#: whole training run, and NAT and conntrack tables drop connections idle for 350 s and more
+#: (AWS's NAT gateway); a probe a minute keeps them. A peer whose host is gone ends its link
+#: (and what it planned here) 60 + 9 x 30 s later, far past the network cuts a step survives.
+KEEPALIVE = (60, 30, 9)
+#: Requests of one link served at once, at most: a task has as many in flight to one peer as
+#: its threads make calls at once (a few), so more is a peer misbehaving; those past it are
+#: refused, never queued (a queue would hold a hostile peer's megabytes).
+MAX_IN_FLIGHT = 128
+
+
+class Link:
+    """One authenticated control connection, used both ways: it serves the requests its peer
+    sends (``handler(request)``; those in `inline` on the loop itself, the others on
+    `workers`, several at once) and carries this task's own calls to the peer (``call``,
+    from any thread but the loop's; ``ask`` on the loop). Requests carry an ``id`` and
+    replies the ``re`` of the request they answer, so calls share the link without waiting
+    for each other, and a reply that comes after its call gave up is dropped, not read as
+    another's. A task keeps one link to each peer task, whichever dialed it (Runtime), so a
+    pair of tasks holds one connection, not one per direction and purpose (issue 60).
+
+    What requests on the link held (Session) is released when it ends. Nothing the peer
+    sends makes ``serve`` raise (tests/fuzz/fuzz_control.py fuzzes it).
+
+    Args:
+        sock: the connected, authenticated socket (made non-blocking here).
+        where: the peer, for messages ("host:port" or its task).
+        handler: ``(request: dict) -> result``, raising to refuse.
+        malformed: the _LogBudget that logs malformed requests.
+        inline: ops answered on the loop (they must not block: ping).
+        workers: the Executor the other requests run on (None: the loop's default).
+        heard: ``()`` called on every message the peer sends (it runs), or None.
+    """
+
+    def __init__(self, sock, where, handler, malformed, inline=(), workers=None, heard=None):
+        self.sock = sock
+        sock.setblocking(False)
+        _keep_alive(sock)
+        self.where = where
+        self.handler = handler
+        self.malformed = malformed
+        self.inline = inline
+        self.workers = workers
+        self.heard = heard
+        self.loop = None  # the asyncio loop serving it, once serve() runs
+        self.lock = threading.Lock()
+        self.pending = {}  # request id -> concurrent.futures.Future of its reply
+        self.ids = itertools.count(1)
+        self.broken = ""  # why it ended; calls fail at once then
+        self.sending = asyncio.Lock()  # one message at a time on the socket
+        self.ended = concurrent.futures.Future()  # done once serve() has returned
+        self.dialed = False  # this task dialed it (links.py)
+        self.incarnation = None  # the peer's, as its offer or answer said (links.py)
+
+    async def serve(self):
+        """Reads the peer's messages until the connection ends or breaks the protocol; then
+        fails the calls waiting on it and releases what its requests held."""
+        self.loop = asyncio.get_running_loop()
+        held = Session(self.where)
+        running = set()  # requests being served on workers
+        why = "closed by the peer"
         try:
-            await loop.run_in_executor(workers, held.close)  # a release may call other tasks
-        except RuntimeError:  # the loop is closing: release here
-            held.close()
+            while True:
+                try:
+                    message = await _recv_async(self.loop, self.sock)
+                except PeerLostError:
+                    break
+                if self.heard is not None:
+                    self.heard()
+                if isinstance(message, dict) and "re" in message and "op" not in message:
+                    self._answered(message)
+                elif not isinstance(message, dict) or not isinstance(message.get("op"), str):
+                    self.malformed.warning("control: peer %s sent a request that is not an "
+                                           "object with an 'op'; refused", self.where)
+                    await self._send(_refusal("ProtocolError", "a control request is a JSON "
+                                              "object with a string 'op'", message))
+                elif message["op"] in self.inline:
+                    await self._send(self._served(held, message))
+                elif len(running) >= MAX_IN_FLIGHT:
+                    self.malformed.warning("control: peer %s has %d requests in flight; "
+                                           "refused one", self.where, len(running))
+                    await self._send(_refusal("ProtocolError", f"{len(running)} requests in "
+                                              f"flight on this connection (at most "
+                                              f"{MAX_IN_FLIGHT})", message))
+                else:
+                    served = asyncio.ensure_future(self._serve_on_worker(held, message))
+                    running.add(served)
+                    served.add_done_callback(running.discard)
+        except (OSError, ProtocolError, ValueError) as e:
+            why = _failure(e)
+            log.info("control: connection with %s ended: %s", self.where, e)
+        finally:
+            self._end(why)
+            if running:  # their replies go nowhere; what they hold is released below
+                await asyncio.gather(*running, return_exceptions=True)
+            try:
+                await self.loop.run_in_executor(self.workers, held.close)  # may call others
+            except RuntimeError:  # the loop is closing: release here
+                held.close()
+            self.sock.close()
+            self.ended.set_result(None)
+
+    def _served(self, held, request):
+        """The reply to `request`: `handler(request)`'s result or its error."""
+        try:
+            reply = {"ok": True, "result": _served_by(self.handler, held, request)}
+        except Exception as e:  # reported to the caller, who raises it
+            # Past the registered-memory budget, the planner makes room and asks again
+            # (evictions.py): expected, not a fault here.
+            if isinstance(e, RegionError):
+                log.info("control: request %r refused: %s", request["op"], e)
+            else:
+                log.exception("control: request %r failed", request["op"])
+            return _refusal(type(e).__name__, str(e), request)
+        if "id" in request:
+            reply["re"] = request["id"]
+        return reply
+
+    async def _serve_on_worker(self, held, request):
+        reply = await self.loop.run_in_executor(self.workers, self._served, held, request)
+        await self._send(reply)
+
+    async def _send(self, message):
+        """Sends `message`; a failure ends the link (the reader then returns)."""
+        if self.broken:
+            return
+        try:
+            async with self.sending:
+                await self.loop.sock_sendall(self.sock, _frame(message))
+        except OSError as e:
+            self._end(_failure(e))
+
+    def _answered(self, reply):
+        with self.lock:
+            future = self.pending.pop(reply["re"], None) if _hashable(reply["re"]) else None
+        if future is not None and not future.done():
+            future.set_result(reply)  # a reply nobody waits for (its call gave up) is dropped
+
+    def _end(self, why):
+        """Marks the link ended for `why`, shuts its socket (the reader returns) and fails
+        every call waiting on it (idempotent)."""
+        with self.lock:
+            if not self.broken:
+                self.broken = why or "closed"
+            pending, self.pending = list(self.pending.values()), {}
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        for future in pending:
+            if not future.done():
+                future.set_exception(self._lost())
+
+    def _lost(self):
+        return PeerLostError(f"control connection with {self.where} ended: {self.broken}",
+                             hint="the peer task died or restarted (see its log); "
+                                  "Runtime.call connects again")
+
+    def _post(self, request):
+        """Sends `request` under a new id; returns the Future of its reply."""
+        future = concurrent.futures.Future()
+        with self.lock:
+            if self.broken or self.loop is None:
+                raise self._lost() if self.broken else RuntimeError("the link is not served yet")
+            ident = next(self.ids)
+            self.pending[ident] = future
+        asyncio.run_coroutine_threadsafe(self._send({**request, "id": ident}), self.loop)
+        return ident, future
+
+    def _forget(self, ident):
+        with self.lock:
+            self.pending.pop(ident, None)
+
+    def call(self, request, timeout):
+        """Sends `request` and returns its result, raising the peer's error; from any thread
+        but the loop's. Past `timeout` seconds it raises DeadlineExceeded and the link stays:
+        the peer may still be serving the request, whose reply is then dropped."""
+        ident, future = self._post(request)
+        try:
+            reply = future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise self._timed_out(request, timeout) from None
+        finally:
+            self._forget(ident)
+        return self._result(request, reply)
+
+    async def ask(self, request, timeout):
+        """call() on the loop serving the link."""
+        ident, future = self._post(request)
+        try:
+            reply = await asyncio.wait_for(asyncio.wrap_future(future), timeout)
+        except asyncio.TimeoutError:
+            raise self._timed_out(request, timeout) from None
+        finally:
+            self._forget(ident)
+        return self._result(request, reply)
+
+    def _timed_out(self, request, timeout):
+        return DeadlineExceeded(f"task at {self.where} did not answer {request.get('op')} "
+                                f"within {timeout:g} s", errno.ETIMEDOUT,
+                                "the peer task is stopped or overloaded (see its log); raise "
+                                "RDMADEV_DEADLINE_S on a loaded machine")
+
+    def _result(self, request, reply):
+        return _result(reply, f"task at {self.where}", request)
+
+    def close(self):
+        """Ends the link: its calls fail, the peer sees it close, what it held is released."""
+        self._end("closed by this task")
+
+
+def _keep_alive(sock):
+    """Turns TCP keepalive on for `sock` (KEEPALIVE); a socket that has none is left alone."""
+    idle, interval, count = KEEPALIVE
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, interval)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, count)
+    except (AttributeError, OSError):  # a socketpair (tests) or a wrapper
+        pass
+
+
+def _hashable(value):
+    return type(value) is int  # ids are this task's ints; True == 1 must not answer call 1
+
+
+def _refusal(kind, error, request):
+    """The reply refusing `request` with error `kind: error`."""
+    reply = {"ok": False, "error": f"{kind}: {error}", "kind": kind}
+    if isinstance(request, dict) and "id" in request:
+        reply["re"] = request["id"]
+    return reply
+
+
+def _check_reply(reply, request):
+    """Raises ProtocolError unless `reply` is a reply: a result, or an error."""
+    if not isinstance(reply, dict) or "ok" not in reply or (reply["ok"] and "result" not in reply):
+        raise ProtocolError(f"malformed control reply to {request.get('op')}: {reply!r:.200}")
+
+
+def _result(reply, who, request):
+    """`reply`'s result, or the peer's refusal raised as a ProtocolError whose ``kind`` is
+    the class name of the peer's error."""
+    _check_reply(reply, request)
+    if not reply.get("ok"):
+        refused = ProtocolError(f"{who} refused {request.get('op')}: {reply.get('error')}")
+        kind = reply.get("kind")
+        refused.kind = kind if isinstance(kind, str) else ""
+        raise refused
+    return reply["result"]
 
 
 class ControlServer:
     """Serves `handler(request: dict) -> result` to authenticated peers, on `loop` (an
     EventLoop; one of its own when None): a connection costs a descriptor and a coroutine,
-    not a thread (event_loop.py). A handshake runs on one of the loop's workers.
+    not a thread (event_loop.py). A handshake runs on one of the loop's workers. Each
+    connection is a Link: a peer task that sends ``{"op": "link"}`` on it offers it for calls
+    back (``on_link(its authenticated name, link)``), so the pair needs no second one.
 
     At most MAX_HANDSHAKING connections are in their handshake (the oldest is dropped for a
     new one) and MAX_CONNECTIONS authenticated; accept() failing for lack of descriptors is
@@ -295,10 +507,11 @@ class ControlServer:
     #: listen() backlog: a cluster's tasks may all connect at once.
     BACKLOG = 128
 
-    def __init__(self, address, secret, handler, loop=None, inline=("ping",)):
+    def __init__(self, address, secret, handler, loop=None, inline=("ping",), on_link=None):
         self.secret = secret
         self.handler = handler
-        self.inline = frozenset(inline)
+        self.on_link = on_link
+        self.inline = frozenset(inline) | {"link"}
         self.rejected = 0
         self.budgets = {"auth": _LogBudget("failed authentication"),
                         "handshake": _LogBudget("broken or slow handshakes"),
@@ -361,13 +574,12 @@ class ControlServer:
         self.loop.submit(self._connection(sock, where))
 
     def _handshake(self, sock, where):
-        """On a worker: the server side of rdmadev's handshake; whether the peer proved the
-        secret (a refusal is counted and logged)."""
+        """On a worker: the server side of rdmadev's handshake; the name the peer proved the
+        secret under, or None (a refusal is counted and logged)."""
         try:
             sock.setblocking(True)
-            _core.server_handshake(sock.fileno(), HANDSHAKE_TAG, self.secret, where,
-                                   HANDSHAKE_TIMEOUT_S)
-            return True
+            return _core.server_handshake(sock.fileno(), HANDSHAKE_TAG, self.secret, where,
+                                          HANDSHAKE_TIMEOUT_S)
         except AuthError:
             self.rejected += 1
             self.budgets["auth"].warning("control: peer %s failed authentication (wrong "
@@ -380,23 +592,30 @@ class ControlServer:
             log.info("control: handshake with %s failed: %s", where, e)
         except OSError as e:  # shut down while it waited (dropped, or the server closed)
             log.info("control: handshake with %s failed: %s", where, e)
-        return False
+        return None
 
     async def _connection(self, sock, where):
         loop = asyncio.get_running_loop()
         try:
-            authenticated = await loop.run_in_executor(self.loop.workers, self._handshake, sock,
-                                                       where)
-            if not self._admit(sock, authenticated):
+            name = await loop.run_in_executor(self.loop.workers, self._handshake, sock, where)
+            if not self._admit(sock, name is not None):
                 return
             try:
-                sock.setblocking(False)
-                await _serve_connection(sock, where, self.handler, self.budgets["requests"],
-                                        self.inline, self.loop.workers)
+                link = Link(sock, where, None, self.budgets["requests"], self.inline,
+                            self.loop.workers)
+                link.handler = lambda request: self._handle(name, link, request)
+                await link.serve()
             finally:
                 self._leave(sock)
         finally:
             sock.close()
+
+    def _handle(self, name, link, request):
+        """A request on `link` from the peer authenticated as `name`: ``link`` offers the
+        connection for calls back (on_link), the rest go to the handler."""
+        if request["op"] == "link":  # without on_link: served, and nobody is called back
+            return {"kept": True} if self.on_link is None else self.on_link(name, link, request)
+        return self.handler(request)
 
     def _admit(self, sock, authenticated):
         """Ends `sock`'s handshake and says whether to serve it: it passed, was not dropped
@@ -446,35 +665,59 @@ def _failure(e):
     return (e.strerror if isinstance(e, OSError) and e.strerror else str(e)) or type(e).__name__
 
 
+def _connected(address, secret, name, timeout):
+    """A socket connected to the control service at `address` and through its handshake as
+    `name` (connect and handshake each bounded by `timeout` seconds)."""
+    try:
+        sock = socket.create_connection(address, timeout=timeout)
+    except OSError as e:
+        raise PeerLostError(f"cannot reach the rdmadev control service at {address[0]}:{address[1]}: "
+                            f"{e.strerror or e}", e.errno or 0, errno_hint(
+                                e.errno, "start every task with `rdmadev serve` (python -m "
+                                "rdmadev.server), which opens it at the task's TF port + "
+                                "RDMADEV_CONTROL_PORT_OFFSET")) from None
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    where = f"the rdmadev control service at {address[0]}:{address[1]}"
+    try:
+        _core.client_handshake(sock.fileno(), HANDSHAKE_TAG, secret, name,
+                               min(timeout, HANDSHAKE_TIMEOUT_S), where)
+    except AuthError as e:
+        sock.close()
+        raise AuthError(f"{where} rejected this task's credentials (or failed to prove its own)",
+                        e.errno, "set the same RDMADEV_SECRET (or RDMADEV_SECRET_FILE) in every "
+                                 "task and the coordinator") from None
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def dial(address, secret, name, handler, loop, timeout, offer=None, where=None):
+    """A Link to the control service at `address`, authenticated as task `name` and offered
+    to it for calls back (``{"op": "link", **offer}``), and the peer's answer to the offer;
+    the peer's requests are served with `handler` on `loop` (an EventLoop), ping inline."""
+    sock = _connected(address, secret, name, timeout)
+    link = Link(sock, where or "%s:%d" % tuple(address[:2]), handler,
+                _LogBudget("malformed requests"), frozenset({"ping"}), loop.workers)
+    link.loop = loop.loop
+    loop.submit(link.serve())
+    try:
+        return link, link.call({"op": "link", **(offer or {})}, timeout)
+    except BaseException:
+        link.close()
+        raise
+
+
 class ControlClient:
-    """A connection to one task's control service; call() is thread-safe."""
+    """A connection to one task's control service for one call at a time (the coordinator's
+    tools, doctor); call() is thread-safe. Tasks call each other on Links (dial)."""
 
     def __init__(self, address, secret, timeout=60.0, name="coordinator"):
         self.address = address
         self.lock = threading.Lock()
         self.timeout = timeout
         self.broken = ""  # why a call failed midway: the connection is closed then
-        try:
-            self.sock = socket.create_connection(address, timeout=timeout)
-        except OSError as e:
-            raise PeerLostError(f"cannot reach the rdmadev control service at {address[0]}:{address[1]}: "
-                                f"{e.strerror or e}", e.errno or 0, errno_hint(
-                                    e.errno, "start every task with `rdmadev serve` (python -m "
-                                    "rdmadev.server), which opens it at the task's TF port + "
-                                    "RDMADEV_CONTROL_PORT_OFFSET")) from None
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        where = f"the rdmadev control service at {address[0]}:{address[1]}"
-        try:
-            _core.client_handshake(self.sock.fileno(), HANDSHAKE_TAG, secret, name,
-                                   min(timeout, HANDSHAKE_TIMEOUT_S), where)
-        except AuthError as e:
-            self.sock.close()
-            raise AuthError(f"{where} rejected this task's credentials (or failed to prove its own)",
-                            e.errno, "set the same RDMADEV_SECRET (or RDMADEV_SECRET_FILE) in every "
-                                     "task and the coordinator") from None
-        except BaseException:
-            self.sock.close()
-            raise
+        self.sock = _connected(address, secret, name, timeout)
 
     def call(self, request):
         """Sends one request and returns its result, raising the peer's error. A call that
@@ -488,10 +731,7 @@ class ControlClient:
             try:
                 _send(self.sock, request)
                 reply = _recv(self.sock)
-                if not isinstance(reply, dict) or "ok" not in reply or \
-                        (reply["ok"] and "result" not in reply):
-                    raise ProtocolError(f"malformed control reply to {request.get('op')}: "
-                                        f"{reply!r:.200}")
+                _check_reply(reply, request)
             except BaseException as e:
                 self.broken = _failure(e)
                 self.close()
@@ -507,33 +747,7 @@ class ControlClient:
                                         e.errno or 0, "the peer task died or restarted (see "
                                                       "its log)") from None
                 raise
-        if not reply.get("ok"):
-            refused = ProtocolError(f"task at {self.address[0]}:{self.address[1]} refused "
-                                    f"{request.get('op')}: {reply.get('error')}")
-            kind = reply.get("kind")
-            refused.kind = kind if isinstance(kind, str) else ""
-            raise refused
-        return reply["result"]
-
-    async def ping(self, sender):
-        """One ping from task `sender` on the running event loop (the heartbeats' lanes:
-        liveness.py), its answer awaited up to the client's timeout; a failure breaks the
-        connection as in call(). The connection is the loop's from then on (non-blocking)."""
-        loop = asyncio.get_running_loop()
-        try:
-            self.sock.setblocking(False)
-            await loop.sock_sendall(self.sock, _frame({"op": "ping", "from": sender}))
-            reply = await asyncio.wait_for(_recv_async(loop, self.sock), self.timeout)
-        except BaseException as e:
-            self.broken = _failure(e) or "no answer"
-            self.close()
-            raise
-        if not isinstance(reply, dict) or not reply.get("ok"):
-            self.broken = f"malformed answer to ping: {reply!r:.200}"
-            self.close()
-            raise ProtocolError(f"task at {self.address[0]}:{self.address[1]} answered a ping "
-                                f"with {reply!r:.200}")
-        return reply["result"]
+        return _result(reply, f"task at {self.address[0]}:{self.address[1]}", request)
 
     def close(self):
         """Closes the connection; a call waiting for its answer in another thread ends."""

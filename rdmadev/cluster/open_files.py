@@ -22,17 +22,19 @@ from ..errors import errno_hint
 __all__ = ["DESCRIPTORS_PER_PEER", "BASE_DESCRIPTORS", "needed", "peers_served", "check"]
 
 #: Descriptors a task holds per peer task it exchanges tensors with. Measured 2026-11-28 on
-#: loopback (shm), peak count from /proc of each `rdmadev serve` task:
+#: loopback (shm), peak count from /proc of each `rdmadev serve` task, with four control
+#: connections per peer then (calls and a heartbeat lane each way):
 #: - one in-graph function in which every worker reads a ps variable, takes tf.unique of it
 #:   and sends an update back: the ps held 11 more descriptors with 1 worker, 38 with 4 and
 #:   74 with 8, ~9.3 per peer;
 #: - `benchmarks/embedding.py --one` (2 ps, 27 transfers per worker and ps, 24 of them of
 #:   run-time shape): each ps peaked at 19 with 1 worker and 51 with 4, ~10.7 per worker.
-#: They are 1 + liveness.LANES control connections the peer holds to it, LANES it pings the
-#: peer on, 1 it calls the peer on, the fabric endpoint (a pidfd or socket) and the regions of
-#: each function's pairs (a memfd each then; since chunks, a memfd per chunk: a few per peer
-#: whatever the functions, _native/core/arena.h); rounded up for a few more functions. (LANES
-#: was 2 then; with 1, tests/test_event_loop.py measures 7 per peer with one function's pairs.)
+#: Since, a peer costs its control link (links.py; heartbeats go by datagram on one socket per
+#: task), the fabric endpoint (a pidfd or socket) and a memfd per chunk of regions granted it
+#: (a few per peer whatever the functions, _native/core/arena.h): tests/test_event_loop.py
+#: measures 3 per peer with one function's pairs. Kept at 12: a peer's tcp or verbs endpoints
+#: add sockets both ways, staged and grown channels add regions, and a warning too early costs
+#: less than running out.
 DESCRIPTORS_PER_PEER = 12
 #: Descriptors a task holds before its first peer: Python, TensorFlow's gRPC server and the
 #: control listener; measured 11 for `rdmadev serve` (2026-11-28), with room for log files.

@@ -1,6 +1,6 @@
-"""A task's place in a TF cluster: its Domain, its control service, and control clients to
-the other tasks. A task server (`rdmadev serve`, a ``grpc+rdmadev`` server) has all of them;
-the coordinator has only clients (its own traffic to the tasks stays on gRPC). One process
+"""A task's place in a TF cluster: its Domain, its control service, and control links to
+the other tasks (links.py). A task server (`rdmadev serve`, a ``grpc+rdmadev`` server) has all
+of them; the coordinator has only links it dials (its own traffic to the tasks stays on gRPC). One process
 may run several: TF's in-process clusters host every ps and worker server, and often the
 coordinator, in one process, and each task gets a runtime of its own (``start`` per task,
 ``of_task`` to find it; ``current`` is the one a coordinator's calls go through).
@@ -29,6 +29,7 @@ from . import facts, instances, limits, open_files, reports
 from .channels import REQUESTS as CHANNEL_REQUESTS, ChannelTable
 from .control import ControlClient, ControlServer, control_address
 from .event_loop import EventLoop
+from .links import Links
 from .liveness import Heartbeats
 from .spec import parse_cluster, split_address
 
@@ -80,13 +81,15 @@ class Runtime:
         self.server = None
         self.table = None
         self.heartbeats = None
-        self.loop = None  # its EventLoop: the control service and heartbeats run there
-        self.clients = {}  # task -> its idle control connections (_take, _give_back)
+        self.loop = None  # its EventLoop: the control service, links and heartbeats run there
         self.closed = False
         self.lock = threading.RLock()
         if job is not None:
-            address = self._address(job, index)
             self.task = task_name(job, index)
+        self.links = Links(self.name, self._control_address, self.config.secret, self.handle,
+                           self._loop, self.config.deadline_s, heard=self._heard)
+        if job is not None:
+            address = self._address(job, index)
             limits.raise_soft_limits()  # a ps holds ~10 descriptors and a ring per worker
             open_files.check(self.task, peers=sum(map(len, self.cluster.values())))  # + coordinator
             host, port = split_address(address, job)
@@ -97,7 +100,9 @@ class Runtime:
                 self.server = self._control_server(address)
             if self.config.liveness_s > 0:
                 self.heartbeats = Heartbeats(self.config.liveness_s, self.table.peer_endpoints,
-                                             self._connect, self.task, self.loop)
+                                             self.task, self.config.secret,
+                                             self.server.listener, self._control_address,
+                                             self._ping_on_link, self.loop)
 
     def _control_server(self, address):
         """This task's control service, at its TF port +- RDMADEV_CONTROL_PORT_OFFSET; a port
@@ -105,7 +110,8 @@ class Runtime:
         offset = self.config.control_port_offset
         host, port = control_address(address, offset)
         try:
-            return ControlServer((host, port), self.config.secret, self.handle, self.loop)
+            return ControlServer((host, port), self.config.secret, self.handle, self.loop,
+                                 on_link=self._offered)
         except OSError as e:
             self.close()
             busy = e.errno == errno.EADDRINUSE
@@ -143,7 +149,9 @@ class Runtime:
                     if r.task == self.name]
         if op == "counters" and self.table is not None:
             return {**self.table.counters(request),
-                    "control_connections": self._control_connections()}
+                    "control_connections": self._control_connections(),
+                    "heard_by_datagram": self.heartbeats.heard_by_datagram()
+                    if self.heartbeats else 0}
         if op in CHANNEL_REQUESTS and self.table is not None:
             return self.table.handle(request)
         handler = _handlers.get(op)
@@ -156,22 +164,11 @@ class Runtime:
         return handler(request)
 
     def call(self, task, request):
-        """Runs `request` on `task` (here if it is this task) and returns the result, on a
-        control connection no other call uses meanwhile (see _take). An idle connection the
-        task closed (it restarted since) is replaced once: the request never reached the new
-        incarnation, so sending it again is safe. One that timed out is not: the task may
-        still be serving it."""
+        """Runs `request` on `task` (here if it is this task) and returns the result, on the
+        control link between the two (links.py)."""
         if task == self.task:
             return self.handle(request)
-        for retry in (False, True):
-            client, fresh = self._take(task, fresh=retry)
-            try:
-                return client.call(request)
-            except PeerLostError:
-                if fresh:
-                    raise
-            finally:
-                self._give_back(task, client)
+        return self.links.call(task, request)
 
     def answers(self, task, timeout):
         """Whether `task` answers a ping on a fresh control connection within `timeout`
@@ -186,47 +183,54 @@ class Runtime:
         except (RdmadevError, OSError):
             return False
 
-    def _take(self, task, fresh=False):
-        """A control connection to `task` for one call, and whether it was just connected: an
-        idle one, else a new one. Calls never share a connection: a request's handler may call
-        back into this task, which may call the same task again (reopen does, on both tasks at
-        once after a break), and calls queued on one connection then waited for each other
-        until their deadline."""
-        with self.lock:
-            idle = self.clients.get(task)
-            if idle and not fresh:
-                return idle.pop(), False
-        return self._connect(task, self.config.deadline_s), True
+    def _offered(self, name, link, request):
+        """A peer offered the connection it dialed for calls back (ControlServer's on_link):
+        another task of the cluster's offer is for Links to judge; a coordinator is called by
+        nobody, so its link is only served."""
+        try:
+            job, index = split_task(name)
+            task = name != self.task and 0 <= index < len(self.cluster.get(job, ()))
+        except ValueError:
+            task = False
+        return self.links.offered(name, link, request) if task else {"kept": True}
 
-    def _give_back(self, task, client):
-        """Keeps `client` for the next call to `task`, or closes it when a call on it failed
-        midway or the runtime closed. A healthy one is never closed before: the task ties
-        what this process owns there to the connection it asked on (control.Session), so
-        there are as many as calls were ever in flight to that task at once (a few)."""
+    def _heard(self, task):
+        if self.heartbeats is not None:
+            self.heartbeats.heard_from(task)
+
+    async def _ping_on_link(self, task, timeout):
+        """Pings `task` on the link to it (the heartbeats' way when datagrams do not pass),
+        dialing one on a worker when there is none."""
+        loop = self.loop.loop
+        link, _ = await loop.run_in_executor(self.loop.workers, self.links.get, task)
+        return await link.ask({"op": "ping", "from": self.task}, timeout)
+
+    def _loop(self):
+        """The EventLoop links are served on: the task's, or the coordinator's own, started at
+        its first call."""
         with self.lock:
-            if not client.broken and not self.closed:
-                self.clients.setdefault(task, []).append(client)
-                return
-        client.close()
+            if self.loop is None:
+                self.loop = EventLoop(self.name)
+            return self.loop
 
     def _control_connections(self):
-        """``{"kept", "served", "heartbeats"}``: this task's control connections, each one
-        descriptor and none a thread (the task's event loop serves them: event_loop.py): those
-        kept idle for its next calls (_give_back), those of peers it serves, and its
-        heartbeats' pings (liveness.py). Kept and served grow to the most calls ever in flight
-        at once between two tasks; served ones end with their peer, and kept ones to a task
-        that went close at the next call to it."""
-        with self.lock:
-            kept = sum(len(clients) for clients in self.clients.values())
-        beats = self.heartbeats.connections() if self.heartbeats else 0
-        return {"kept": kept, "served": self.server.connections, "heartbeats": beats}
+        """``{"links", "served", "heartbeats"}``: this task's control descriptors, none a
+        thread (the task's event loop serves them: event_loop.py): its links to peer tasks,
+        one per peer whichever dialed it (links.py), the other connections it serves (of
+        coordinators and tools), and its heartbeat socket (liveness.py: 1, or 0 when it could
+        not bind)."""
+        links, accepted = self.links.count()
+        beats = int(self.heartbeats is not None and self.heartbeats.sock is not None)
+        return {"links": links, "served": self.server.connections - accepted,
+                "heartbeats": beats}
+
+    def _control_address(self, task):
+        return control_address(self._address(*split_task(task)), self.config.control_port_offset)
 
     def _connect(self, task, timeout):
-        """A new control connection to `task` (its connect and each answer bounded by
-        `timeout` seconds)."""
-        address = self._address(*split_task(task))
-        return ControlClient(control_address(address, self.config.control_port_offset),
-                             self.config.secret, timeout=timeout,
+        """A new connection to `task`'s control service for one call at a time (its connect
+        and each answer bounded by `timeout` seconds)."""
+        return ControlClient(self._control_address(task), self.config.secret, timeout=timeout,
                              name=self.name)
 
     def close(self):
@@ -236,9 +240,7 @@ class Runtime:
             self.table.close()
         with self.lock:
             self.closed = True
-            idle = [c for clients in self.clients.values() for c in clients]
-        for c in idle:
-            c.close()
+        self.links.close()
         if self.server:
             self.server.close()
         if self.loop:

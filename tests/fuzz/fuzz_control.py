@@ -1,6 +1,6 @@
-"""Fuzz target "control": the control service's request loop (rdmadev/cluster/control.py,
-the coroutine _serve_connection with _recv_async, _recv_exact_async, _length, _decode and
-_frame), which every byte an authenticated peer sends on a control connection reaches. (What comes before authentication is the native
+"""Fuzz target "control": the control link's reader (rdmadev/cluster/control.py, the coroutine
+Link.serve with _recv_async, _recv_exact_async, _length, _decode and _frame), which every byte
+an authenticated peer sends on a control connection reaches. (What comes before authentication is the native
 handshake under the tag "rdmadev-control-v1": the "handshake" target fuzzes it.)
 
 Each input is the byte stream of one connection: a thread writes it to one end of a
@@ -14,9 +14,10 @@ Oracles:
   - no read asks for more than MAX_MESSAGE_BYTES at once, nor buffers more for one message;
   - the handler only ever sees a dict whose 'op' is a str;
   - the replies are exactly those a model of the protocol expects from the same bytes, each a
-    well-formed length-prefixed JSON object: the handler's result or error for each request,
-    a ProtocolError for a JSON value that is not an object with a string 'op', and none once
-    the stream is cut (a prefix over MAX_MESSAGE_BYTES, a body that is not JSON or nests too
+    well-formed length-prefixed JSON object: the handler's result or error for each request
+    (with the request's "id" as its "re" when it has one), a ProtocolError for a JSON value
+    that is not an object with a string 'op', none for an object with a "re" and no 'op' (a
+    reply to a call this task no longer waits for), and none once the stream is cut (a prefix over MAX_MESSAGE_BYTES, a body that is not JSON or nests too
     deep, a truncated prefix or body).
 
 The loop runs with the recursion limit RECURSION_HEADROOM frames above the caller's depth
@@ -84,6 +85,15 @@ class _Watched:
     def fileno(self):
         return self.sock.fileno()
 
+    def setblocking(self, flag):
+        self.sock.setblocking(flag)
+
+    def shutdown(self, how):
+        self.sock.shutdown(how)
+
+    def close(self):
+        self.sock.close()
+
 
 class _EveryOp:
     """`inline` for the loop: every request is answered on the loop itself."""
@@ -128,15 +138,19 @@ def expected_replies(data):
         if _nesting(request) > SERVED_DEPTH:
             return replies, True
         pos += n
+        if isinstance(request, dict) and "re" in request and "op" not in request:
+            continue  # a reply nobody waits for: dropped
         if not isinstance(request, dict) or not isinstance(request.get("op"), str):
-            replies.append({"ok": False, "error": "ProtocolError: a control request is a JSON "
-                                                  "object with a string 'op'",
-                            "kind": "ProtocolError"})
+            reply = {"ok": False, "error": "ProtocolError: a control request is a JSON "
+                                           "object with a string 'op'",
+                     "kind": "ProtocolError"}
         elif request["op"].startswith("fail"):
-            replies.append({"ok": False, "error": "ValueError: asked to fail",
-                            "kind": "ValueError"})
+            reply = {"ok": False, "error": "ValueError: asked to fail", "kind": "ValueError"}
         else:
-            replies.append({"ok": True, "result": {"op": request["op"]}})
+            reply = {"ok": True, "result": {"op": request["op"]}}
+        if isinstance(request, dict) and "id" in request:
+            reply["re"] = request["id"]
+        replies.append(reply)
     return replies, False
 
 
@@ -185,8 +199,8 @@ def run_one(data):
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(_depth() + RECURSION_HEADROOM)
     try:
-        asyncio.run(control._serve_connection(_Watched(served), "fuzz-peer:1", _handler,
-                                              _Budget(), _EveryOp()))
+        asyncio.run(control.Link(_Watched(served), "fuzz-peer:1", _handler, _Budget(),
+                                 _EveryOp()).serve())
     finally:
         sys.setrecursionlimit(limit)
         served.close()  # the peer side's read ends
