@@ -53,8 +53,8 @@ RSS_SLOPE_BOUND = 1 << 20
 RSS_JITTER = 8 << 20
 #: Threads above the first sample after warm-up still called flat (on-demand pools).
 THREAD_SLACK = 4
-#: A task's control connections above the first sample after warm-up still called flat: one
-#: more call in flight at once to each of its peers (runtime.Runtime._give_back).
+#: A task's control connections above the first sample after warm-up still called flat: a
+#: link to a peer task that came after it (links.py), a tool's connection.
 CONTROL_SLACK = 4
 #: rdmadev.counters() fields sampled per task.
 COUNTED = ("channels", "registered_bytes", "memfd_maps")

@@ -5,6 +5,6 @@ __all__ = ["other_fds"]
 
 def other_fds(counters):
     """A task's open descriptors besides its control connections (a task's `counters`
-    request). Those are judged apart: they grow to the most calls once in flight at once
-    between two tasks (runtime.Runtime._give_back), and so with the machine's load."""
+    request). Those are judged apart: a link to a peer task comes with its first call either
+    way (links.py), and a coordinator's connection with the coordinator."""
     return counters["fds"] - sum(counters["control_connections"].values())

@@ -87,7 +87,7 @@ def test_a_tasks_threads_stay_flat_as_peers_join(cluster):
     joined = []
 
     def join(n):
-        """The ps's counters once n workers have channels with it and all lanes are up."""
+        """The ps's counters once n workers have channels with it and answer its heartbeats."""
         while len(joined) < n:
             worker = task_name("worker", len(joined))
             joined.append(worker)

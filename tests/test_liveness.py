@@ -159,7 +159,7 @@ def test_a_peer_stays_heard_by_datagram_while_its_control_link_is_stalled(pair):
     netns.require("nft")
     rt, _ = pair
     _, swap, regions = plan([(PS, W1)])
-    channels.open_channels(rt.call, "lanes", swap, regions)  # an endpoint: the ps is watched
+    channels.open_channels(rt.call, "stalled", swap, regions)  # an endpoint: the ps is watched
     assert wait_until(lambda: rt.heartbeats.heard_by_datagram() == 1, 30)
     (link,) = rt.links.live[PS]
     port = link.sock.getsockname()[1]

@@ -99,10 +99,11 @@ def test_a_connection_that_breaks_or_stalls_the_handshake_is_refused_on_record(c
 
 
 def test_a_control_call_that_times_out_never_hands_its_late_answer_to_the_next_call():
-    """A call that timed out closes its connection: the answer that comes later is read by
-    no one (it once was, by the next call, as its own: every answer after it was one late),
-    the connection says why it is closed, and the runtime connects again for the next call
-    (without sending the request that timed out again: the task may still be serving it)."""
+    """A ControlClient call that timed out closes its connection: the answer that comes later
+    is read by no one (it once was, by the next call, as its own: every answer after it was one
+    late), and the connection says why it is closed. A runtime's link keeps going: the late
+    answer's id matches no call (tests/test_links.py). Neither sends the request that timed out
+    again: the task may still be serving it."""
     from graph_pass.devices import task_name
     from rdmadev.cluster import runtime
     from rdmadev.testing.launch import free_ports
@@ -138,9 +139,9 @@ def test_a_control_call_that_times_out_never_hands_its_late_answer_to_the_next_c
 
 def test_a_call_whose_handler_calls_back_into_the_caller_never_waits_for_itself():
     """ps asks worker, whose handler asks ps, whose handler asks worker again (what reopen
-    does on both tasks after a break): each call has a connection of its own. On one shared
-    connection per peer, the innermost call queued behind the outermost one, which waited for
-    it: nothing moved until the deadline."""
+    does on both tasks after a break). When a connection served one request at a time, the
+    innermost call queued behind the outermost one, which waited for it: nothing moved until
+    the deadline. On the pair's one link each request has an id and a worker of its own."""
     from graph_pass.devices import task_name
     from rdmadev.cluster import runtime
     from rdmadev.testing.launch import free_ports

@@ -1,9 +1,9 @@
-"""One event loop per task: its control service, the control connections its peers keep idle,
-and its heartbeats run on one thread, whatever the number of peers (EventLoop).
+"""One event loop per task: its control service, its control links to its peers and its
+heartbeats run on one thread, whatever the number of peers (EventLoop).
 
 Before, each served control connection and each heartbeat lane had a thread of its own: a ps
 with N workers ran about 6 N of them (issue 60). Now a connection costs its descriptor and a
-coroutine; work that may block (a request that sets up channels and calls other tasks, a
+coroutine, and heartbeats one datagram socket for every peer; work that may block (a request that sets up channels and calls other tasks, a
 handshake, a connect, releasing what a connection held) runs on ``Workers``, threads started
 when none is idle and ended after IDLE_S without work, so that what is left at rest does not
 grow with the peers.

@@ -59,6 +59,7 @@ class Links:
         self.changed = threading.Condition()  # guards the rest; notified when a link comes
         self.live = collections.defaultdict(list)  # task -> its links, oldest first
         self.dialing = set()  # tasks this one dials now
+        self.refused = 0  # offers refused: this task's own link won
         self.dial_locks = collections.defaultdict(threading.Lock)  # task -> held while dialing
         self.closed = False
 
@@ -131,6 +132,8 @@ class Links:
         for old in stale:  # links to an earlier incarnation: it restarted
             old.close()
         if wins:
+            with self.changed:
+                self.refused += 1
             return {"kept": False, "incarnation": self.incarnation}
         link.incarnation = incarnation
         self._keep(task, link)

@@ -1,6 +1,6 @@
 """The open-file limit of a task. A task holds descriptors for every peer task it exchanges
-tensors with (control connections, heartbeat lanes, its fabric endpoint, the memfds of the
-chunks its regions for that peer are placed in),
+tensors with (its control link, its fabric endpoint, the memfds of the chunks its regions for
+that peer are placed in),
 so a ps serving a few hundred workers needs more than the soft RLIMIT_NOFILE of 1024 that most
 systems start a process with, below a hard limit that is usually far higher.
 

@@ -71,9 +71,9 @@ HELD = ("channels", "regions", "registered_bytes", "memfd_maps", "threads")
 #: 10 s on verbs: _native/core/arena.h), with room for a loaded host.
 QUARANTINE_WAIT_S = 30
 #: Counts a task may end a case above where it began: TF's own gRPC connections come and go
-#: with its peers (a restarted peer, a coordinator that left); a peer keeps as many control
-#: connections to a task as it ever had calls in flight to it at once (runtime.py _give_back:
-#: one more, seen after a PSS worker was stopped), each served by the task's event loop; a leak per case
+#: with its peers (a restarted peer, a coordinator that left); a task keeps one control link
+#: per peer task (links.py), two for a moment while a restarted peer's replaces its old one,
+#: and serves a connection per coordinator; a leak per case
 #: or per step would pass this within a few cases (tests/test_soak_bench.py: per step). TF's
 #: native threads are not judged: a task keeps each coordinator's eager context (and its
 #: threads) after the coordinator is gone, ~14 threads per coordinator here, rdmadev or not.

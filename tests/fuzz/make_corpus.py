@@ -118,7 +118,8 @@ def handshake_seeds():
 
 
 def control_seeds():
-    """fuzz_control.py: one connection's bytes, length-prefixed JSON requests."""
+    """fuzz_control.py: one connection's bytes, length-prefixed JSON requests, and replies to
+    calls of the served side (a link is used both ways)."""
     def msg(obj):
         return raw(json.dumps(obj).encode())
 
@@ -144,6 +145,10 @@ def control_seeds():
         "truncated_prefix": b"\x05\x00",
         "truncated_body": struct.pack("<I", 100) + b'{"op": "cut',
         "big_int": raw(b'{"op": "i", "n": ' + b"9" * 5000 + b"}"),
+        "replies": msg({"ok": True, "result": 1, "re": 1}) + msg({"ok": False, "re": True}) +
+                   msg({"re": [1]}) + msg({"op": "link", "incarnation": "a", "id": 7}),
+        "ids": msg({"op": "a", "id": "x"}) + msg({"op": "fail", "id": {"k": [1]}}) +
+               msg({"op": 1, "id": 2}),
     }
 
 
