@@ -106,7 +106,7 @@ def parse_args(argv=None):
                     help="only draw <prefix>.png again from <prefix>.json")
     ap.add_argument("--settle_s", type=float, default=SETTLE_S,
                     help="seconds to wait before probing the tasks (then, on rdmadev, until "
-                         "their heartbeats are connected); 0 in the test, where only what "
+                         "every peer answers their heartbeats); 0 in the test, where only what "
                          "the channels hold is checked")
     ap.add_argument("--fabric", choices=["shm", "tcp", "verbs"],
                     help="RDMADEV_FABRIC of every task (default: rdmadev's choice, shm here)")
