@@ -256,7 +256,7 @@ class Link:
     from any thread but the loop's; ``ask`` on the loop). Requests carry an ``id`` and
     replies the ``re`` of the request they answer, so calls share the link without waiting
     for each other, and a reply that comes after its call gave up is dropped, not read as
-    another's. A task keeps one link to each peer task, whichever dialed it (Runtime), so a
+    another's. A task keeps one link to each peer task, whichever dialed it (links.py), so a
     pair of tasks holds one connection, not one per direction and purpose (issue 60).
 
     What requests on the link held (Session) is released when it ends. Nothing the peer
