@@ -372,7 +372,7 @@ class Link:
 
     def _answered(self, reply):
         with self.lock:
-            future = self.pending.pop(reply["re"], None) if _hashable(reply["re"]) else None
+            future = self.pending.pop(reply["re"], None) if _is_id(reply["re"]) else None
         if future is not None and not future.done():
             future.set_result(reply)  # a reply nobody waits for (its call gave up) is dropped
 
@@ -419,10 +419,10 @@ class Link:
         try:
             reply = future.result(timeout)
         except concurrent.futures.TimeoutError:
-            raise self._timed_out(request, timeout) from None
+            raise _no_answer(self.where, request, timeout) from None
         finally:
             self._forget(ident)
-        return self._result(request, reply)
+        return _result(reply, f"task at {self.where}", request)
 
     async def ask(self, request, timeout):
         """call() on the loop serving the link."""
@@ -430,18 +430,9 @@ class Link:
         try:
             reply = await asyncio.wait_for(asyncio.wrap_future(future), timeout)
         except asyncio.TimeoutError:
-            raise self._timed_out(request, timeout) from None
+            raise _no_answer(self.where, request, timeout) from None
         finally:
             self._forget(ident)
-        return self._result(request, reply)
-
-    def _timed_out(self, request, timeout):
-        return DeadlineExceeded(f"task at {self.where} did not answer {request.get('op')} "
-                                f"within {timeout:g} s", errno.ETIMEDOUT,
-                                "the peer task is stopped or overloaded (see its log); raise "
-                                "RDMADEV_DEADLINE_S on a loaded machine")
-
-    def _result(self, request, reply):
         return _result(reply, f"task at {self.where}", request)
 
     def close(self):
@@ -461,8 +452,17 @@ def _keep_alive(sock):
         pass
 
 
-def _hashable(value):
+def _is_id(value):
     return type(value) is int  # ids are this task's ints; True == 1 must not answer call 1
+
+
+def _no_answer(where, request, timeout):
+    """The error of a call to the task at `where` that got no answer to `request` within
+    `timeout` seconds: the task may still be serving it, so it is not sent again."""
+    return DeadlineExceeded(f"task at {where} did not answer {request.get('op')} within "
+                            f"{timeout:g} s", errno.ETIMEDOUT,
+                            "the peer task is stopped or overloaded (see its log); raise "
+                            "RDMADEV_DEADLINE_S on a loaded machine")
 
 
 def _refusal(kind, error, request):
@@ -736,12 +736,8 @@ class ControlClient:
                 self.broken = _failure(e)
                 self.close()
                 where = f"{self.address[0]}:{self.address[1]}"
-                if isinstance(e, TimeoutError):  # the task may still be serving it: not resent
-                    raise DeadlineExceeded(
-                        f"task at {where} did not answer {request.get('op')} within "
-                        f"{self.timeout:g} s", errno.ETIMEDOUT,
-                        "the peer task is stopped or overloaded (see its log); raise "
-                        "RDMADEV_DEADLINE_S on a loaded machine") from None
+                if isinstance(e, TimeoutError):
+                    raise _no_answer(where, request, self.timeout) from None
                 if isinstance(e, OSError):  # reset or broken pipe
                     raise PeerLostError(f"control connection to {where} failed: {self.broken}",
                                         e.errno or 0, "the peer task died or restarted (see "

@@ -24,7 +24,7 @@ from graph_pass.devices import split_task, task_name
 
 from ..config import Config
 from ..device import open_domain
-from ..errors import ConfigError, PeerLostError, ProtocolError, RdmadevError, errno_hint
+from ..errors import ConfigError, ProtocolError, RdmadevError, errno_hint
 from . import facts, instances, limits, open_files, reports
 from .channels import REQUESTS as CHANNEL_REQUESTS, ChannelTable
 from .control import ControlClient, ControlServer, control_address
