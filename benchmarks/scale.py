@@ -4,6 +4,7 @@
 
     python benchmarks/scale.py                          # 2..32 tasks; writes results/scale.{json,png}
     python benchmarks/scale.py --sizes 2 4 --rounds 3   # a quick look
+    python benchmarks/scale.py --repeats 3              # three clusters per size: median first round
     python benchmarks/scale.py --one --tasks 4 --protocol grpc+rdmadev --json out.json
     python benchmarks/scale.py --fabric tcp --sizes 2 8 16 --prefix /tmp/scale_tcp
     python benchmarks/scale.py --replot                # the chart again from results/scale.json
@@ -19,9 +20,13 @@ exactly).
   first round  one step scheduled per worker and joined, on servers that are up and connected:
                what the first step costs (function registration, partitioning, and on
                rdmadev the plan, the endpoints and the channels set up); the coordinator's
-               trace is timed apart (trace_s).
+               trace is timed apart (trace_s). A cluster has one first round, so
+               `--repeats` starts each configuration that many times (the protocols in
+               turn) and the report takes the median, with its spread; also the CPU seconds
+               that every task and the coordinator used in it (/proc/<pid>/stat): with all
+               tasks on 2 cores, the first round is mostly CPU bound.
   new step     the same for `--fresh` new functions on the same servers, after the probes
-               (endpoints and control connections exist by then): median.
+               (endpoints and control connections exist by then): median, and its CPU.
   steady round the first round's step again, `--rounds` times (bounded by `--round_budget_s`):
                median seconds per round and spread ((max - min) / median).
   per task     from /proc/<pid> of each task, after the rounds and `--settle_s` (on rdmadev
@@ -59,7 +64,7 @@ import tempfile
 import time
 
 from scale_report import PROTOCOLS, checks, chart, growth_by_name, print_report, ratios, slopes, summarize
-from scale_tasks import PeakThreads, probe, serve_task, task_launcher
+from scale_tasks import PeakThreads, cpu_seconds, cpu_used, probe, serve_task, task_launcher
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -99,6 +104,9 @@ def parse_args(argv=None):
     ap.add_argument("--check_steps", type=int, default=3, help="steps of the bitwise check")
     ap.add_argument("--fresh", type=int, default=2,
                     help="new step functions whose first round is timed after the probes")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="clusters per size and protocol (a first round happens once per "
+                         "cluster): the report takes the median of their first rounds")
     ap.add_argument("--prefix", default=os.path.join(RESULTS, "scale"),
                     help="writes <prefix>.json and <prefix>.png")
     ap.add_argument("--no_chart", action="store_true")
@@ -235,8 +243,10 @@ def run_one(args):
         step = make_step(tf, strategy, w)
 
         # schedule traces the step in this process (the first call, once): timed apart
+        cpu = cpu_seconds(pids)
         with PeakThreads(pids) as peak:
             result["first_s"], first = run_round(coordinator, step, workers, result)
+        result["first_cpu_s"] = cpu_used(cpu, cpu_seconds(pids))
         result["first_peak_threads"] = peak.peaks
         traces = step.experimental_get_tracing_count()
         result["after_first"] = {t: probe(p) for t, p in pids.items()}
@@ -269,9 +279,10 @@ def run_one(args):
         fresh = []  # new steps (new functions) on the same servers, after the probes
         for _ in range(args.fresh):
             fresh.append(make_step(tf, strategy, w))
-            timings = {}
+            timings, cpu = {}, cpu_seconds(pids)
             result.setdefault("fresh_first_s", []).append(
                 run_round(coordinator, fresh[-1], workers, timings)[0])
+            result.setdefault("fresh_cpu_s", []).append(cpu_used(cpu, cpu_seconds(pids)))
             result.setdefault("fresh_trace_s", []).append(timings["trace_s"])
         del first, step, check, fresh, coordinator, strategy, w
         launch.release_remote_functions(cluster.spec)
@@ -336,24 +347,29 @@ def run_matrix(args):
             skipped[n] = why
             print(f"skip {n} tasks: {why}", file=sys.stderr, flush=True)
             continue
-        order = PROTOCOLS if k % 2 == 0 else PROTOCOLS[::-1]  # neither always runs first
-        for proto in order:
-            r = run_config(args, n, proto)
-            results.append(r)
-            if "error" in r:
-                print(f"{n:>2} tasks {proto:<13} FAILED: {r['error']}", file=sys.stderr, flush=True)
-                continue
-            a = r["after"]
-            task_bytes = max(task_bytes, 1.2 * max(v["anon_bytes"] for v in a.values()))
-            print(f"{n:>2} tasks {proto:<13} start {r['start_s']:5.1f} s  first round "
-                  f"{r['first_s']:6.2f} s  steady {statistics.median(r['rounds_s']):6.3f} s  "
-                  f"ps threads {a['ps:0']['threads']:4d} fds {a['ps:0']['fds']:4d}  "
-                  f"({time.perf_counter() - t_all:5.0f} s in)", file=sys.stderr, flush=True)
-    summaries = [summarize(r) for r in results if "error" not in r]
+        for repeat in range(args.repeats):
+            order = PROTOCOLS if (k + repeat) % 2 == 0 else PROTOCOLS[::-1]  # neither always first
+            for proto in order:
+                r = run_config(args, n, proto)
+                results.append(r)
+                if "error" in r:
+                    print(f"{n:>2} tasks {proto:<13} FAILED: {r['error']}", file=sys.stderr,
+                          flush=True)
+                    continue
+                a = r["after"]
+                task_bytes = max(task_bytes, 1.2 * max(v["anon_bytes"] for v in a.values()))
+                print(f"{n:>2} tasks {proto:<13} start {r['start_s']:5.1f} s  first round "
+                      f"{r['first_s']:6.2f} s  steady {statistics.median(r['rounds_s']):6.3f} s  "
+                      f"ps threads {a['ps:0']['threads']:4d} fds {a['ps:0']['fds']:4d}  "
+                      f"({time.perf_counter() - t_all:5.0f} s in)", file=sys.stderr, flush=True)
+    ok = [r for r in results if "error" not in r]
+    summaries = [summarize([r for r in ok if (r["tasks"], r["protocol"]) == config])
+                 for config in sorted({(r["tasks"], r["protocol"]) for r in ok},
+                                      key=lambda c: (c[0], PROTOCOLS.index(c[1])))]
     report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "commit": commit, "commit_at_end": code_version(), "config": {k: getattr(args, k) for k in
-                                               ("sizes", "rounds", "round_budget_s", "check_steps",
-                                                "fresh", "fabric", "settle_s")},
+                                               ("sizes", "repeats", "rounds", "round_budget_s",
+                                                "check_steps", "fresh", "fabric", "settle_s")},
               "var_bytes": 4 * VAR_ELEMENTS, "cpus": os.cpu_count(),
               "summaries": summaries, "slopes": slopes(summaries), "checks": checks(results),
               "ratios": ratios(summaries), "skipped": skipped,

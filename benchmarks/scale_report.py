@@ -10,16 +10,34 @@ def _mean(xs):
     return sum(xs) / len(xs) if xs else float("nan")
 
 
-def summarize(r):
-    """The figures of one configuration: ps and mean worker after the rounds."""
+def _cpu(used):
+    """Seconds of CPU all processes used (a cpu_used reading; NaN where none was taken)."""
+    return sum(used.values()) if used else float("nan")
+
+
+def _spread(xs):
+    """(max - min) / median of `xs`, in percent."""
+    return 100 * (max(xs) - min(xs)) / statistics.median(xs)
+
+
+def summarize(runs):
+    """The figures of one configuration, from its `runs` (one per cluster, --repeats): the
+    median first round (and its spread across clusters), the median of every new step's and
+    steady round; ps and mean worker after the rounds of the first run."""
+    r = runs[0]
     after = r["after"]
     ps, ws = after["ps:0"], [v for k, v in after.items() if k.startswith("worker:")]
-    rounds = r["rounds_s"]
-    fresh = r.get("fresh_first_s") or [float("nan")]
-    s = {"tasks": r["tasks"], "protocol": r["protocol"], "first_s": r["first_s"],
+    rounds = [x for run in runs for x in run["rounds_s"]]
+    fresh = [x for run in runs for x in run.get("fresh_first_s", [])] or [float("nan")]
+    firsts = [run["first_s"] for run in runs]
+    s = {"tasks": r["tasks"], "protocol": r["protocol"], "first_s": statistics.median(firsts),
+         "first_runs_s": firsts, "first_spread_pct": _spread(firsts),
+         "first_cpu_s": statistics.median(_cpu(run.get("first_cpu_s")) for run in runs),
          "new_first_s": statistics.median(fresh),
+         "new_cpu_s": statistics.median([_cpu(c) for run in runs for c in run.get("fresh_cpu_s", [])]
+                                        or [float("nan")]),
          "step_s": statistics.median(rounds),
-         "spread_pct": 100 * (max(rounds) - min(rounds)) / statistics.median(rounds),
+         "spread_pct": _spread(rounds),
          "rounds": len(rounds), "start_s": r["start_s"]}
     for key in ("threads", "fds", "sockets", "memfd_maps", "memfds", "held_bytes", "rss_bytes",
                 "pss_bytes", "anon_bytes"):
@@ -49,19 +67,23 @@ def slope(points):
 
 
 def checks(results):
-    """Per size: bitwise equal between protocols, every update exact, and on rdmadev every
-    worker's cross-task tensors swapped (none kept but those to the coordinator)."""
+    """Per size: bitwise equal between protocols (every run of each), every update exact, and
+    on rdmadev every worker's cross-task tensors swapped (none kept but those to the
+    coordinator; from its first run)."""
     out = {}
-    by = {(r["tasks"], r["protocol"]): r for r in results if "error" not in r}
+    ok = [r for r in results if "error" not in r]
+    by = {}
+    for r in ok:
+        by.setdefault((r["tasks"], r["protocol"]), r)  # a configuration's first run
     for n in sorted({t for t, _ in by}):
         g, d = by.get((n, "grpc")), by.get((n, "grpc+rdmadev"))
         if not (g and d):
             continue
+        runs = [r for r in ok if r["tasks"] == n]
         reps = {t: v.get("report", {}) for t, v in d["rdmadev"].items() if "/job:worker/" in t}
         out[n] = {
-            "bitwise_equal": g["check"]["bits"] == d["check"]["bits"]
-                             and g["check"]["final_bits"] == d["check"]["final_bits"],
-            "exact_sums": g["exact_sum"] and d["exact_sum"],
+            "bitwise_equal": len({(r["check"]["bits"], r["check"]["final_bits"]) for r in runs}) == 1,
+            "exact_sums": all(r["exact_sum"] for r in runs),
             "workers_swapped": sum(1 for v in reps.values() if v.get("swapped")),
             "workers": n - 1,
             "kept_cross_task": sum(c for v in reps.values()
@@ -69,7 +91,7 @@ def checks(results):
                                    if why != "client_task"),
             "swapped": sum(v.get("swapped", 0) for v in reps.values()),
             "fabrics": sorted({f for v in reps.values() for f in v.get("fabrics", [])}),
-            "retraced": g["retraced"] + d["retraced"]}
+            "retraced": sum(r["retraced"] for r in runs)}
     return out
 
 
@@ -94,14 +116,15 @@ def growth_by_name(results, protocol, role="ps"):
 
 def table(summaries):
     """Markdown table: one row per size and protocol."""
-    head = ("| tasks | protocol | first round s | new step's first round s | "
+    head = ("| tasks | protocol | first round s (spread) | CPU s | new step's first round s | CPU s | "
             "steady round s (spread) | ps threads (peak in first round) | "
             "worker threads | ps fds | worker fds | ps memfd maps | worker memfd maps | "
             "ps regions | ps registered / held | worker registered / held | ps / worker heap MB |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for s in summaries:
         lines.append(
-            f"| {s['tasks']} | {s['protocol']} | {s['first_s']:.2f} | {s['new_first_s']:.2f} | "
+            f"| {s['tasks']} | {s['protocol']} | {s['first_s']:.2f} ({s['first_spread_pct']:.0f}%) | "
+            f"{s['first_cpu_s']:.2f} | {s['new_first_s']:.2f} | {s['new_cpu_s']:.2f} | "
             f"{s['step_s']:.3f} "
             f"({s['spread_pct']:.0f}%) | {s['ps_threads']} ({s['ps_peak_threads']}) | "
             f"{s['worker_threads']:.1f} | "
@@ -181,6 +204,8 @@ def ratios(summaries):
     """{tasks: {"first": rdmadev / gRPC, "step": ...}} where both ran."""
     by = {(s["tasks"], s["protocol"]): s for s in summaries}
     return {n: {"first": by[(n, "grpc+rdmadev")]["first_s"] / by[(n, "grpc")]["first_s"],
+                "first_cpu": by[(n, "grpc+rdmadev")]["first_cpu_s"] / by[(n, "grpc")]["first_cpu_s"],
+                "new_cpu": by[(n, "grpc+rdmadev")]["new_cpu_s"] / by[(n, "grpc")]["new_cpu_s"],
                 "new_first": by[(n, "grpc+rdmadev")]["new_first_s"] / by[(n, "grpc")]["new_first_s"],
                 "step": by[(n, "grpc+rdmadev")]["step_s"] / by[(n, "grpc")]["step_s"]}
             for n, p in by if p == "grpc" and (n, "grpc+rdmadev") in by}
@@ -191,8 +216,9 @@ def print_report(report):
     print()
     for n, c in report["checks"].items():
         rt = report["ratios"].get(n, {})
-        print(f"{n} tasks: rdmadev/gRPC first round {rt.get('first', float('nan')):.2f}x, a new "
-              f"step's first round {rt.get('new_first', float('nan')):.2f}x, steady "
+        print(f"{n} tasks: rdmadev/gRPC first round {rt.get('first', float('nan')):.2f}x (CPU "
+              f"{rt.get('first_cpu', float('nan')):.2f}x), a new step's first round "
+              f"{rt.get('new_first', float('nan')):.2f}x (CPU {rt.get('new_cpu', float('nan')):.2f}x), steady "
               f"{rt.get('step', float('nan')):.2f}x; bitwise equal {c['bitwise_equal']}, exact "
               f"updates {c['exact_sums']}, {c['workers_swapped']}/{c['workers']} workers swapped "
               f"{c['swapped']} transfers ({','.join(c['fabrics'])}), {c['kept_cross_task']} "

@@ -64,6 +64,31 @@ def probe(pid):
             "rss_bytes": kb["Rss"], "pss_bytes": kb["Pss"], "anon_bytes": kb["Anonymous"]}
 
 
+def cpu_seconds(pids):
+    """CPU seconds (user + system) that the processes `pids` ({task: pid}) and this one (the
+    coordinator, "coordinator") have used so far, from /proc/<pid>/stat; a process gone reads
+    as 0."""
+    tick = os.sysconf("SC_CLK_TCK")
+    used = {}
+    for task, pid in {**pids, "coordinator": os.getpid()}.items():
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # after the command's name
+            used[task] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        except OSError:
+            used[task] = 0.0
+    return used
+
+
+def cpu_used(before, after):
+    """What the processes used between two cpu_seconds readings: {"ps", "workers" (summed),
+    "coordinator"} in seconds."""
+    spent = {t: after[t] - before[t] for t in before}
+    return {"ps": sum(v for t, v in spent.items() if t.startswith("ps:")),
+            "workers": sum(v for t, v in spent.items() if t.startswith("worker:")),
+            "coordinator": spent["coordinator"]}
+
+
 def fd_kind(link):
     """What a descriptor is, from its /proc link: "socket", "pipe", "memfd:rdmadev:credit"
     (a sending pair's credit region, rdmadev/cluster/channels.py attach_senders),

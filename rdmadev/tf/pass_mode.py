@@ -58,6 +58,8 @@ def load_into_process(auto=False, on=None):
     (None: read it now); off, the pass rewrites nothing."""
     on = Config.from_env().enabled if on is None else on
     _set_mode(MODE_OFF if not on else MODE_ALL if auto else MODE_MARKED)
+    if on:  # the pass calls bridge.rewrites: imported now, not inside a step's first round
+        from . import bridge  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
 
 
 def _pass_mode(request):
