@@ -70,6 +70,15 @@ def test_200_dropped_functions_leave_nothing_behind(cluster):
         assert end["transfers"] - start["transfers"] >= 200 * 2, (task, start, end)
 
 
+def test_a_step_dropped_by_the_frame_that_scheduled_it_is_gone_at_once(cluster):
+    """Telling which TF function an instantiation belongs to must not keep anything alive: it
+    once read the locals of every frame on the planning thread (frame.f_locals), whose
+    snapshot kept the coordinator's dropped step alive until that frame returned, its
+    channels held and TF logging "Failed to remove function remotely" at exit."""
+    r = run(cluster, "dropped")
+    assert r == {"dropped": True, "w": 2.0}, r
+
+
 def test_steps_after_failed_steps_match_grpc_bit_for_bit(cluster):
     grpc = run(cluster, "cancel", "grpc")
     # A short plan deadline: a receive whose sender's task failed waits at most this long.

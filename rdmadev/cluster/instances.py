@@ -12,8 +12,8 @@ worker that instantiates behaves the same, for its own component and for the ps'
 So kernels cannot own their channels (TF also destroys and re-creates the kernels of a
 function it still runs when a ParameterServerStrategy worker fails), and the sound trigger lies in the process that planned: an instantiation runs only through the
 function TF was calling when it was planned, and only while that function is registered in
-that process's eager context. ``track`` finds the function on the calling Python stack (the
-AtomicFunction being called), watches it, and once it is garbage-collected and its name is
+that process's eager context. ``track`` finds the function this thread is calling (the
+AtomicFunction whose call tf/calls.py noted: ``calling``), watches it, and once it is garbage-collected and its name is
 no longer registered (``Context.has_function``), asks every task of the instantiation to
 release its channels. At interpreter exit every instantiation still tracked is released.
 
@@ -30,15 +30,15 @@ task releases then (control.Session). Channels a killed process planned itself g
 (open_pairs is held by the connection it came on).
 """
 import atexit
+import contextlib
 import logging
 import queue
-import sys
 import threading
 import weakref
 
 from .control import session
 
-__all__ = ["track", "tracked", "owner_of_current_call", "watch_function", "release_function",
+__all__ = ["track", "tracked", "calling", "owner_of_current_call", "watch_function", "release_function",
            "own_function", "release_on_tasks"]
 
 log = logging.getLogger(__name__)
@@ -52,19 +52,29 @@ _lock = threading.Lock()
 _the_tracker = None
 
 
-def owner_of_current_call():
-    """The TensorFlow AtomicFunction this thread is calling (innermost), or None.
+_calls = threading.local()  # .stack: the functions this thread is calling, innermost last
 
-    The partition pass plans inside that call, on the calling thread, so its Python frames
-    are on this thread's stack; a thread TF started itself has none.
-    """
-    frame = sys._getframe(1)
-    while frame is not None:
-        owner = frame.f_locals.get("self")
-        if type(owner).__name__ == "AtomicFunction" and hasattr(owner, "name"):
-            return owner
-        frame = frame.f_back
-    return None
+
+@contextlib.contextmanager
+def calling(owner):
+    """Notes that this thread calls `owner` (a TF AtomicFunction) for the block: TF plans an
+    instantiation inside the call that instantiates it, on the calling thread
+    (tf/calls.py wraps every call). Nothing else is kept: reading the frames' locals
+    instead (frame.f_locals) kept a snapshot of every frame's locals alive, and with it
+    functions their callers had dropped."""
+    stack = _calls.__dict__.setdefault("stack", [])
+    stack.append(owner)
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def owner_of_current_call():
+    """The TensorFlow AtomicFunction this thread is calling (innermost), or None: none is
+    for a thread TF started itself, and for an eager op outside any function call."""
+    stack = getattr(_calls, "stack", None)
+    return stack[-1] if stack else None
 
 
 def release_on_tasks(call, instance, tasks, keys, evicted=False, quiescent=False):

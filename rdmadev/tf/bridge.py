@@ -25,7 +25,6 @@ from .. import _core
 from ..cluster import evictions, reports, runtime
 from ..errors import ProtocolError
 from ..cluster.opening import lineage
-from . import calls
 from .api import opt_in_marker
 
 __all__ = ["rewrites", "plan_config", "lineage_scope", "OPS_CARRY", "OVER_BUDGET"]
@@ -94,7 +93,6 @@ def rewrites(partitions, function="", marked=(), task=""):
     plan = graph_pass.plan_partitions(partitions, plan_config(rt.config, halves),
                                       instance_id=instance, rules=_core.PLANNER_RULES)
     swap = [t for t in plan.transfers if t.decision == "swap"]
-    calls.install()  # before the first call that may find this instantiation evicted
     try:
         fabrics, registered = evictions.open_within_budget(
             rt.call, instance, [t for t in swap if t.halves == "both"],

@@ -1,4 +1,5 @@
-"""Every eager call of a TF function in this process passes through the evictions of the
+"""Every eager call of a TF function in this process is noted as the owner of what the pass
+plans inside it (instances.calling), and passes through the evictions of the
 instantiations planned here (rdmadev/cluster/evictions.py) when it has any: the channels of
 one evicted to make room for another plan are set up again before TF runs it, and one running
 is never evicted. TF calls every function, traced or loaded, through AtomicFunction.call_flat;
@@ -11,33 +12,35 @@ fix."""
 from tensorflow.python.eager.polymorphic_function import atomic_function
 from tensorflow.python.framework import errors as tf_errors
 
-from ..cluster import evictions
+from ..cluster import evictions, instances
 from ..errors import RdmadevError
 
 __all__ = ["install"]
 
 
 def install():
-    """Wraps AtomicFunction.call_flat, once per process."""
+    """Wraps AtomicFunction.call_flat, once per process, before the pass plans anything
+    (pass_mode.load_into_process)."""
     cls = atomic_function.AtomicFunction
     original = cls.call_flat
     if getattr(original, "rdmadev_wrapped", False):
         return
 
     def call_flat(self, *args):
-        if not evictions.watching(self) or not self._bound_context.executing_eagerly():  # pylint: disable=protected-access
-            return original(self, *args)
-        try:
-            running = evictions.begin_call(self)
-        except RdmadevError as e:
-            raise as_tf_error(e) from e
-        clean = False
-        try:
-            outputs = original(self, *args)
-            clean = True
-            return outputs
-        finally:
-            evictions.end_call(running, clean)
+        with instances.calling(self):  # the owner of what the pass plans inside this call
+            if not evictions.watching(self) or not self._bound_context.executing_eagerly():  # pylint: disable=protected-access
+                return original(self, *args)
+            try:
+                running = evictions.begin_call(self)
+            except RdmadevError as e:
+                raise as_tf_error(e) from e
+            clean = False
+            try:
+                outputs = original(self, *args)
+                clean = True
+                return outputs
+            finally:
+                evictions.end_call(running, clean)
 
     call_flat.rdmadev_wrapped = True
     call_flat.__doc__ = original.__doc__

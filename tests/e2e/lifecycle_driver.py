@@ -9,6 +9,8 @@ churn N     N functions, each with a new shape, called once and dropped; returns
 cancel MODE MODE grpc | rdmadev: steps of which some fail mid-step (an op fails on worker:0
             or on ps while the others wait or send), the variables reset, then 10 steps:
             which steps failed, the losses and variables, and (rdmadev) the tasks' counters.
+dropped     a ParameterServerStrategy coordinator on grpc+rdmadev schedules a step and drops it:
+            whether the step is gone while the frame that dropped it still runs.
 pss [killed] a ParameterServerStrategy coordinator (chief) schedules an optimized step on both
             workers and exits without releasing anything itself: every task's counters
             before and after, and what the workers swapped. `killed`: then waits to be
@@ -19,6 +21,7 @@ import json
 import os
 import sys
 import time
+import weakref
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
@@ -187,9 +190,35 @@ def pss(spec):
     return {"before": before, "holding": rdmadev.counters(), "swapped": swapped}
 
 
+def dropped(spec):
+    """A ParameterServerStrategy coordinator on grpc+rdmadev (the pass on in this process too)
+    drops its step in the frame that scheduled it: TF drops the step while that frame still
+    runs, as it does on gRPC."""
+    from rdmadev.testing import launch
+    strategy, coordinator = launch.pss_coordinator(spec, rpc_layer="grpc+rdmadev")
+    with strategy.scope():
+        w = tf.Variable(tf.zeros([64]))
+
+    @tf.function
+    def step():
+        w.assign_add(tf.ones([64]))
+
+    for _ in range(2):
+        coordinator.schedule(step)
+    coordinator.join()
+    w_now = float(w.numpy()[0])  # an eager op on the ps, planned here with no function called
+    gone = weakref.ref(step)
+    del step
+    gc.collect()
+    return {"dropped": gone() is None, "w": w_now}
+
+
 def main():
     spec = json.loads(sys.argv[1])
     scenario, *args = sys.argv[2:]
+    if scenario == "dropped":
+        print("RESULT " + json.dumps(dropped(spec)), flush=True)
+        return
     if scenario == "pss":
         print("RESULT " + json.dumps(pss(spec)), flush=True)
         if args == ["killed"]:  # waits for kill -9: nothing released by this process
