@@ -58,9 +58,8 @@ def load_into_process(auto=False, on=None):
     (None: read it now); off, the pass rewrites nothing."""
     on = Config.from_env().enabled if on is None else on
     _set_mode(MODE_OFF if not on else MODE_ALL if auto else MODE_MARKED)
-    if on:  # before the pass plans: TF's function calls are noted (calls.py), and the pass's
-        # Python half (bridge) is imported now, not inside a task's first step
-        from . import bridge, calls  # noqa: F401  pylint: disable=import-outside-toplevel
+    if on:  # before the pass plans anything: TF's function calls are noted (calls.py)
+        from . import calls  # pylint: disable=import-outside-toplevel  (it imports TensorFlow)
         calls.install()
 
 
