@@ -76,7 +76,7 @@ class Evictions:
     def open_within_budget(self, call, instance, transfers, region_bytes, function="", marked=(),
                            scope=""):
         """open_channels, making room past a task's budget; the instantiation is kept for
-        eviction when its owner is on this thread's stack (instances.owner_of_current_call).
+        eviction when this thread is calling its owner (instances.owner_of_current_call).
 
         Returns:
             ``({channel key: fabric}, {recv task: bytes registered there})``.

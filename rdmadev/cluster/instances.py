@@ -10,12 +10,14 @@ client exits (60 s later the kernels are still there). Under ParameterServerStra
 worker that instantiates behaves the same, for its own component and for the ps's.
 
 So kernels cannot own their channels (TF also destroys and re-creates the kernels of a
-function it still runs when a ParameterServerStrategy worker fails), and the sound trigger lies in the process that planned: an instantiation runs only through the
-function TF was calling when it was planned, and only while that function is registered in
-that process's eager context. ``track`` finds the function this thread is calling (the
-AtomicFunction whose call tf/calls.py noted: ``calling``), watches it, and once it is garbage-collected and its name is
-no longer registered (``Context.has_function``), asks every task of the instantiation to
-release its channels. At interpreter exit every instantiation still tracked is released.
+function it still runs when a ParameterServerStrategy worker fails), and the sound trigger
+lies in the process that planned: an instantiation runs only through the function TF was
+calling when it was planned, and only while that function is registered in that process's
+eager context. ``track`` finds the function this thread is calling (the AtomicFunction whose
+call tf/calls.py noted: ``calling``), watches it, and once it is garbage-collected and its
+name is no longer registered (``Context.has_function``), asks every task of the
+instantiation to release its channels. At interpreter exit every instantiation still tracked
+is released.
 
 An instantiation planned outside a Python call (a worker partitioning a
 ParameterServerStrategy step in a TF thread) has no such owner there. Its owner lives in
@@ -38,8 +40,8 @@ import weakref
 
 from .control import session
 
-__all__ = ["track", "tracked", "calling", "owner_of_current_call", "watch_function", "release_function",
-           "own_function", "release_on_tasks"]
+__all__ = ["track", "tracked", "calling", "owner_of_current_call", "watch_function",
+           "release_function", "own_function", "release_on_tasks"]
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
