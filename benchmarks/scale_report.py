@@ -203,11 +203,10 @@ def chart(summaries, path):
 def ratios(summaries):
     """{tasks: {"first": rdmadev / gRPC, "step": ...}} where both ran."""
     by = {(s["tasks"], s["protocol"]): s for s in summaries}
-    return {n: {"first": by[(n, "grpc+rdmadev")]["first_s"] / by[(n, "grpc")]["first_s"],
-                "first_cpu": by[(n, "grpc+rdmadev")]["first_cpu_s"] / by[(n, "grpc")]["first_cpu_s"],
-                "new_cpu": by[(n, "grpc+rdmadev")]["new_cpu_s"] / by[(n, "grpc")]["new_cpu_s"],
-                "new_first": by[(n, "grpc+rdmadev")]["new_first_s"] / by[(n, "grpc")]["new_first_s"],
-                "step": by[(n, "grpc+rdmadev")]["step_s"] / by[(n, "grpc")]["step_s"]}
+    figures = {"first": "first_s", "first_cpu": "first_cpu_s", "new_first": "new_first_s",
+               "new_cpu": "new_cpu_s", "step": "step_s"}
+    return {n: {name: by[(n, "grpc+rdmadev")][key] / by[(n, "grpc")][key]
+                for name, key in figures.items()}
             for n, p in by if p == "grpc" and (n, "grpc+rdmadev") in by}
 
 
