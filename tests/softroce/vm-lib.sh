@@ -6,17 +6,17 @@ say() { echo "[softroce] $*" >&2; }
 fail() { say "$*"; exit 125; }
 
 # Root (9p exports the whole / with security_model=none), qemu (installed with apt-get when
-# missing) and the image in VM_DIR (built on first use, one build at a time).
+# missing) and the image in VM_DIR (built on first use), one runner at a time.
 vm_prepare() {
     [ "$(id -u)" = 0 ] || fail "needs root: qemu exports the host's / to the guest over 9p"
+    mkdir -p "$VM_DIR" || fail "cannot create $VM_DIR"
+    exec 8>"$VM_DIR/.lock"
+    flock 8   # runners started at once install qemu and build the image one at a time
     if ! command -v qemu-system-x86_64 >/dev/null; then
         say "installing qemu-system-x86"
         { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
             --no-install-recommends qemu-system-x86 >/dev/null; } || fail "apt-get install qemu-system-x86 failed"
     fi
-    mkdir -p "$VM_DIR" || fail "cannot create $VM_DIR"
-    exec 8>"$VM_DIR/.lock"
-    flock 8
     if [ ! -f "$VM_DIR/kver" ] || [ "${RDMADEV_VM_REBUILD:-0}" = 1 ]; then
         rm -f "$VM_DIR/kver"
         "$HERE/build-image.sh" "$VM_DIR" || fail "building the guest image failed"
