@@ -223,7 +223,9 @@ def test_a_flood_of_silent_connections_to_the_control_service_is_bounded():
 
 def test_control_service_out_of_descriptors_backs_off_and_recovers():
     """accept() failing with EMFILE: the service logs once, does not spin a core, and serves
-    again once descriptors are free (a child process with a low open-file limit)."""
+    again once descriptors are free (a child process with a low open-file limit). Connections
+    accepted while others still wait in the queue are the same shortage: one of them running
+    out again is not logged (a default-suite run of a97457c logged two here)."""
     import socket
     code = """
 import logging, resource, sys
@@ -250,6 +252,11 @@ sys.stdin.readline()
         for s in flood:
             s.close()
         flood = []
+        # The child frees the flood's descriptors as it finds them closed; connecting before
+        # that could meet a second shortage, rightly logged again.
+        deadline = time.monotonic() + 30
+        while len(os.listdir(f"/proc/{proc.pid}/fd")) > 32 and time.monotonic() < deadline:
+            time.sleep(0.05)
         client = ControlClient(("127.0.0.1", port), b"k", timeout=30)
         assert client.call({"op": "x"}) == {"echo": {"op": "x"}}
         client.close()

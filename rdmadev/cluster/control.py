@@ -529,7 +529,7 @@ class ControlServer:
         self.handshaking = collections.OrderedDict()  # socket -> None, oldest first
         self.connections = 0
         self.served = set()  # the sockets of authenticated connections
-        self.starved = False  # the last accept() failed for lack of a resource
+        self.starved = False  # accept() failed for lack of a resource, and connections still wait
         self.admission = threading.Lock()
         self.own_loop = loop is None
         self.loop = loop or EventLoop(f"control {address[0]}:{address[1]}")
@@ -545,6 +545,13 @@ class ControlServer:
             try:
                 sock, peer = self.listener.accept()
             except (BlockingIOError, InterruptedError):
+                # Starved until every queued connection is taken: one accepted while others
+                # still wait may run out of descriptors again (connections closed while queued
+                # behind a flood can), and that is the same shortage, logged once.
+                if self.starved:
+                    log.warning("control: accepting connections on %s:%d again",
+                                *self.server_address[:2])
+                self.starved = False
                 break
             except OSError as e:
                 if e.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
@@ -558,10 +565,6 @@ class ControlServer:
                 loop.remove_reader(self.listener.fileno())
                 loop.call_later(ACCEPT_BACKOFF_S, self._accept_again)
                 return
-            if self.starved:
-                log.warning("control: accepting connections on %s:%d again",
-                            *self.server_address[:2])
-            self.starved = False
             self._start(sock, "%s:%d" % peer[:2])
 
     def _accept_again(self):
