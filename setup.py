@@ -5,6 +5,7 @@ plain shared library so that every consumer in a process (the Cython bindings
 rdmadev._core, and the TensorFlow op library) links the same copy and shares one
 registry of regions and fabrics. Python extensions find it through an $ORIGIN rpath.
 """
+import functools
 import glob
 import os
 import shutil
@@ -163,8 +164,10 @@ class BuildNative(build_ext):
 TF_INCLUDE_LINK = os.path.join("build", "tf-include")
 
 
+@functools.lru_cache(maxsize=None)
 def tf_compile_flags(tf):
-    """TF's compile flags, with its include folder named through TF_INCLUDE_LINK."""
+    """TF's compile flags, with its include folder named through TF_INCLUDE_LINK (made once
+    a build: both TF extensions take these)."""
     flags = []
     for flag in tf.sysconfig.get_compile_flags():
         if flag.startswith("-I"):
