@@ -389,7 +389,12 @@ if cut_after:  # the rdmadev tcp connections of worker:0 to ps:0 are reset durin
     from rdmadev.testing import faults
     rdmadev.counters(cluster)  # connects this process's control client
     ps = runtime.current().call("/job:ps/replica:0/task:0", {"op": "ping"})["address"]
-    cut = threading.Timer(0.01, lambda: faults.reset_connections(ps, worker_pid, "tcp"))
+    cut = None  # the last cut made
+
+    def cut_soon():  # resets the connections 10 ms into the run about to start
+        global cut
+        cut = threading.Timer(0.01, lambda: faults.reset_connections(ps, worker_pid, "tcp"))
+        cut.start()
 with tf.Graph().as_default():
     setter = v1.train.replica_device_setter(
         worker_device="/job:worker/task:0", cluster=tf.train.ClusterSpec(cluster))
@@ -415,18 +420,29 @@ with tf.Graph().as_default():
             train = v1.train.AdamOptimizer(0.01).minimize(loss, global_step=step)
 
     class Final(v1.train.SessionRunHook):
+        sessions = 0
+
+        def after_create_session(self, session, coord):  # the first, and each one opened again
+            self.sessions += 1
+
         def end(self, session):  # the session as the job ends: what it trained
             self.values = session.run([step] + v1.global_variables())
     final = Final()
     hooks = [v1.train.StopAtStepHook(last_step=last_step), final]
-    runs = trained = 0
+    runs = trained = cuts = 0
     evaluated = []
     with v1.train.MonitoredTrainingSession(
             master="grpc://" + cluster["worker"][0], is_chief=True, hooks=hooks) as sess:
         while not sess.should_stop():
             runs += 1
-            if runs == cut_after:
-                cut.start()
+            # A cut that lands between two runs fails none (the tasks set their pairs up
+            # again before the next), so it is made again each run until one fails (bounded).
+            if cut_after and cut_after <= runs < cut_after + 15 and final.sessions == 1:
+                if cut:
+                    cut.join()
+                if final.sessions == 1:
+                    cut_soon()
+                    cuts += 1
             if runs % 3 == 0:
                 evaluated.append(float(sess.run(loss, {training: False})))
             else:
@@ -434,7 +450,8 @@ with tf.Graph().as_default():
                 trained += 1
             print("STEP", runs, flush=True)
             time.sleep(pace)
-out = {"trained": trained, "evaluated": evaluated, "step": int(final.values[0]),
+out = {"trained": trained, "evaluated": evaluated, "step": int(final.values[0]), "cuts": cuts,
+       "sessions": final.sessions,
        "variables": [np.asarray(v).tobytes().hex() for v in final.values[1:]]}
 print("RESULT " + json.dumps(out), flush=True)
 """
@@ -491,6 +508,11 @@ def _monitored(shared, rpc_layer, kill_ps_after=None, cut_after=None):
             cluster.stop()
 
 
+def _tail(output):
+    """The end of MONITORED's output, without its RESULT (the variables, in hex)."""
+    return "".join(l for l in output.splitlines(True) if not l.startswith("RESULT "))[-4000:]
+
+
 @pytest.fixture(scope="module")
 def monitored_on_grpc(shared):
     """MONITORED's RESULT on gRPC: what an uninterrupted job trains."""
@@ -521,7 +543,7 @@ def test_monitored_training_session_recovers_from_a_killed_ps(shared, monitored_
     and trains on to LAST_STEP, swapping the new session's halves as well. The training steps
     after the restart are those of an uninterrupted run, so are the final variables."""
     ours, output = _monitored(shared, protocol.PROTOCOL, kill_ps_after=15)
-    assert ours["step"] == LAST_STEP and ours["trained"] > LAST_STEP, output[-4000:]
+    assert ours["step"] == LAST_STEP and ours["trained"] > LAST_STEP, _tail(output)
     assert all(ours["transfers"].values()), f"a task moved nothing over rdmadev: {ours['transfers']}"
     assert ours["variables"] == monitored_on_grpc["variables"]
 
@@ -530,13 +552,15 @@ def test_monitored_training_session_recovers_from_a_killed_ps(shared, monitored_
 def test_monitored_training_session_trains_on_through_a_connection_cut_mid_step(
         shared, monitored_on_grpc):
     """worker:0's rdmadev connection to ps 0 is reset while a run is in flight, both tasks
-    running on: the run it hits fails as Unavailable, MonitoredTrainingSession opens a new
+    running on (a cut that lands between runs fails none, so it is made again, run after run,
+    until one fails): the run it hits fails as Unavailable, MonitoredTrainingSession opens a new
     session (whose halves are offered while the old ones are met again: one setup at a time;
     the chief initializes every variable again: no checkpoint), and the job trains to
     LAST_STEP over rdmadev, ending where an uninterrupted job ends."""
     netns.require("ss")
     ours, output = _monitored(shared, protocol.PROTOCOL, cut_after=12)
-    assert ours["step"] == LAST_STEP and ours["trained"] > LAST_STEP, output[-4000:]
+    assert ours["sessions"] >= 2 and ours["step"] == LAST_STEP and ours["trained"] > LAST_STEP, \
+        f"{ours['cuts']} cuts, {ours['sessions']} sessions:\n" + _tail(output)
     assert all(ours["transfers"].values()), f"a task moved nothing over rdmadev: {ours['transfers']}"
     assert ours["variables"] == monitored_on_grpc["variables"]
 
