@@ -389,11 +389,14 @@ if cut_after:  # the rdmadev tcp connections of worker:0 to ps:0 are reset durin
     from rdmadev.testing import faults
     rdmadev.counters(cluster)  # connects this process's control client
     ps = runtime.current().call("/job:ps/replica:0/task:0", {"op": "ping"})["address"]
-    cut = None  # the last cut made
+    cut = None  # the last cut made, which may still be under way
 
     def cut_soon():  # resets the connections 10 ms into the run about to start
         global cut
-        cut = threading.Timer(0.01, lambda: faults.reset_connections(ps, worker_pid, "tcp"))
+        def reset():
+            print("CUT", faults.reset_connections(ps, worker_pid, "tcp"), "connections in run",
+                  runs, flush=True)
+        cut = threading.Timer(0.01, reset)
         cut.start()
 with tf.Graph().as_default():
     setter = v1.train.replica_device_setter(
@@ -435,14 +438,12 @@ with tf.Graph().as_default():
             master="grpc://" + cluster["worker"][0], is_chief=True, hooks=hooks) as sess:
         while not sess.should_stop():
             runs += 1
-            # A cut that lands between two runs fails none (the tasks set their pairs up
-            # again before the next), so it is made again each run until one fails (bounded).
-            if cut_after and cut_after <= runs < cut_after + 15 and final.sessions == 1:
-                if cut:
-                    cut.join()
-                if final.sessions == 1:
-                    cut_soon()
-                    cuts += 1
+            # A cut that lands after its run fails none if the tasks meet their pairs again
+            # before the next, so one is made each run until a run fails (at most 15).
+            if (cut_after and cut_after <= runs < cut_after + 15 and final.sessions == 1
+                    and not (cut and cut.is_alive())):
+                cut_soon()
+                cuts += 1
             if runs % 3 == 0:
                 evaluated.append(float(sess.run(loss, {training: False})))
             else:
@@ -551,9 +552,10 @@ def test_monitored_training_session_recovers_from_a_killed_ps(shared, monitored_
 @pytest.mark.tf
 def test_monitored_training_session_trains_on_through_a_connection_cut_mid_step(
         shared, monitored_on_grpc):
-    """worker:0's rdmadev connection to ps 0 is reset while a run is in flight, both tasks
-    running on (a cut that lands between runs fails none, so it is made again, run after run,
-    until one fails): the run it hits fails as Unavailable, MonitoredTrainingSession opens a new
+    """worker:0's rdmadev connection to ps 0 is reset, both tasks running on, 10 ms into a
+    run and again each run until a run fails (the runs are short: a cut often lands after its
+    run, and fails none when the tasks met their pairs again before the next): the run that
+    fails fails as Unavailable, MonitoredTrainingSession opens a new
     session (whose halves are offered while the old ones are met again: one setup at a time;
     the chief initializes every variable again: no checkpoint), and the job trains to
     LAST_STEP over rdmadev, ending where an uninterrupted job ends."""
