@@ -12,6 +12,7 @@ Example:
     '/job:worker/replica:0/task:2'
 """
 
+import functools
 import re
 from typing import NamedTuple
 
@@ -40,6 +41,7 @@ class Device(NamedTuple):
         return task_name(self.job, self.task, self.replica) if self.job else ""
 
 
+@functools.lru_cache(maxsize=4096)  # a plan asks of the same few names thousands of times
 def parse_device(name):
     """Parse a TF device or task name.
 

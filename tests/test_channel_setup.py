@@ -161,6 +161,42 @@ def test_one_round_trip_per_pair_and_the_channels_carry_data(world):
         assert exchange(rt, t, count=3 * SLOTS + 1, seed=100 * i) == [], t.channel_key
 
 
+def test_the_planner_as_sender_offers_its_credit_and_nothing_calls_it_back(world):
+    """A task planning pairs it sends on (a worker instantiating a step that updates the ps)
+    offers each receiver its credit region in open_pairs and binds its senders from the
+    answer: one round trip per pair, no attach_senders served here. Refused, the offered
+    region goes; released, nothing stays."""
+    rt, _ = world
+    served = []
+    attach = rt.table.attach_senders
+    rt.table.attach_senders = lambda r, hold=None: served.append(r["receiver"]) or attach(r, hold)
+    try:
+        before = rt.table.domain.region_stats[0]
+        _, swap, regions = plan([(W1, PS), (W1, W0)])
+        log = []
+        fabrics, _ = channels.open_channels(counting(rt.call, log), "offer", swap, regions,
+                                            table=rt.table)
+        assert sorted(log) == [(PS, "open_pairs"), (W0, "open_pairs")] and served == []
+        assert set(fabrics) == {t.channel_key for t in swap}
+        for i, t in enumerate(swap):
+            assert exchange(rt, t, count=2 * SLOTS + 1, seed=11 + i) == [], t.channel_key
+        assert rt.table.domain.region_stats[0] == before + 2  # a credit region per pair
+        for task in (PS, W0, W1):
+            rt.call(task, {"op": "release", "keys": [t.channel_key for t in swap], "half": "both"})
+        assert wait_until(lambda: rt.table.domain.region_stats[0] == before, 30, 0.1), \
+            rt.table.domain.region_stats
+
+        _, swap, regions = plan([(W1, PS)])
+        with pytest.raises(ProtocolError, match=f"receiving task {PS}.*is not what the plan gives"):
+            channels.open_channels(rt.call, "offer-refused", swap,
+                                   {k: b * 1000 for k, b in regions.items()}, table=rt.table)
+        assert wait_until(lambda: rt.table.domain.region_stats[0] == before, 30, 0.1), \
+            rt.table.domain.region_stats
+        assert served == []
+    finally:
+        rt.table.attach_senders = attach
+
+
 def test_the_planner_as_neither_end(world):
     """Only ps:0 <- worker:0, planned here: this task only relays."""
     rt, _ = world

@@ -4,12 +4,17 @@ The planning process opens an instantiation's channels with ``open_channels`` (o
 one ``open_pairs`` request per receiving task, which allocates each pair's region exactly as
 planned and makes one ``attach_senders`` call per sender; the sender attaches the region
 once, allocates one credit region for the pair (a cache line per channel) and binds its
-senders; the receiver binds its receivers. The TF kernels find both halves by channel key in
-the process-wide native table, where they live until released (``release`` requests from the
+senders; the receiver binds its receivers. A planner that is itself the sender offers its
+credit region in ``open_pairs`` and binds its senders from the answer, so no call comes back
+(``offer_senders``, ``bind_offered``). The TF kernels find both halves by channel key in the
+process-wide native table, where they live until released (``release`` requests from the
 planner's instances.py, a dead peer, or this table closing).
 
     planner --open_pairs--> receiver --attach_senders--> sender
             <--------------          <----------------
+
+    planner = sender --open_pairs + credit--> receiver
+                     <------- ring -----------
 
 A TF1 task plans only its own half of each pair; such halves meet through the receiver
 (``want_halves``/``offer_halves``: half_pairs.py), and their kernels own them. A dynamic
@@ -142,7 +147,12 @@ class ChannelTable:
             raise ConfigError(f"task {self.task} cannot set up channels: its ChannelTable has no "
                               "control client", hint="construct ChannelTable(call=Runtime.call)")
         instance = r["instance"]
-        opened = in_parallel(lambda p: self.growth.open_as_learned(instance, p), r["pairs"])
+
+        def open_one(entry):  # an offer is used once: recovery meets a pair again afresh
+            entry = dict(entry)
+            offer = entry.pop("offer", None)
+            return self.growth.open_as_learned(instance, entry, offer=offer)
+        opened = in_parallel(open_one, r["pairs"])
         with self.lock:
             self.received.setdefault(instance, []).extend(p for p, _ in opened)
             if r.get("again"):
@@ -184,13 +194,16 @@ class ChannelTable:
         else:
             notify()
 
-    def open_pair(self, instance, p, attach="attach_senders"):
+    def open_pair(self, instance, p, attach="attach_senders", offer=None):
         """For the parts: sets up pair `p` (an open_pairs entry) of `instance` as it is laid
         out, its sender attaching with request `attach` (Growth.open_as_learned lays it out
-        with the slots its channels learned first).
+        with the slots its channels learned first); or, given the sender's `offer` (its
+        ``{"address", "credit"}``: the sender planned the pair, offer_senders), with no call:
+        the sender binds its halves from what this returns (bind_offered).
 
         Returns:
-            ``{"sender", "fabric", "registered"}``.
+            ``{"sender", "fabric", "registered"}``, and with an offer ``"address"``, ``"ring"``
+            (this region's descriptor) and ``"channels"`` (as laid out here).
         """
         grown = attach == "attach_grown"
         sender, channels = p["sender"], p["channels"]
@@ -207,7 +220,7 @@ class ChannelTable:
             self.growth.track(channels)
         try:
             try:
-                sent = self.call(sender, {
+                sent = offer or self.call(sender, {
                     "op": attach, "receiver": self.task, "address": self.domain.address,
                     "ring": region.descriptor.hex(), "channels": channels})
             except Exception as e:
@@ -226,7 +239,7 @@ class ChannelTable:
             except BaseException:
                 if grown:
                     self.growth.drop_successors(sender, keys)
-                else:
+                elif offer is None:  # an offering sender bound nothing yet
                     self.notify(sender, keys, "send")
                 raise
         except BaseException:
@@ -235,6 +248,10 @@ class ChannelTable:
                 region.quiet()
             let_go(credit, lease, region)
             raise
+        if offer is not None:
+            return {"sender": sender, "fabric": ep.fabric, "registered": p["bytes"],
+                    "address": self.domain.address, "ring": region.descriptor.hex(),
+                    "channels": channels}
         return {"sender": sender, "fabric": sent["fabric"], "registered": p["bytes"]}
 
     # -- sending task --
@@ -251,9 +268,40 @@ class ChannelTable:
         receiver, channels = r["receiver"], r["channels"]
         ep = self._endpoint(r["address"], receiver)
         ring = ep.attach(bytes.fromhex(r["ring"]))
-        credit = self.domain.allocate(_core.CREDIT_BYTES * len(channels),
-                                      label=f"credit<-{receiver}",
-                                      grant=[domain_identity(receiver)])
+        credit = self._credit_region(receiver, len(channels))
+        self._bind_senders(receiver, ep, ring, channels, credit, hold)
+        return {"address": self.domain.address, "credit": credit.descriptor.hex(),
+                "fabric": ep.fabric}
+
+    def offer_senders(self, receiver, n):
+        """For the planner (opening.py), when this task sends on a pair it planned: the
+        pair's credit region for its `n` channels, offered to `receiver` in open_pairs (as
+        ``{"address", "credit"}``) so that it binds its halves without calling back.
+        bind_offered binds this task's halves once it answered; close the region should
+        the request fail."""
+        return self._credit_region(receiver, n)
+
+    def bind_offered(self, receiver, credit, opened):
+        """For the planner: binds the sending halves of the pair `receiver` opened from this
+        task's offer (`credit`: offer_senders; `opened`: open_pair's result), as
+        attach_senders binds them. On failure `credit` is closed."""
+        try:
+            ep = self._endpoint(opened["address"], receiver)
+            ring = ep.attach(bytes.fromhex(opened["ring"]))
+        except BaseException:
+            let_go(credit)
+            raise
+        self._bind_senders(receiver, ep, ring, opened["channels"], credit)
+
+    def _credit_region(self, receiver, n):
+        """The credit region of a pair of `n` channels sent to `receiver` (a cache line
+        each), which the receiver alone may write."""
+        return self.domain.allocate(_core.CREDIT_BYTES * n, label=f"credit<-{receiver}",
+                                    grant=[domain_identity(receiver)])
+
+    def _bind_senders(self, receiver, ep, ring, channels, credit, hold=None):
+        """Binds (or hands `hold`) the sending halves of `channels` to `receiver`, writing
+        into its `ring` through `ep`, credited in `credit`; on failure closes all three."""
         lease = _core.RegionLease(credit)
 
         def make(i, c):
@@ -273,8 +321,6 @@ class ChannelTable:
                 credit.quiet()
             let_go(ring, lease, credit)
             raise
-        return {"address": self.domain.address, "credit": credit.descriptor.hex(),
-                "fabric": ep.fabric}
 
     # -- release --
 

@@ -74,9 +74,10 @@ class Evictions:
         self.set_up_again = 0  # and set up again when called
 
     def open_within_budget(self, call, instance, transfers, region_bytes, function="", marked=(),
-                           scope=""):
+                           scope="", table=None):
         """open_channels, making room past a task's budget; the instantiation is kept for
         eviction when this thread is calling its owner (instances.owner_of_current_call).
+        `table`: the planning task's ChannelTable, if a task plans (open_channels).
 
         Returns:
             ``({channel key: fabric}, {recv task: bytes registered there})``.
@@ -86,7 +87,7 @@ class Evictions:
         def setup(again):
             return self._within_budget(
                 lambda: open_channels(call, instance, transfers, region_bytes, function, marked,
-                                      scope, again=again),
+                                      scope, again=again, table=table),
                 _needed(transfers, region_bytes), exclude=instance)
 
         fabrics, registered = setup(False)

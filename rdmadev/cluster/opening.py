@@ -1,16 +1,18 @@
 """The planning process's side of channel setup: ``open_channels``, and the shape of the
 setup requests the tasks' ChannelTables serve (channels.py).
 
-One control round trip per (receiver, sender) task pair, pairs in parallel: each receiving
-task gets one ``open_pairs`` request (receivers in parallel) and makes one ``attach_senders``
-call to each of its senders (senders in parallel).
+Each receiving task gets one ``open_pairs`` request (receivers in parallel). A pair whose
+sender is the planning task (a worker instantiating a step that updates the ps) is offered in
+it with the sender's credit region, so the receiver binds its halves and answers with its ring,
+and the planner binds its own: one round trip. For any other pair the receiver makes one
+``attach_senders`` call to the sender (senders in parallel).
 
 Example:
     >>> fabrics, registered = open_channels(rt.call, instance, swapped, region_bytes)
 """
 import hashlib
 import logging
-from concurrent.futures import ThreadPoolExecutor
+import threading
 
 from ..errors import ProtocolError
 from . import instances
@@ -46,21 +48,36 @@ def _channel_entry(t, scope):
 
 
 def in_parallel(fn, items):
-    """[fn(item) for item in items], concurrently when there are several. Every call runs to
-    completion; the first failure (in item order) is raised after all have ended."""
+    """[fn(item) for item in items], concurrently when there are several, each on a thread of
+    its own (started here: a pool's bookkeeping cost more than the threads). Every call runs
+    to completion; the first failure (in item order) is raised after all have ended."""
     items = list(items)
     if len(items) <= 1:
         return [fn(item) for item in items]
-    with ThreadPoolExecutor(max_workers=len(items), thread_name_prefix="rdmadev-setup") as pool:
-        futures = [pool.submit(fn, item) for item in items]
-    return [f.result() for f in futures]
+    results, failures = [None] * len(items), [None] * len(items)
+
+    def run(i):
+        try:
+            results[i] = fn(items[i])
+        except BaseException as e:  # raised below, on the caller's thread
+            failures[i] = e
+    threads = [threading.Thread(target=run, args=(i,), name="rdmadev-setup", daemon=True)
+               for i in range(len(items))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for e in failures:
+        if e is not None:
+            raise e
+    return results
 
 
 def open_channels(call, instance, transfers, region_bytes, function="", marked=(), scope="",
-                  again=False):
+                  again=False, table=None):
     """Sets up the channels of an instantiation's swapped transfers: one ``open_pairs``
     request per receiving task (in parallel), one ``attach_senders`` round trip from each
-    receiver to each of its senders (in parallel).
+    receiver to each of its senders (in parallel) but the planning task.
 
     Args:
         call: ``call(task, request) -> result`` (``Runtime.call``).
@@ -73,6 +90,9 @@ def open_channels(call, instance, transfers, region_bytes, function="", marked=(
         scope: the function's name across its instantiations (lineage).
         again: the instantiation's channels were evicted and are set up again (counted by
             the tasks as ``set_up_again``: evictions.py).
+        table: the planning task's ChannelTable when a task plans: the pairs it sends on are
+            offered with their credit region (ChannelTable.offer_senders), and it binds its
+            halves from the receiver's answer (bind_offered).
     Returns:
         ``({channel key: fabric}, {recv task: bytes registered there})``.
     Raises:
@@ -87,19 +107,36 @@ def open_channels(call, instance, transfers, region_bytes, function="", marked=(
 
     def open_receiver(recv_task):
         senders = pairs[recv_task]
-        request = {"op": "open_pairs", "instance": instance, "pairs": [
-            {"sender": s, "bytes": region_bytes[ts[0].region],
-             "channels": [_channel_entry(t, scope) for t in ts]} for s, ts in senders.items()]}
-        if again:
-            request["again"] = True
+        entries = [{"sender": s, "bytes": region_bytes[ts[0].region],
+                    "channels": [_channel_entry(t, scope) for t in ts]}
+                   for s, ts in senders.items()]
+        offered = None  # this task's credit region for the pair it sends on, offered
         try:
-            return call(recv_task, request)["pairs"]
+            if table is not None and table.task in senders and table.task != recv_task:
+                offered = table.offer_senders(recv_task, len(senders[table.task]))
+                mine = next(e for e in entries if e["sender"] == table.task)
+                mine["offer"] = {"address": table.domain.address,
+                                 "credit": offered.descriptor.hex()}
+            request = {"op": "open_pairs", "instance": instance, "pairs": entries}
+            if again:
+                request["again"] = True
+            done = call(recv_task, request)["pairs"]
         except Exception as e:
+            if offered is not None:  # the receiver may hold it: its span waits out late writes
+                offered.close()
             refused = ProtocolError(f"receiving task {recv_task} could not set up channels "
                                     f"from {', '.join(senders)}: {e}")
             if getattr(e, "kind", "") == "RegionError":
                 refused.over_budget = recv_task
             raise refused from None
+        if offered is not None:
+            opened = next(d for d in done if d["sender"] == table.task)
+            try:
+                table.bind_offered(recv_task, offered, opened)
+            except Exception as e:
+                raise ProtocolError(f"task {table.task} could not bind its sending halves to "
+                                    f"{recv_task}: {e}") from None
+        return done
 
     try:
         opened = in_parallel(open_receiver, pairs)

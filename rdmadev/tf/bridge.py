@@ -97,7 +97,7 @@ def rewrites(partitions, function="", marked=(), task=""):
         fabrics, registered = evictions.open_within_budget(
             rt.call, instance, [t for t in swap if t.halves == "both"],
             {r.region_id: r.bytes for r in plan.regions}, function, marked,
-            lineage_scope(function))
+            lineage_scope(function), table=rt.table)
     except ProtocolError as e:
         if e.over_budget is None:
             raise
