@@ -24,6 +24,7 @@ from graph_pass.plan import Config as PlanConfig, Transfer
 from graph_pass.plan_regions import plan_regions
 from rdmadev import Config, _core
 from rdmadev.cluster import channels, growth, half_pairs, runtime
+from rdmadev.cluster.opening import LAYOUT_FIELDS
 from rdmadev.errors import ProtocolError
 from rdmadev.testing import faults, launch
 from rdmadev.testing.pair import bind_local, ring_layout
@@ -195,6 +196,20 @@ def test_the_planner_as_sender_offers_its_credit_and_nothing_calls_it_back(world
         assert served == []
     finally:
         rt.table.attach_senders = attach
+
+
+@pytest.mark.parametrize("offer", [["x"], {"address": 1, "credit": "00"}, {"address": "x"}])
+def test_a_malformed_offer_is_refused_before_anything_is_allocated(world, offer):
+    rt, _ = world
+    _, swap, regions = plan([(W1, PS)])
+    t = swap[0]
+    entry = {"sender": W1, "bytes": regions[t.region], "offer": offer, "channels": [
+        {"key": t.channel_key, "lineage": "0" * 16, **{f: getattr(t, f) for f in LAYOUT_FIELDS}}]}
+    before = rt.call(PS, {"op": "counters"})
+    with pytest.raises(Exception, match="malformed offer of sender.*nothing was allocated"):
+        rt.call(PS, {"op": "open_pairs", "instance": "malformed", "pairs": [entry]})
+    after = rt.call(PS, {"op": "counters"})
+    assert (after["regions"], after["registered_bytes"]) == (before["regions"], before["registered_bytes"])
 
 
 def test_the_planner_as_neither_end(world):

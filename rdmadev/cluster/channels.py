@@ -151,6 +151,12 @@ class ChannelTable:
         def open_one(entry):  # an offer is used once: recovery meets a pair again afresh
             entry = dict(entry)
             offer = entry.pop("offer", None)
+            if offer is not None and not (type(offer) is dict and all(
+                    type(offer.get(k)) is str for k in ("address", "credit"))):
+                raise ProtocolError(f"task {self.task} got a malformed offer of sender "
+                                    f"{entry.get('sender')!r}: {str(offer)[:80]!r}; nothing "
+                                    "was allocated",
+                                    hint="run the same rdmadev version in every task")
             return self.growth.open_as_learned(instance, entry, offer=offer)
         opened = in_parallel(open_one, r["pairs"])
         with self.lock:
