@@ -6,7 +6,7 @@ planned and makes one ``attach_senders`` call per sender; the sender attaches th
 once, allocates one credit region for the pair (a cache line per channel) and binds its
 senders; the receiver binds its receivers. A planner that is itself the sender offers its
 credit region in ``open_pairs`` and binds its senders from the answer, so no call comes back
-(``offer_senders``, ``bind_offered``). The TF kernels find both halves by channel key in the
+(``credit_region``, ``bind_offered``). The TF kernels find both halves by channel key in the
 process-wide native table, where they live until released (``release`` requests from the
 planner's instances.py, a dead peer, or this table closing).
 
@@ -204,7 +204,7 @@ class ChannelTable:
         """For the parts: sets up pair `p` (an open_pairs entry) of `instance` as it is laid
         out, its sender attaching with request `attach` (Growth.open_as_learned lays it out
         with the slots its channels learned first); or, given the sender's `offer` (its
-        ``{"address", "credit"}``: the sender planned the pair, offer_senders), with no call:
+        ``{"address", "credit"}``: the sender planned the pair, credit_region), with no call:
         the sender binds its halves from what this returns (bind_offered).
 
         Returns:
@@ -274,22 +274,14 @@ class ChannelTable:
         receiver, channels = r["receiver"], r["channels"]
         ep = self._endpoint(r["address"], receiver)
         ring = ep.attach(bytes.fromhex(r["ring"]))
-        credit = self._credit_region(receiver, len(channels))
+        credit = self.credit_region(receiver, len(channels))
         self._bind_senders(receiver, ep, ring, channels, credit, hold)
         return {"address": self.domain.address, "credit": credit.descriptor.hex(),
                 "fabric": ep.fabric}
 
-    def offer_senders(self, receiver, n):
-        """For the planner (opening.py), when this task sends on a pair it planned: the
-        pair's credit region for its `n` channels, offered to `receiver` in open_pairs (as
-        ``{"address", "credit"}``) so that it binds its halves without calling back.
-        bind_offered binds this task's halves once it answered; close the region should
-        the request fail."""
-        return self._credit_region(receiver, n)
-
     def bind_offered(self, receiver, credit, opened):
         """For the planner: binds the sending halves of the pair `receiver` opened from this
-        task's offer (`credit`: offer_senders; `opened`: open_pair's result), as
+        task's offer (`credit`: credit_region; `opened`: open_pair's result), as
         attach_senders binds them. On failure `credit` is closed."""
         try:
             ep = self._endpoint(opened["address"], receiver)
@@ -299,9 +291,12 @@ class ChannelTable:
             raise
         self._bind_senders(receiver, ep, ring, opened["channels"], credit)
 
-    def _credit_region(self, receiver, n):
+    def credit_region(self, receiver, n):
         """The credit region of a pair of `n` channels sent to `receiver` (a cache line
-        each), which the receiver alone may write."""
+        each), which the receiver alone may write. The planner (opening.py) allocates it
+        for a pair it sends on and offers it in open_pairs (``{"address", "credit"}``), so
+        the receiver binds its halves without calling back; bind_offered binds this task's
+        once it answered, and the planner closes it should the request fail."""
         return self.domain.allocate(_core.CREDIT_BYTES * n, label=f"credit<-{receiver}",
                                     grant=[domain_identity(receiver)])
 

@@ -91,7 +91,7 @@ def open_channels(call, instance, transfers, region_bytes, function="", marked=(
         again: the instantiation's channels were evicted and are set up again (counted by
             the tasks as ``set_up_again``: evictions.py).
         table: the planning task's ChannelTable when a task plans: the pairs it sends on are
-            offered with their credit region (ChannelTable.offer_senders), and it binds its
+            offered with their credit region (ChannelTable.credit_region), and it binds its
             halves from the receiver's answer (bind_offered).
     Returns:
         ``({channel key: fabric}, {recv task: bytes registered there})``.
@@ -113,7 +113,7 @@ def open_channels(call, instance, transfers, region_bytes, function="", marked=(
         offered = None  # this task's credit region for the pair it sends on, offered
         try:
             if table is not None and table.task in senders and table.task != recv_task:
-                offered = table.offer_senders(recv_task, len(senders[table.task]))
+                offered = table.credit_region(recv_task, len(senders[table.task]))
                 mine = next(e for e in entries if e["sender"] == table.task)
                 mine["offer"] = {"address": table.domain.address,
                                  "credit": offered.descriptor.hex()}
