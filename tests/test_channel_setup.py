@@ -198,6 +198,43 @@ def test_the_planner_as_sender_offers_its_credit_and_nothing_calls_it_back(world
         rt.table.attach_senders = attach
 
 
+def test_the_planner_sets_up_both_ways_with_a_task_in_one_request(world):
+    """A planner that sends to a task and receives from it (a worker whose step reads and
+    updates a variable on the ps) sends that task one request: its open_pairs carries the
+    planner's attach_senders, so the pair each way is set up in one round trip and the
+    planner's own open_pairs is served in its process. A pair from a task it does not send to
+    is attached as before. Refused there, the planner's ring and offered credit go."""
+    rt, _ = world
+    before = rt.table.domain.region_stats[0]
+    _, swap, regions = plan([(W1, PS), (PS, W1), (W0, W1)])
+    log, own_log = [], []
+    rt.table.call = counting(rt.call, own_log)
+    try:
+        fabrics, registered = channels.open_channels(counting(rt.call, log), "both-ways", swap,
+                                                     regions, table=rt.table)
+    finally:
+        rt.table.call = rt.call
+    assert log == [(PS, "open_pairs")] and own_log == [(W0, "attach_senders")]
+    assert set(fabrics) == {t.channel_key for t in swap}
+    assert set(registered) == {PS, W1}
+    for i, t in enumerate(swap):
+        assert exchange(rt, t, count=2 * SLOTS + 1, seed=31 + i) == [], t.channel_key
+    for task in (PS, W0, W1):
+        rt.call(task, {"op": "release", "keys": [t.channel_key for t in swap], "half": "both"})
+    assert wait_until(lambda: rt.table.domain.region_stats[0] == before, 30, 0.1), \
+        rt.table.domain.region_stats
+
+    _, swap, regions = plan([(W1, PS), (PS, W1)])
+    to_ps = next(t.region for t in swap if t.recv_task == PS)
+    with pytest.raises(ProtocolError, match=f"receiving task {PS}.*is not what the plan gives"):
+        channels.open_channels(rt.call, "both-ways-refused", swap,
+                               {k: b * (1000 if k == to_ps else 1) for k, b in regions.items()},
+                               table=rt.table)
+    assert wait_until(lambda: rt.table.domain.region_stats[0] == before, 30, 0.1), \
+        rt.table.domain.region_stats
+    assert not rt.table.still_received("both-ways-refused")
+
+
 @pytest.mark.parametrize("offer", [["x"], {"address": 1, "credit": "00"}, {"address": "x"}])
 def test_a_malformed_offer_is_refused_before_anything_is_allocated(world, offer):
     rt, _ = world

@@ -6,15 +6,20 @@ planned and makes one ``attach_senders`` call per sender; the sender attaches th
 once, allocates one credit region for the pair (a cache line per channel) and binds its
 senders; the receiver binds its receivers. A planner that is itself the sender offers its
 credit region in ``open_pairs`` and binds its senders from the answer, so no call comes back
-(``credit_region``, ``bind_offered``). The TF kernels find both halves by channel key in the
-process-wide native table, where they live until released (``release`` requests from the
-planner's instances.py, a dead peer, or this table closing).
+(``credit_region``, ``bind_offered``); one that also receives from that task serves its own
+open_pairs in its process and carries its attach_senders there in that request (``"attach"``).
+The TF kernels find both halves by channel key in the process-wide native table, where they
+live until released (``release`` requests from the planner's instances.py, a dead peer, or
+this table closing).
 
     planner --open_pairs--> receiver --attach_senders--> sender
             <--------------          <----------------
 
     planner = sender --open_pairs + credit--> receiver
                      <------- ring -----------
+
+    planner = sender and receiver --open_pairs + credit + attach--> peer
+                                  <-------- ring + credit ---------
 
 A TF1 task plans only its own half of each pair; such halves meet through the receiver
 (``want_halves``/``offer_halves``: half_pairs.py), and their kernels own them. A dynamic
@@ -137,11 +142,17 @@ class ChannelTable:
 
     # -- receiving task --
 
-    def open_pairs(self, r):
-        """Sets up every pair of request `r` whose receiver is this task (senders in parallel).
+    def open_pairs(self, r, via=None):
+        """Sets up every pair of request `r` whose receiver is this task (senders in parallel);
+        then, if `r` carries ``"attach"`` (an attach_senders request of the planner, which
+        sends to this task and receives from it), binds the sending halves it asks for.
+        `via` (for the planner, in its own process): ``{sender: fn(attach request) ->
+        answer}``, how this task's attach reaches those senders (carried in the planner's
+        open_pairs to them: opening.py).
 
         Returns:
-            ``{"pairs": [{"sender", "fabric", "registered"}, ...]}`` in request order.
+            ``{"pairs": [{"sender", "fabric", "registered"}, ...]}`` in request order, and
+            ``"attached"`` (attach_senders' answer) when `r` carried ``"attach"``.
         """
         if self.call is None:
             raise ConfigError(f"task {self.task} cannot set up channels: its ChannelTable has no "
@@ -157,7 +168,8 @@ class ChannelTable:
                                     f"{entry.get('sender')!r}: {str(offer)[:80]!r}; nothing "
                                     "was allocated",
                                     hint="run the same rdmadev version in every task")
-            return self.growth.open_as_learned(instance, entry, offer=offer)
+            return self.growth.open_as_learned(instance, entry, offer=offer,
+                                               via=(via or {}).get(entry.get("sender")))
         opened = in_parallel(open_one, r["pairs"])
         with self.lock:
             self.received.setdefault(instance, []).extend(p for p, _ in opened)
@@ -166,7 +178,10 @@ class ChannelTable:
         planner = session()
         if planner is not None:  # released here should the planner die before it asks
             planner.hold(("pairs", instance), functools.partial(self._release_received, instance))
-        return {"pairs": [done for _, done in opened]}
+        answer = {"pairs": [done for _, done in opened]}
+        if "attach" in r:  # after the pairs: one refused past the budget attached nothing
+            answer["attached"] = self.attach_senders(r["attach"])
+        return answer
 
     def received_from(self, sender):
         """For the parts: ``[(instance, pair)]`` of the pairs from `sender` that instantiations
@@ -200,12 +215,14 @@ class ChannelTable:
         else:
             notify()
 
-    def open_pair(self, instance, p, attach="attach_senders", offer=None):
+    def open_pair(self, instance, p, attach="attach_senders", offer=None, via=None):
         """For the parts: sets up pair `p` (an open_pairs entry) of `instance` as it is laid
         out, its sender attaching with request `attach` (Growth.open_as_learned lays it out
-        with the slots its channels learned first); or, given the sender's `offer` (its
-        ``{"address", "credit"}``: the sender planned the pair, credit_region), with no call:
-        the sender binds its halves from what this returns (bind_offered).
+        with the slots its channels learned first), sent by ``via(request)`` if given (the
+        planner carries it in its own request to the sender: open_pairs), else called; or,
+        given the sender's `offer` (its ``{"address", "credit"}``: the sender planned the
+        pair, credit_region), with no call: the sender binds its halves from what this
+        returns (bind_offered).
 
         Returns:
             ``{"sender", "fabric", "registered"}``, and with an offer ``"address"``, ``"ring"``
@@ -226,7 +243,7 @@ class ChannelTable:
             self.growth.track(channels)
         try:
             try:
-                sent = offer or self.call(sender, {
+                sent = offer or (via or functools.partial(self.call, sender))({
                     "op": attach, "receiver": self.task, "address": self.domain.address,
                     "ring": region.descriptor.hex(), "channels": channels})
             except Exception as e:

@@ -165,7 +165,7 @@ class Growth:
             channels, size = laid_out(p["channels"], self.learned)
         return {**p, "channels": channels, "bytes": size}
 
-    def open_as_learned(self, instance, planned, attach="attach_senders", offer=None):
+    def open_as_learned(self, instance, planned, attach="attach_senders", offer=None, via=None):
         """ChannelTable.open_pair of pair `planned` laid out with the slots its channels learned
         (with_learned), or as planned if that larger region cannot be registered (past
         RDMADEV_MAX_REGISTERED_BYTES): learned slots spare a staged transfer, they never cost
@@ -173,11 +173,11 @@ class Growth:
         p = self.with_learned(planned)
         if p is not planned:
             try:
-                return p, self.table.open_pair(instance, p, attach, offer)
-            except RegionError as e:  # refused before the offer was used
+                return p, self.table.open_pair(instance, p, attach, offer, via)
+            except RegionError as e:  # refused before the offer or `via` was used
                 log.info("rdmadev: the pair from %s is set up with its planned slots, not the "
                          "%d bytes its channels grew to: %s", p["sender"], p["bytes"], e)
-        return planned, self.table.open_pair(instance, planned, attach, offer)
+        return planned, self.table.open_pair(instance, planned, attach, offer, via)
 
     def learn(self, key, layout):
         """Keeps `layout`, to which the receiving half `key` grew, for its lineage: the larger

@@ -5,7 +5,9 @@ Each receiving task gets one ``open_pairs`` request (receivers in parallel). A p
 sender is the planning task (a worker instantiating a step that updates the ps) is offered in
 it with the sender's credit region, so the receiver binds its halves and answers with its ring,
 and the planner binds its own: one round trip. For any other pair the receiver makes one
-``attach_senders`` call to the sender (senders in parallel).
+``attach_senders`` call to the sender (senders in parallel), except that the planner's own
+call to a task it also sends to rides in the ``open_pairs`` it sends there (``"attach"``): a
+worker whose step reads and updates the ps sets the step up in one round trip to the ps.
 
 Example:
     >>> fabrics, registered = open_channels(rt.call, instance, swapped, region_bytes)
@@ -77,7 +79,9 @@ def open_channels(call, instance, transfers, region_bytes, function="", marked=(
                   again=False, table=None):
     """Sets up the channels of an instantiation's swapped transfers: one ``open_pairs``
     request per receiving task (in parallel), one ``attach_senders`` round trip from each
-    receiver to each of its senders (in parallel) but the planning task.
+    receiver to each of its senders (in parallel) but the planning task. A planning task
+    sends one request to each peer: it offers the pairs it sends on, and carries its own
+    attach_senders to a peer that also receives from it in the open_pairs it sends there.
 
     Args:
         call: ``call(task, request) -> result`` (``Runtime.call``).
@@ -92,7 +96,8 @@ def open_channels(call, instance, transfers, region_bytes, function="", marked=(
             the tasks as ``set_up_again``: evictions.py).
         table: the planning task's ChannelTable when a task plans: the pairs it sends on are
             offered with their credit region (ChannelTable.credit_region), and it binds its
-            halves from the receiver's answer (bind_offered).
+            halves from the receiver's answer (bind_offered); its own open_pairs is served
+            here, its attach_senders carried to the peers it sends to (``"attach"``).
     Returns:
         ``({channel key: fabric}, {recv task: bytes registered there})``.
     Raises:
@@ -105,41 +110,66 @@ def open_channels(call, instance, transfers, region_bytes, function="", marked=(
     for t in transfers:
         pairs.setdefault(t.recv_task, {}).setdefault(t.send_task, []).append(t)
 
-    def open_receiver(recv_task):
+    planner = table.task if table is not None else None
+    # A task the planner both sends to and receives from gets one request: the planner's own
+    # open_pairs (served in this process) carries its attach_senders to that task in the
+    # open_pairs it sends there (ChannelTable.open_pairs' `via`).
+    carried = [s for s in pairs.get(planner, ()) if s in pairs and s != planner]
+    answers, carried_failures = {}, {}
+
+    def open_receiver(recv_task, attach=None):
         senders = pairs[recv_task]
         entries = [{"sender": s, "bytes": region_bytes[ts[0].region],
                     "channels": [_channel_entry(t, scope) for t in ts]}
                    for s, ts in senders.items()]
         offered = None  # this task's credit region for the pair it sends on, offered
         try:
-            if table is not None and table.task in senders and table.task != recv_task:
-                offered = table.credit_region(recv_task, len(senders[table.task]))
-                mine = next(e for e in entries if e["sender"] == table.task)
+            if planner in senders and planner != recv_task:
+                offered = table.credit_region(recv_task, len(senders[planner]))
+                mine = next(e for e in entries if e["sender"] == planner)
                 mine["offer"] = {"address": table.domain.address,
                                  "credit": offered.descriptor.hex()}
             request = {"op": "open_pairs", "instance": instance, "pairs": entries}
             if again:
                 request["again"] = True
-            done = call(recv_task, request)["pairs"]
+            if attach is not None:
+                request["attach"] = attach
+            if recv_task == planner and carried:
+                answer = table.open_pairs(request, via={s: carry(s) for s in carried})
+            else:
+                answer = call(recv_task, request)
         except Exception as e:
             if offered is not None:  # the receiver may hold it: its span waits out late writes
                 offered.close()
+            failed = next((carried_failures[s] for s in carried if s in carried_failures), None)
+            if recv_task == planner and failed is not None:  # the carrying request's own
+                raise failed from None
             refused = ProtocolError(f"receiving task {recv_task} could not set up channels "
                                     f"from {', '.join(senders)}: {e}")
             if getattr(e, "kind", "") == "RegionError":
                 refused.over_budget = recv_task
             raise refused from None
         if offered is not None:
-            opened = next(d for d in done if d["sender"] == table.task)
+            opened = next(d for d in answer["pairs"] if d["sender"] == planner)
             try:
                 table.bind_offered(recv_task, offered, opened)
             except Exception as e:
-                raise ProtocolError(f"task {table.task} could not bind its sending halves to "
+                raise ProtocolError(f"task {planner} could not bind its sending halves to "
                                     f"{recv_task}: {e}") from None
-        return done
+        answers[recv_task] = answer["pairs"]
+        return answer
+
+    def carry(sender):
+        def via(attach):  # the planner's attach_senders to `sender`, in its open_pairs there
+            try:
+                return open_receiver(sender, attach)["attached"]
+            except Exception as e:
+                carried_failures[sender] = e
+                raise
+        return via
 
     try:
-        opened = in_parallel(open_receiver, pairs)
+        in_parallel(open_receiver, [t for t in pairs if t not in carried])
     except Exception:
         # Pairs that did open would otherwise stay bound: nothing will ever use them. No step
         # ran on them (the instantiation is still being planned, or waits at its gate to be
@@ -155,7 +185,7 @@ def open_channels(call, instance, transfers, region_bytes, function="", marked=(
         raise
     instances.track(call, instance, transfers, function, marked)
     fabrics, registered = {}, {}
-    for recv_task, done in zip(pairs, opened):
+    for recv_task, done in answers.items():
         for p in done:
             for t in pairs[recv_task][p["sender"]]:
                 fabrics[t.channel_key] = p["fabric"]
