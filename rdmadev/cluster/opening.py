@@ -162,7 +162,12 @@ def open_channels(call, instance, transfers, region_bytes, function="", marked=(
     def carry(sender):
         def via(attach):  # the planner's attach_senders to `sender`, in its open_pairs there
             try:
-                return open_receiver(sender, attach)["attached"]
+                answer = open_receiver(sender, attach)
+                if "attached" not in answer:
+                    raise ProtocolError(f"task {sender} set up its pairs but not the attach "
+                                        "carried with them",
+                                        hint="run the same rdmadev version in every task")
+                return answer["attached"]
             except Exception as e:
                 carried_failures[sender] = e
                 raise
