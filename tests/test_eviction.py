@@ -227,6 +227,57 @@ def test_a_plan_larger_than_the_budget_runs_on_grpc_and_says_why(cluster):
     assert len(warned) == 1 and "RDMADEV_MAX_REGISTERED_BYTES" in warned[0], proc.stderr[-4000:]
 
 
+#: A ParameterServerStrategy step that reads a 1 MiB ps variable on worker 0: the worker plans
+#: it, and the pair's ring (on the worker itself) is past the worker's own budget.
+WORKER_OVER_BUDGET = """
+import json, socket, sys
+import tensorflow as tf
+import rdmadev
+from graph_pass.devices import task_name
+from rdmadev.cluster import runtime
+spec = json.loads(sys.argv[1])
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    full = dict(spec, chief=[f"127.0.0.1:{s.getsockname()[1]}"])
+resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+    tf.train.ClusterSpec(full), task_type="chief", task_id=0, rpc_layer="grpc")
+strategy = tf.distribute.ParameterServerStrategy(resolver)
+coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+rt = runtime.start(spec)
+with strategy.scope():
+    v = tf.Variable(tf.ones([512, 512]))
+
+@rdmadev.optimize
+@tf.function
+def step():
+    return strategy.run(lambda: tf.reduce_sum(v * 2.0))
+
+out = [coordinator.schedule(step) for _ in range(3)]
+coordinator.join()
+reports = [r for w in range(len(spec["worker"])) for r in rt.call(task_name("worker", w), {"op": "reports"})]
+print("RESULT " + json.dumps({"sums": [float(r.fetch()) for r in out], "reports": reports}))
+"""
+
+
+@pytest.mark.tf
+def test_a_worker_past_its_own_budget_runs_the_step_on_grpc(cluster):
+    """A ParameterServerStrategy worker plans its instantiation in its own process: when the
+    ring it would receive into is past its own RDMADEV_MAX_REGISTERED_BYTES, the step runs on
+    TF's path, as TF would run it, and the worker's report says why (it failed the
+    instantiation with FailedPrecondition before: the refusal, raised in the planner's own
+    process, had no `kind` to read)."""
+    proc = subprocess.run([sys.executable, "-c", WORKER_OVER_BUDGET, json.dumps(cluster.spec)],
+                          capture_output=True, text=True, timeout=DRIVER_TIMEOUT_S,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **ENV})
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, (proc.stdout + proc.stderr)[-4000:]
+    r = json.loads(lines[-1][len("RESULT "):])
+    assert r["sums"] == [2.0 * 512 * 512] * 3
+    kept = [k for rep in r["reports"] for k in rep["kept"]]
+    assert kept and all(k[2] == "over_budget" for k in kept), r["reports"]
+    assert not any(rep["swapped"] for rep in r["reports"]), r["reports"]
+
+
 @pytest.mark.tf
 def test_setting_up_again_fails_with_the_error_class_a_step_would():
     """TF's retrying callers read the class: a task gone is Unavailable, no room left is TF's

@@ -16,7 +16,7 @@ import hashlib
 import logging
 import threading
 
-from ..errors import ProtocolError
+from ..errors import ProtocolError, RegionError
 from . import instances
 
 __all__ = ["open_channels", "in_parallel", "lineage", "LAYOUT_FIELDS"]
@@ -146,7 +146,9 @@ def open_channels(call, instance, transfers, region_bytes, function="", marked=(
                 raise failed from None
             refused = ProtocolError(f"receiving task {recv_task} could not set up channels "
                                     f"from {', '.join(senders)}: {e}")
-            if getattr(e, "kind", "") == "RegionError":
+            # Past the budget: a peer's refusal names its class (kind), the planner's own
+            # open_pairs (served in this process) raises it.
+            if getattr(e, "kind", "") == "RegionError" or isinstance(e, RegionError):
                 refused.over_budget = recv_task
             raise refused from None
         if offered is not None:
