@@ -211,16 +211,21 @@ print("RESULT " + json.dumps({"sum": float(tf.reduce_sum(v)), "report": step.rep
 """
 
 
-@pytest.mark.tf
-def test_a_plan_larger_than_the_budget_runs_on_grpc_and_says_why(cluster):
-    """Where rdmadev has no room it keeps TF's path, as TF would run the step: the report
-    names the reason and one WARNING the task and the fix."""
-    proc = subprocess.run([sys.executable, "-c", TOO_BIG, json.dumps(cluster.spec)],
+def _drive(script, cluster):
+    """Runs coordinator `script` against `cluster`: (its RESULT line's object, the process)."""
+    proc = subprocess.run([sys.executable, "-c", script, json.dumps(cluster.spec)],
                           capture_output=True, text=True, timeout=DRIVER_TIMEOUT_S,
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **ENV})
     lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, (proc.stdout + proc.stderr)[-4000:]
-    r = json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT "):]), proc
+
+
+@pytest.mark.tf
+def test_a_plan_larger_than_the_budget_runs_on_grpc_and_says_why(cluster):
+    """Where rdmadev has no room it keeps TF's path, as TF would run the step: the report
+    names the reason and one WARNING the task and the fix."""
+    r, proc = _drive(TOO_BIG, cluster)
     assert r["sum"] == 3.0 * 512 * 512
     assert "0 transfers swapped" in r["report"] and "(over_budget)" in r["report"], r["report"]
     warned = [l for l in proc.stderr.splitlines() if "stays on gRPC" in l]
@@ -266,12 +271,7 @@ def test_a_worker_past_its_own_budget_runs_the_step_on_grpc(cluster):
     TF's path, as TF would run it, and the worker's report says why (it failed the
     instantiation with FailedPrecondition before: the refusal, raised in the planner's own
     process, had no `kind` to read)."""
-    proc = subprocess.run([sys.executable, "-c", WORKER_OVER_BUDGET, json.dumps(cluster.spec)],
-                          capture_output=True, text=True, timeout=DRIVER_TIMEOUT_S,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **ENV})
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, (proc.stdout + proc.stderr)[-4000:]
-    r = json.loads(lines[-1][len("RESULT "):])
+    r, _ = _drive(WORKER_OVER_BUDGET, cluster)
     assert r["sums"] == [2.0 * 512 * 512] * 3
     kept = [k for rep in r["reports"] for k in rep["kept"]]
     assert kept and all(k[2] == "over_budget" for k in kept), r["reports"]
