@@ -141,6 +141,18 @@ def settled(rt, task):
     return now()
 
 
+def release(rt, swap, tasks=(PS, W0, W1)):
+    """Releases both halves of `swap`'s channels on each of `tasks`."""
+    for task in tasks:
+        rt.call(task, {"op": "release", "keys": [t.channel_key for t in swap], "half": "both"})
+
+
+def regions_back_to(rt, before):
+    """Asserts this task's Domain holds `before` regions again within 30 s."""
+    assert wait_until(lambda: rt.table.domain.region_stats[0] == before, 30, 0.1), \
+        rt.table.domain.region_stats
+
+
 def test_one_round_trip_per_pair_and_the_channels_carry_data(world):
     rt, _ = world
     p, swap, regions = plan(PAIRS)
@@ -182,17 +194,14 @@ def test_the_planner_as_sender_offers_its_credit_and_nothing_calls_it_back(world
         for i, t in enumerate(swap):
             assert exchange(rt, t, count=2 * SLOTS + 1, seed=11 + i) == [], t.channel_key
         assert rt.table.domain.region_stats[0] == before + 2  # a credit region per pair
-        for task in (PS, W0, W1):
-            rt.call(task, {"op": "release", "keys": [t.channel_key for t in swap], "half": "both"})
-        assert wait_until(lambda: rt.table.domain.region_stats[0] == before, 30, 0.1), \
-            rt.table.domain.region_stats
+        release(rt, swap)
+        regions_back_to(rt, before)
 
         _, swap, regions = plan([(W1, PS)])
         with pytest.raises(ProtocolError, match=f"receiving task {PS}.*is not what the plan gives"):
             channels.open_channels(rt.call, "offer-refused", swap,
                                    {k: b * 1000 for k, b in regions.items()}, table=rt.table)
-        assert wait_until(lambda: rt.table.domain.region_stats[0] == before, 30, 0.1), \
-            rt.table.domain.region_stats
+        regions_back_to(rt, before)
         assert served == []
     finally:
         rt.table.attach_senders = attach
@@ -219,10 +228,8 @@ def test_the_planner_sets_up_both_ways_with_a_task_in_one_request(world):
     assert set(registered) == {PS, W1}
     for i, t in enumerate(swap):
         assert exchange(rt, t, count=2 * SLOTS + 1, seed=31 + i) == [], t.channel_key
-    for task in (PS, W0, W1):
-        rt.call(task, {"op": "release", "keys": [t.channel_key for t in swap], "half": "both"})
-    assert wait_until(lambda: rt.table.domain.region_stats[0] == before, 30, 0.1), \
-        rt.table.domain.region_stats
+    release(rt, swap)
+    regions_back_to(rt, before)
 
     _, swap, regions = plan([(W1, PS), (PS, W1)])
     to_ps = next(t.region for t in swap if t.recv_task == PS)
@@ -230,8 +237,7 @@ def test_the_planner_sets_up_both_ways_with_a_task_in_one_request(world):
         channels.open_channels(rt.call, "both-ways-refused", swap,
                                {k: b * (1000 if k == to_ps else 1) for k, b in regions.items()},
                                table=rt.table)
-    assert wait_until(lambda: rt.table.domain.region_stats[0] == before, 30, 0.1), \
-        rt.table.domain.region_stats
+    regions_back_to(rt, before)
     assert not rt.table.still_received("both-ways-refused")
 
 
@@ -322,8 +328,7 @@ def test_registered_memory_past_the_task_limit_is_refused_naming_the_setting(wor
         assert exchange(rt, swap[0], count=SLOTS + 1, seed=5) == []
     finally:
         rt.table.config = config
-        for task in (W0, W1):
-            rt.call(task, {"op": "release", "keys": [t.channel_key for t in swap], "half": "both"})
+        release(rt, swap, (W0, W1))
 
 
 def test_an_unreachable_receiver_is_named(world):
@@ -921,8 +926,7 @@ def test_a_pair_set_up_again_after_a_cut_keeps_the_slots_its_channel_grew_to(wor
             if t is not grows:
                 assert exchange(rt, t, count=3 * SLOTS, seed=14 + i) == [], t.channel_key
     finally:
-        for task in (PS, W1):
-            rt.call(task, {"op": "release", "keys": [t.channel_key for t in swap], "half": "both"})
+        release(rt, swap, (PS, W1))
     assert not any(t.channel_key in rt.table.growth.lineage_of for t in swap)
 
 
@@ -1155,5 +1159,4 @@ def test_pairs_cut_again_and_again_hold_what_they_held_after_the_first(world):
             # the recovery's threads end, and heartbeats a cut stopped start, within seconds
             assert wait_until(lambda: now() == first, 60), (cut, first, now())
     finally:
-        for task in (PS, W1):
-            rt.call(task, {"op": "release", "keys": [t.channel_key for t in swap], "half": "both"})
+        release(rt, swap, (PS, W1))
