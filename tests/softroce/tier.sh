@@ -39,7 +39,8 @@
 # up on (test_channel), the other dtypes and ranks of a dynamic channel, a bundle's gaps and a
 # mismatched bundle, staged records that do not add up, loops over labelled pairs, the other
 # unbinding cases, kept buffers for large copied receives (test_tf_ops; 3:19 alone here),
-# and test_channel_setup's control-plane cases: planners as neither end or receiver only,
+# and test_channel_setup's control-plane cases: planners as neither end, receiver only, sender
+# offering its credit region or both ways in one request, malformed offers,
 # sender failures, regions not as planned, unreachable receivers, killed planners, half pairs
 # (met first, again after a cut, past the limit, never planned), growth limits and learned
 # slots (lineages), channels that cannot be set up again, and cuts repeated four times.
