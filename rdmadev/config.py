@@ -1,6 +1,6 @@
 """Configuration from environment variables: the one place rdmadev reads them. Generic
 settings are validated here, with messages that name the variable and the fix; the settings
-of one fabric (RDMADEV_DEVICE, RDMADEV_PORT, RDMADEV_GID_INDEX) travel as that fabric's
+of one fabric (RDMADEV_DEVICE, RDMADEV_PORT, RDMADEV_GID_INDEX, RDMADEV_ACK_TIMEOUT) travel as that fabric's
 options (`Config.fabric_options()`, "<fabric>.<key>" -> text) and the fabric validates them
 (the native core's <fabric>_options.h); `with_variable_names` makes its errors name the
 variable.
@@ -55,6 +55,7 @@ VARIABLES = (
     ("RDMADEV_DEVICE", "(auto)", "RDMA device for the verbs fabric (e.g. mlx5_0, rxe0); default: the first device with an ACTIVE port."),
     ("RDMADEV_PORT", "(auto)", "Port of RDMADEV_DEVICE (1-based); default: its first ACTIVE port."),
     ("RDMADEV_GID_INDEX", "(auto)", "GID index on RoCE; default: the first RoCE v2 GID holding an IPv4 address, then other RoCE v2, then RoCE v1 (`rdmadev doctor` lists them)."),
+    ("RDMADEV_ACK_TIMEOUT", "16", "The verbs queue pairs' local ACK timeout, as the InfiniBand exponent n of 4.096 us * 2^n (1-18; 16 = 268 ms): a write not acknowledged within it is sent again, 6 times at most, and then fails its transfer, naming the peer as lost. Raise it (to 18 = 1.07 s) for Soft-RoCE (rdma_rxe) on loaded hosts, whose kernels acknowledge late: each timeout resends every unacknowledged packet, which loads the peer further. At most 18, so that a write lands or fails within 7.5 s, inside the 10 s a released channel's memory stays registered for late writes."),
 )
 
 # (variable, fabric option it sets, Config field holding its text). Read here, validated
@@ -63,6 +64,7 @@ FABRIC_OPTION_VARIABLES = (
     ("RDMADEV_DEVICE", "verbs.device", "device"),
     ("RDMADEV_PORT", "verbs.port", "port"),
     ("RDMADEV_GID_INDEX", "verbs.gid_index", "gid_index"),
+    ("RDMADEV_ACK_TIMEOUT", "verbs.ack_timeout", "ack_timeout"),
 )
 
 # Bytes the verbs fabric pins outside RDMADEV_MAX_REGISTERED_BYTES for each peer a task writes
@@ -282,6 +284,7 @@ class Config:
     device: object = None
     port: object = None
     gid_index: object = None
+    ack_timeout: object = None
     enabled: bool = True
     auto: bool = False
     control_port_offset: int = 10000

@@ -70,12 +70,12 @@ def test_auto_opens_viable_fabrics_in_priority_order():
 
 def test_config_reads_fabric_options_from_the_environment():
     cfg = rdmadev.Config.from_env({"RDMADEV_DEVICE": " rxe0 ", "RDMADEV_PORT": "1",
-                                   "RDMADEV_GID_INDEX": "3"})
+                                   "RDMADEV_GID_INDEX": "3", "RDMADEV_ACK_TIMEOUT": "18"})
     assert cfg.fabric_options() == {"verbs.device": "rxe0", "verbs.port": "1",
-                                    "verbs.gid_index": "3"}
+                                    "verbs.gid_index": "3", "verbs.ack_timeout": "18"}
     assert rdmadev.Config.from_env({}).fabric_options() == {}
     assert [var for var, _, _ in FABRIC_OPTION_VARIABLES] == [
-        "RDMADEV_DEVICE", "RDMADEV_PORT", "RDMADEV_GID_INDEX"]
+        "RDMADEV_DEVICE", "RDMADEV_PORT", "RDMADEV_GID_INDEX", "RDMADEV_ACK_TIMEOUT"]
 
 
 @pytest.mark.parametrize("var, value, what", [
@@ -83,6 +83,9 @@ def test_config_reads_fabric_options_from_the_environment():
     ("RDMADEV_PORT", "0", r"not an integer in \[1, 255\]"),
     ("RDMADEV_GID_INDEX", "70000", r"not an integer in \[0, 65535\]"),
     ("RDMADEV_GID_INDEX", "-2", r"not an integer in \[0, 65535\]"),
+    # 0 is "wait forever" to the NIC; past 18 a write may outlive the late-write grace.
+    ("RDMADEV_ACK_TIMEOUT", "0", r"not an integer in \[1, 18\]"),
+    ("RDMADEV_ACK_TIMEOUT", "19", r"not an integer in \[1, 18\]"),
 ])
 def test_bad_fabric_variable_reaches_the_verbs_validation_and_names_the_variable(var, value, what):
     # Config reads the text; the verbs fabric's parser judges it (even when only tcp opens:
@@ -103,7 +106,7 @@ def test_bad_fabric_variable_reaches_the_verbs_validation_and_names_the_variable
 def test_unknown_fabric_option_names_the_key_and_the_known_ones():
     with pytest.raises(rdmadev.ConfigError, match="unknown option 'verbs.colour'") as e:
         rdmadev.Domain("x", ["shm"], fabric_options={"verbs.colour": "blue"})
-    assert "verbs.device, verbs.port, verbs.gid_index" in str(e.value)
+    assert "verbs.device, verbs.port, verbs.gid_index, verbs.ack_timeout" in str(e.value)
     with pytest.raises(rdmadev.ConfigError, match="the shm fabric takes no options"):
         rdmadev.Domain("x", ["shm"], fabric_options={"shm.size": "1"})
     with pytest.raises(rdmadev.ConfigError, match="option 'ib.device' names no fabric"):
@@ -111,7 +114,8 @@ def test_unknown_fabric_option_names_the_key_and_the_known_ones():
 
 
 def test_valid_options_of_an_unopened_fabric_are_accepted():
-    opts = {"verbs.device": "rxe0", "verbs.port": "1", "verbs.gid_index": "0"}
+    opts = {"verbs.device": "rxe0", "verbs.port": "1", "verbs.gid_index": "0",
+            "verbs.ack_timeout": "18"}
     with rdmadev.Domain("x", ["shm"], fabric_options=opts) as dom:
         assert dom.fabrics == ["shm"]
 

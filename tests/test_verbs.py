@@ -124,6 +124,36 @@ def test_rdmadev_writes_into_a_pyverbs_mr(vdomain, secret, size):
     ep.close()
 
 
+@pytest.mark.parametrize("ack_timeout, least_s, most_s", [(12, 0.0, 3.0), (17, 3.0, 20.0)])
+def test_a_peer_that_stops_acknowledging_fails_the_write_after_the_ack_timeouts(
+        secret, ack_timeout, least_s, most_s):
+    """The pyverbs peer destroys its queue pair after one write, its side channel still
+    open (a host gone silent): the next write fails once its retries run out, (1 + 6) ACK
+    timeouts (RDMADEV_ACK_TIMEOUT: 117 ms at 12, 3.8 s at 17), long before the write's own
+    deadline. A retry count of 7, which rxe reads as forever, waited out the deadline."""
+    cfg = rdmadev.Config(fabric="verbs", secret=secret, ack_timeout=ack_timeout)
+    p = _pyverbs("mute", secret.hex(), 64 + 4096, 64, 4096, 77, 120)
+    try:
+        first = json.loads(p.stdout.readline())
+        with rdmadev.open_domain("test:verbs", cfg) as dom:
+            ep = dom.connect(first["address"], "verbs", timeout=60)
+            remote = ep.attach(bytes.fromhex(first["descriptor"]))
+            src = dom.allocate(4096)
+            np.frombuffer(src, np.uint8)[:] = np.frombuffer(_pyverbs_pattern(4096), np.uint8)
+            ep.write(src, 0, remote, 64, 4096, signal=(0, 77, 4096))
+            assert json.loads(p.stdout.readline()) == {"ok": True, "seq": 77, "aux": 4096}
+            assert json.loads(p.stdout.readline()) == {"muted": True}
+            t0 = time.monotonic()
+            with pytest.raises(rdmadev.PeerLostError, match="stopped acknowledging"):
+                ep.write(src, 0, remote, 64, 4096, signal=(0, 78, 4096), timeout=60)
+            assert least_s <= time.monotonic() - t0 < most_s
+            ep.close()
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err + out
+    finally:
+        p.kill()
+
+
 def test_memlock_too_low_says_how_much_and_how_to_raise():
     """Registration pins memory: with RLIMIT_MEMLOCK at 1 MiB (and CAP_IPC_LOCK dropped, as
     for any non-root user) a 64 MiB region's chunk fails with the numbers and the fix."""

@@ -61,7 +61,7 @@ constexpr double kReleasedGraceS = 5;
 // How long a receiving half unbound while its sender may still write stays retired, its
 // ring registered, when a write reaching a released ring would break the connection
 // (Endpoint::late_write_breaks: verbs). A write posted before the unbind lands, or fails,
-// within the queue pair's retry budget (~2.1 s, verbs_qp.h); one posted after it comes from a
+// within the queue pair's retry budget (~1.9 s by default, at most 7.5 s: verbs_qp.h); one posted after it comes from a
 // send already past its credit wait on the sender, whose half goes with the same release
 // (the planner tells every task) or with this task's notice (channels.py), one control round
 // trip later. 10 s (kLateWriteGraceS, region.h) covers both on a loaded host. Once the ring's

@@ -14,6 +14,10 @@ record (verbs_qp.h). Two modes, each printing one JSON line and exiting 0 on suc
       its SIZE bytes), prints {"address", "descriptor"} for rdmadev to connect to and attach,
       accepts one connection, then waits until the word at byte 0 of the region is SEQ and
       checks the pattern at OFFSET and aux (= LENGTH) at byte 8.
+  mute SECRET_HEX SIZE OFFSET LENGTH SEQ TIMEOUT
+      serve's checks, then destroys its queue pair and prints {"muted": true}: rdmadev's later
+      writes are never acknowledged (a host gone silent), while the side channel stays open
+      until rdmadev closes it (or TIMEOUT).
 """
 import hashlib
 import hmac
@@ -108,7 +112,9 @@ class Peer:
         attr.qp_access_flags = ACCESS
         attr.dest_qp_num, attr.rq_psn, attr.sq_psn = qpn, psn, self.psn
         attr.max_dest_rd_atomic = attr.max_rd_atomic = 1
-        attr.min_rnr_timer, attr.timeout, attr.retry_cnt, attr.rnr_retry = 12, 16, 7, 6
+        # rdmadev's queue pairs' values (verbs_qp.h), with its ACK timeout where the tier sets one.
+        attr.min_rnr_timer, attr.retry_cnt, attr.rnr_retry = 12, 6, 6
+        attr.timeout = int(os.environ.get("RDMADEV_ACK_TIMEOUT", 16))
         route = GlobalRoute(dgid=GID(ipaddress.IPv6Address(gid).exploded), sgid_index=self.gid_index)
         attr.ah_attr = AHAttr(gr=route, is_global=1, port_num=PORT)
         self.qp.to_rts(attr)
@@ -157,7 +163,7 @@ def write_mode(address, desc_hex, secret_hex, offset, length, seq):
     s.close()
 
 
-def serve_mode(secret_hex, size, offset, length, seq, timeout):
+def serve_mode(secret_hex, size, offset, length, seq, timeout, mute=False):
     secret = bytes.fromhex(secret_hex)
     # The MR is a chunk as region.h lays one out: a directory page, whose word for the region's
     # page names the region (a peer attaching it reads that word), then region 1 on page 1.
@@ -196,6 +202,12 @@ def serve_mode(secret_hex, size, offset, length, seq, timeout):
     aux = struct.unpack("<Q", peer.mr.read(8, PAGE + 8))[0]
     ok = peer.mr.read(length, PAGE + offset) == pattern(length) and aux == length
     print(json.dumps({"ok": ok, "seq": seq, "aux": aux}), flush=True)
+    if mute:
+        peer.qp.close()           # packets for it are dropped unanswered from now on
+        print(json.dumps({"muted": True}), flush=True)
+        s.settimeout(timeout)
+        while s.recv(64):         # until rdmadev hangs up its side channel
+            pass
     s.close()
     return ok
 
@@ -204,7 +216,8 @@ if __name__ == "__main__":
     mode, args = sys.argv[1], sys.argv[2:]
     if mode == "write":
         write_mode(args[0], args[1], args[2], *map(int, args[3:6]))
-    elif mode == "serve":
-        sys.exit(0 if serve_mode(args[0], *map(int, args[1:5]), float(args[5])) else 1)
+    elif mode in ("serve", "mute"):
+        sys.exit(0 if serve_mode(args[0], *map(int, args[1:5]), float(args[5]), mode == "mute")
+                 else 1)
     else:
         sys.exit(f"unknown mode {mode}")

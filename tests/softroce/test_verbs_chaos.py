@@ -6,7 +6,7 @@ workers per step) faulted at a random point of a step:
 - kill -9 of the ps, and of a worker: tests/chaos's own case (test_chaos._run_case) and its
   bounds. A killed task's side-channel socket closes, which a verbs wait or transfer sees
   within its liveness poll; should that be missed, its QPs stop acknowledging and a transfer
-  fails after the QP's retries (verbs_qp.h: (1 + 7) x 268 ms ~= 2.1 s), and the heartbeats
+  fails after the QP's retries (verbs_qp.h: (1 + 6) x 268 ms ~= 1.9 s), and the heartbeats
   find it silent within SILENT_BOUND_S: KILL_BOUND_S bounds it, as on shm and tcp.
 - link down: the netdev rxe0 sits on (a dummy interface) set down, and up again once every
   task noticed. rxe0's port goes DOWN (`rdma link`: state DOWN, physical_state DISABLED), and

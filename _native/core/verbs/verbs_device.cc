@@ -10,6 +10,7 @@
 
 #include "../common.h"
 #include "verbs.h"
+#include "verbs_qp.h"
 
 namespace rdmadev {
 
@@ -121,6 +122,7 @@ std::unique_ptr<VerbsDevice> TryDevice(const IbvLib& lib, ibv_device* dev,
   // 16 outstanding reads is what perftest uses on most NICs; more only costs responder state.
   d->max_rd_atom = std::max(1, std::min(16, da.max_qp_init_rd_atom));
   d->max_dest_rd_atom = std::max(1, std::min(16, da.max_qp_rd_atom));
+  d->ack_timeout = static_cast<uint8_t>(opts.ack_timeout > 0 ? opts.ack_timeout : kQpTimeout);
   std::string states;
   int first = opts.port > 0 ? opts.port : 1;
   int last = opts.port > 0 ? opts.port : da.phys_port_cnt;

@@ -32,6 +32,7 @@ struct VerbsDevice {
   uint32_t max_msg = 0;       // largest single message the port accepts
   int max_rd_atom = 1;        // outstanding RDMA READs a QP may have (as initiator / target)
   int max_dest_rd_atom = 1;
+  uint8_t ack_timeout = 0;    // every QP's local ACK timeout (exponent; verbs_qp.h)
 
   ~VerbsDevice();
 };

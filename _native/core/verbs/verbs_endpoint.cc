@@ -19,7 +19,8 @@ namespace rdmadev {
 namespace {
 
 // How long attaching a region waits for the READ of its directory word: the queue pair's
-// retry budget (~2.1 s, verbs_qp.h) and then some on a loaded host.
+// retry budget (~1.9 s by default, at most 7.5 s: verbs_qp.h, verbs_options.h) and then some
+// on a loaded host.
 constexpr double kAttachReadS = 10;
 
 void RequireVerbsKey(const RegionDesc& d) {

@@ -104,7 +104,7 @@ void ConnectRcQp(const VerbsDevice& dev, RcQp* q, const QpInfo& r) {
   }
   std::memset(&a, 0, sizeof a);
   a.qp_state = IBV_QPS_RTS;
-  a.timeout = kQpTimeout;
+  a.timeout = dev.ack_timeout;
   a.retry_cnt = kQpRetryCount;
   a.rnr_retry = kQpRnrRetry;
   a.sq_psn = q->psn;

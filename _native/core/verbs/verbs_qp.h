@@ -11,15 +11,22 @@ namespace rdmadev {
 
 #if RDMADEV_HAVE_VERBS
 
-// QP timeout: the local ACK timeout is 4.096 us * 2^16 = 268 ms, retried kQpRetryCount
-// times, so a peer that vanished (its QP destroyed, its host down) fails the outstanding
-// request with IBV_WC_RETRY_EXC_ERR after (1 + 7) * 268 ms ~= 2.1 s: "within seconds", yet
-// 268 ms is far above an ACK's round trip even under software emulation (ib_write_lat on
-// rxe in a TCG guest on a loaded 2-core host: 14 us typical, 9.4 ms at the 99.9th
-// percentile). A peer process that dies is seen sooner, through its side-channel socket
-// (see verbs.cc); the retries catch a peer whose host or link went silent.
+// The local ACK timeout: 4.096 us * 2^16 = 268 ms by default (RDMADEV_ACK_TIMEOUT sets the
+// exponent), retried kQpRetryCount times, so a peer that vanished (its QP destroyed, its host
+// down) fails the outstanding request with IBV_WC_RETRY_EXC_ERR after (1 + 6) * 268 ms ~=
+// 1.9 s: "within seconds", and 268 ms is far above an ACK's round trip on a NIC, where the
+// hardware answers. Soft-RoCE (rxe) answers from the peer's kernel instead: on a loaded host
+// its ACKs can come later than 268 ms, and every timeout resends the whole unacknowledged
+// window (go-back-N), which loads the peer further. Measured in the two-guest Soft-RoCE tier
+// (TCG guests, the 2-core host loaded by 3 busy processes): with 16, 65 retransmissions in
+// 30 s and no write completed; with 20 (4.3 s), none in 12 runs of the same test. A peer
+// process that dies is seen sooner, through its side-channel socket (see verbs.cc); the
+// retries catch a peer whose host or link went silent.
 constexpr uint8_t kQpTimeout = 16;
-constexpr uint8_t kQpRetryCount = 7;  // the largest the 3-bit field holds
+// 6, not 7: rxe reads a retry count of 7 as "retry forever" (as the IB spec has it for the
+// RNR retry count only), so a write whose ACKs never came waited out the whole transfer
+// deadline instead of failing in seconds.
+constexpr uint8_t kQpRetryCount = 6;
 // RNR retries never happen (no SEND/receive is used) but the field must be set: 7 = forever
 // would be wrong if one did, so keep it finite.
 constexpr uint8_t kQpRnrRetry = 6;
@@ -55,7 +62,8 @@ struct RcQp {
 // Creates an RC QP in INIT with room for `depth` outstanding send work requests.
 std::unique_ptr<RcQp> CreateRcQp(const VerbsDevice& dev, ibv_pd* pd, int depth);
 QpInfo LocalQpInfo(const VerbsDevice& dev, const RcQp& qp);
-// Walks the QP to RTR then RTS towards `remote`; throws kFabric / kProtocol.
+// Walks the QP to RTR then RTS towards `remote`, with the device's ACK timeout; throws
+// kFabric / kProtocol.
 void ConnectRcQp(const VerbsDevice& dev, RcQp* qp, const QpInfo& remote);
 // Moves the QP to the error state: every outstanding work request completes (flushed).
 void FailRcQp(RcQp* qp);

@@ -213,7 +213,9 @@ void VerbsSendQueue::Wait(Done done, const Deadline& deadline, const char* what)
 std::string VerbsSendQueue::Describe(const IbvLib& lib, const ibv_wc& wc, const char* what) const {
   std::string s = std::string("RDMA ") + what + " to " + watch_.reach + " failed: " + WcText(lib, wc);
   if (wc.status == IBV_WC_RETRY_EXC_ERR) {
-    s = "Peer lost: " + s + "; the peer stopped acknowledging (it died or the network is down)";
+    s = "Peer lost: " + s +
+        "; the peer stopped acknowledging (it died or the network is down; on Soft-RoCE, its "
+        "loaded host may acknowledge later than RDMADEV_ACK_TIMEOUT allows: raise it)";
   } else if (wc.status == IBV_WC_REM_ACCESS_ERR) {
     s += "; the peer's region is closed (deregistered) or the descriptor is stale";
   }
