@@ -17,11 +17,11 @@ namespace rdmadev {
 // 1.9 s: "within seconds", and 268 ms is far above an ACK's round trip on a NIC, where the
 // hardware answers. Soft-RoCE (rxe) answers from the peer's kernel instead: on a loaded host
 // its ACKs can come later than 268 ms, and every timeout resends the whole unacknowledged
-// window (go-back-N), which loads the peer further. Measured in the two-guest Soft-RoCE tier
-// (TCG guests, the 2-core host loaded by 3 busy processes): with 16, 65 retransmissions in
-// 30 s and no write completed; with 20 (4.3 s), none in 12 runs of the same test. A peer
-// process that dies is seen sooner, through its side-channel socket (see verbs.cc); the
-// retries catch a peer whose host or link went silent.
+// window (go-back-N), which loads the peer further: in the two-guest Soft-RoCE tier (TCG
+// guests on a loaded 2-core host) a write once saw 65 retransmissions in 30 s and never
+// completed (docs/testing.md). RDMADEV_ACK_TIMEOUT raises it there. A peer process that dies
+// is seen sooner, through its side-channel socket (see verbs.cc); the retries catch a peer
+// whose host or link went silent.
 constexpr uint8_t kQpTimeout = 16;
 // 6, not 7: rxe reads a retry count of 7 as "retry forever" (as the IB spec has it for the
 // RNR retry count only), so a write whose ACKs never came waited out the whole transfer
