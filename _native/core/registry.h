@@ -58,18 +58,17 @@ constexpr double kVerdictWaitS = 3;
 //   receive starts any more, and one already reading is in its last copy.
 constexpr double kParkedGraceS = 60;
 constexpr double kReleasedGraceS = 5;
-// How long a receiving half unbound while its sender may still write stays retired, its
-// ring registered, when a write reaching a released ring would break the connection
-// (Endpoint::late_write_breaks: verbs). A write posted before the unbind lands, or fails,
-// within the queue pair's retry budget (~1.9 s by default, at most 7.5 s: verbs_qp.h); one posted after it comes from a
-// send already past its credit wait on the sender, whose half goes with the same release
-// (the planner tells every task) or with this task's notice (channels.py), one control round
-// trip later. 10 s (kLateWriteGraceS, region.h) covers both on a loaded host. Once the ring's
+// How long a receiving half unbound while its sender may still write stays retired, its ring
+// registered, when a write reaching a released ring would break the connection
+// (Endpoint::late_write_breaks: verbs). A write posted before the unbind lands, or fails, within
+// the queue pair's retry budget (~1.9 s by default, at most 7.5 s: verbs_qp.h); one posted after it
+// comes from a send already past its credit wait on the sender, whose half goes with the same
+// release (the planner tells every task) or with this task's notice (channels.py), one control
+// round trip later. 10 s (kLateWriteGraceS, region.h) covers both on a loaded host. Once the ring's
 // region goes, its span of the chunk stays registered and is quarantined as long again before
-// another region takes it (Chunk::Give); a write later still lands in whatever region took it
-// then, or, once its chunk went, breaks the connection: the control plane then unbinds the
-// channels it carried, as for a lost peer, and connects afresh for the next instantiation
-// (channels.py).
+// another region takes it (Chunk::Give); a write later still lands in whatever region took it then,
+// or, once its chunk went, breaks the connection: the control plane then unbinds the channels it
+// carried, as for a lost peer, and connects afresh for the next instantiation (channels.py).
 
 class ChannelRegistry {
  public:

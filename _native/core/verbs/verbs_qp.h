@@ -12,16 +12,17 @@ namespace rdmadev {
 #if RDMADEV_HAVE_VERBS
 
 // The local ACK timeout: 4.096 us * 2^16 = 268 ms by default (RDMADEV_ACK_TIMEOUT sets the
-// exponent), retried kQpRetryCount times, so a peer that vanished (its QP destroyed, its host
-// down) fails the outstanding request with IBV_WC_RETRY_EXC_ERR after (1 + 6) * 268 ms ~=
-// 1.9 s: "within seconds", and 268 ms is far above an ACK's round trip on a NIC, where the
-// hardware answers. Soft-RoCE (rxe) answers from the peer's kernel instead: on a loaded host
-// its ACKs can come later than 268 ms, and every timeout resends the whole unacknowledged
-// window (go-back-N), which loads the peer further: in the two-guest Soft-RoCE tier (TCG
-// guests on a loaded 2-core host) a write once saw 65 retransmissions in 30 s and never
-// completed (docs/testing.md). RDMADEV_ACK_TIMEOUT raises it there. A peer process that dies
-// is seen sooner, through its side-channel socket (see verbs.cc); the retries catch a peer
-// whose host or link went silent.
+// exponent), retried kQpRetryCount times, so a peer that vanished (its QP destroyed, its host down)
+// fails the outstanding request with IBV_WC_RETRY_EXC_ERR after (1 + 6) * 268 ms ~= 1.9 s: "within
+// seconds", and 268 ms is far above an ACK's round trip on a NIC, where the hardware answers.
+// Soft-RoCE (rxe) answers from the peer's kernel instead (ib_write_lat on rxe in a TCG guest on a
+// loaded 2-core host: 14 us typical, 9.4 ms at the 99.9th percentile), and on a loaded host its
+// ACKs can come later still than 268 ms: every timeout then resends the whole unacknowledged window
+// (go-back-N), which loads the peer further: in the two-guest Soft-RoCE tier (TCG guests on a
+// loaded 2-core host) a write once saw 65 retransmissions in 30 s and never completed
+// (docs/testing.md). RDMADEV_ACK_TIMEOUT raises it there. A peer process that dies is seen sooner,
+// through its side-channel socket (see verbs.cc); the retries catch a peer whose host or link went
+// silent.
 constexpr uint8_t kQpTimeout = 16;
 // 6, not 7: rxe reads a retry count of 7 as "retry forever" (as the IB spec has it for the
 // RNR retry count only), so a write whose ACKs never came waited out the whole transfer
