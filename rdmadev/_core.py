@@ -16,8 +16,8 @@ from ._native.bench import bench_memcpy, bench_pingpong, bench_tcp_pingpong, ben
 from ._native.channel import (CREDIT_BYTES, RegionLease, RingLayout, RingReceiver, RingSender,
                               wire_layout)
 from ._native.crypto import client_handshake, handshake_proof, hmac_sha256, server_handshake
-from ._native.domain import (ANY_PEER, Domain, error_kinds, fabric_priority, recent_events,
-                             unviable_reason)
+from ._native.domain import (ANY_PEER, VERBS_STAGING_BYTES, Domain, error_kinds,
+                             fabric_priority, recent_events, unviable_reason)
 from ._native.endpoint import Endpoint, RemoteRegion
 from ._native.region import Region
 from ._native.registry import (LATE_WRITE_GRACE_S, PARKED_GRACE_S, RELEASED_GRACE_S,
@@ -33,7 +33,7 @@ __all__ = [
     "bound_channels", "channel_send", "channel_recv", "channel_want", "growing_channels", "fail_half", "unfail_half", "half_held", "half_lost", "RegionLease", "unbind_domain", "unbind_peer",
     "peer_verdict",
     "release_drained", "PARKED_GRACE_S", "RELEASED_GRACE_S", "LATE_WRITE_GRACE_S",
-    "VERDICT_WAIT_S",
+    "VERDICT_WAIT_S", "VERBS_STAGING_BYTES",
     "channel_counts", "transfer_counts", "fabric_priority", "unviable_reason", "recent_events", "hmac_sha256",
     "handshake_proof", "client_handshake", "server_handshake", "bench_memcpy",
     "bench_pingpong", "bench_tcp_pingpong", "bench_tcp_stream", "LAYOUT", "PLANNER_RULES",

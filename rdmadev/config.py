@@ -68,8 +68,9 @@ FABRIC_OPTION_VARIABLES = (
 )
 
 # Bytes the verbs fabric pins outside RDMADEV_MAX_REGISTERED_BYTES for each peer a task writes
-# to: the staging buffer of its endpoint (kStagingBytes, _native/core/verbs/verbs_send_queue.h,
-# which the bindings do not export; keep the two equal).
+# to: the staging buffer of its endpoint (kStagingBytes, _native/core/verbs/verbs_send_queue.h).
+# A copy, so that reading a Config loads no native code; tests/test_config.py checks it against
+# the bindings' rdmadev._core.VERBS_STAGING_BYTES.
 VERBS_STAGING_BYTES = 4 << 20
 # The least default RDMADEV_MAX_REGISTERED_BYTES: one page, the least the verbs fabric
 # registers. 0 would mean "no limit" to the native domain (domain.h), the opposite of a

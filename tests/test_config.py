@@ -97,6 +97,11 @@ def test_default_budget_is_half_of_ram_and_leaves_verbs_staging_room(ram, fabric
             hard >= config.VERBS_STAGING_BYTES + config.MIN_DEFAULT_MAX_REGISTERED_BYTES)
 
 
+def test_the_staging_the_budget_leaves_room_for_is_what_verbs_registers():
+    # config.py keeps a copy of kStagingBytes so that a Config loads no native code.
+    assert config.VERBS_STAGING_BYTES == rdmadev._core.VERBS_STAGING_BYTES
+
+
 def test_auto_may_open_verbs_only_with_an_rdma_device():
     assert config.fabrics_may_open("shm") == ("shm",)
     assert config.fabrics_may_open("verbs") == ("verbs",)

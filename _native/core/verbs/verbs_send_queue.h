@@ -25,18 +25,20 @@
 
 namespace rdmadev {
 
-#if RDMADEV_HAVE_VERBS
-// Send work requests a queue pair may have outstanding. A staged write takes 1 per 1 MiB
-// piece + 2 for the signal, so 64 keeps every piece the staging holds (4) and the writes of
-// dozens of small tensors on the wire at once; a poster waits for completions beyond it.
-constexpr int kVerbsSendDepth = 64;
 // Registered staging memory per endpoint. A write from memory outside every registered
 // region (a TF tensor's buffer: what every TF send kernel passes) is copied into it and
 // posted, and the write returns: the source may be reused at once, and the endpoint's next
 // write (of any channel to this peer) is copied and posted while this one is on the wire.
 // 4 MiB keeps four 1 MiB pieces in flight: at 100 Gb/s a piece is ~85 us on the wire and
 // ~80 us of memcpy here, so the copy of the next piece hides behind the wire of the last.
+// Outside the #if: rdmadev.config sizes memlock budgets by it (the bindings export it as
+// VERBS_STAGING_BYTES) on builds without verbs too.
 constexpr uint64_t kStagingBytes = uint64_t(4) << 20;
+#if RDMADEV_HAVE_VERBS
+// Send work requests a queue pair may have outstanding. A staged write takes 1 per 1 MiB
+// piece + 2 for the signal, so 64 keeps every piece the staging holds (4) and the writes of
+// dozens of small tensors on the wire at once; a poster waits for completions beyond it.
+constexpr int kVerbsSendDepth = 64;
 // Largest piece of a staged write copied and posted at once (a quarter of the staging).
 constexpr uint64_t kStagePieceBytes = uint64_t(1) << 20;
 // After moving a queue pair to the error state, how long its flushed completions may take;

@@ -13,6 +13,10 @@ from rdmadev._native.c_common cimport (Deadline, Liveness, Progress, ProgressCal
 from rdmadev._native.c_region cimport Region, RegionDesc
 
 
+cdef extern from "verbs/verbs_send_queue.h" namespace "rdmadev":
+    uint64_t kStagingBytes
+
+
 cdef extern from "fabric.h" namespace "rdmadev":
     uint64_t kSignalBytes
 

@@ -16,18 +16,21 @@ from rdmadev._native.c_common cimport as_bytes, deadline_of
 from rdmadev._native.c_fabric cimport (AliveOf, Domain as CDomain, DomainOptions,
                                        Endpoint as CEndpoint, FabricPriority,
                                        FabricUnviableReason, FeedFrames, PyProgressCallback,
-                                       ServeResult)
+                                       ServeResult, kStagingBytes)
 from rdmadev._native.c_region cimport Region as CRegion
 from rdmadev._native.endpoint cimport Endpoint
 from rdmadev._native.region cimport Region
 
 from rdmadev.errors import ClosedError
 
-__all__ = ["Domain", "ANY_PEER", "error_kinds", "errno_hint", "fabric_priority",
-           "unviable_reason", "recent_events"]
+__all__ = ["Domain", "ANY_PEER", "VERBS_STAGING_BYTES", "error_kinds", "errno_hint",
+           "fabric_priority", "unviable_reason", "recent_events"]
 
 #: Grant to every authenticated peer (Domain.allocate(grant=...)).
 ANY_PEER = "*"
+#: Bytes of staging the verbs fabric registers for each peer endpoint, outside
+#: RDMADEV_MAX_REGISTERED_BYTES (kStagingBytes; rdmadev.config keeps a copy).
+VERBS_STAGING_BYTES = kStagingBytes
 
 
 def error_kinds():
