@@ -9,7 +9,7 @@ import pytest
 
 import rdmadev
 from graph_pass.devices import task_name
-from rdmadev.cluster import control, links, runtime
+from rdmadev.cluster import control, instances, links, runtime
 from rdmadev.cluster.event_loop import EventLoop
 from rdmadev.testing.launch import free_ports
 from rdmadev.testing.timing import wait_until
@@ -179,3 +179,39 @@ def test_both_ends_of_a_link_send_at_once(pair):
     (accepted,) = pair[PS].links.live[W0]
     for end in (link, accepted):
         assert end.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY), end.where
+
+
+def test_a_task_that_restarts_is_told_the_standing_requests_again(pair):
+    """The coordinator's own_function (instances.py) makes a task release a function's
+    instantiations once the coordinator's link ends. A worker that restarted while the job ran
+    never heard it, and what it planned for the function after the restart stayed after the
+    coordinator exited (the chaos tier's kill -9 of a ParameterServerStrategy worker left 4
+    channels on the ps). The request stands: once the worker is back it is sent again, and
+    closing the coordinator's links releases what the new worker filed."""
+    coordinator, worker = pair[PS], pair[W0]  # ps plays the coordinator: it dials the worker
+    own = {"op": "own_function", "function": "step"}
+    assert coordinator.call(W0, own) is True
+    coordinator.links.stand(("function", "step"), own)
+    spec, config = worker.cluster, worker.config
+    worker.close()  # the worker dies; it comes back as a new incarnation on the same port
+    pair[W0] = worker = runtime.Runtime(spec, "worker", 0, config)
+    released = threading.Event()
+    instances._tracker().file({"step"}, "after-the-restart", released.set)
+    # the new worker holds `own` on the coordinator's new link once that dialed it again
+    assert wait_until(lambda: worker.server.connections >= 1 and not coordinator.links.redialing,
+                      10)
+    coordinator.close()  # the coordinator exits without release_function
+    assert released.wait(10), "the new worker kept what it planned for the function"
+    pair.pop(PS)
+
+
+def test_a_request_that_no_longer_stands_is_not_sent_again(pair):
+    coordinator, worker = pair[PS], pair[W0]
+    coordinator.links.stand(("function", "step"), {"op": "own_function", "function": "step"})
+    coordinator.links.sit(("function", "step"))
+    assert coordinator.call(W0, {"op": "ping"})["task"] == W0
+    spec, config = worker.cluster, worker.config
+    worker.close()
+    pair[W0] = worker = runtime.Runtime(spec, "worker", 0, config)
+    time.sleep(3 * links.REDIAL_EVERY_S)
+    assert worker.server.connections == 0 and not coordinator.links.redialing

@@ -15,22 +15,34 @@ when none comes within OFFER_WAIT_S. An offer from a new incarnation of a task (
 every Links names its own incarnation) replaces the links to the old one, which are closed:
 what the old one planned here is released with them.
 
+What a process told every task and a task keeps only while the link lasts (the coordinator's
+``own_function``: instances.py) stands (``stand``): when a link ends while requests stand, the
+task is dialed again until it is back, within the deadline, and its new incarnation is sent
+them all. A restarted worker would otherwise plan for a function no link of its owner holds,
+and keep those channels after the owner exited.
+
 Example:
     >>> links = Links("/job:worker/replica:0/task:0", address_of, secret, handle, loop_of, 60.0)
     >>> links.call("/job:ps/replica:0/task:0", {"op": "ping"})
 """
 import collections
+import logging
 import os
 import threading
 import time
 
-from ..errors import ClosedError, DeadlineExceeded, PeerLostError
+from ..errors import ClosedError, DeadlineExceeded, PeerLostError, RdmadevError
 from .control import dial
 
-__all__ = ["Links", "OFFER_WAIT_S"]
+__all__ = ["Links", "OFFER_WAIT_S", "REDIAL_EVERY_S"]
+
+log = logging.getLogger(__name__)
+log.addHandler(logging.NullHandler())
 
 #: Seconds a task whose offer was refused waits for the peer's own link before it dials again.
 OFFER_WAIT_S = 1.0
+#: Seconds between dials of a task whose link ended while requests stand (until it is back).
+REDIAL_EVERY_S = 0.5
 
 
 class Links:
@@ -61,6 +73,8 @@ class Links:
         self.dialing = set()  # tasks this one dials now
         self.refused = 0  # offers refused: this task's own link won
         self.dial_locks = collections.defaultdict(threading.Lock)  # task -> held while dialing
+        self.standing = {}  # key -> request every task's incarnation is to hold (stand)
+        self.redialing = set()  # tasks dialed again to be sent the standing requests
         self.closed = False
 
     def call(self, task, request):
@@ -139,6 +153,43 @@ class Links:
         self._keep(task, link)
         return {"kept": True, "incarnation": self.incarnation}
 
+    def stand(self, key, request):
+        """Keeps `request`, which the caller sent to every task, standing under `key` until
+        sit(key): a task whose link ends before then is sent it again once it is back (see
+        the module)."""
+        with self.changed:
+            self.standing[key] = request
+
+    def sit(self, key):
+        """`key`'s request stands no more."""
+        with self.changed:
+            self.standing.pop(key, None)
+
+    def _stand_again(self, task):
+        """Dials `task` until it is back (within the deadline) and sends it every standing
+        request: a thread of its own, started when the last link to `task` ended."""
+        deadline = time.monotonic() + self.timeout
+        try:
+            while True:
+                with self.changed:
+                    requests = list(self.standing.values())
+                if self.closed or not requests:
+                    return
+                try:
+                    link, _ = self.get(task)
+                    for request in requests:
+                        link.call(request, self.timeout)
+                    return
+                except (RdmadevError, OSError) as e:
+                    if time.monotonic() + REDIAL_EVERY_S >= deadline:
+                        log.info("rdmadev: %s did not come back within %g s to hold %d "
+                                 "standing request(s): %s", task, self.timeout, len(requests), e)
+                        return
+                time.sleep(REDIAL_EVERY_S)
+        finally:
+            with self.changed:
+                self.redialing.discard(task)
+
     def _first(self, task, instead_of):
         with self.changed:
             if self.closed:
@@ -170,6 +221,13 @@ class Links:
                 links.remove(link)
             if not links:
                 self.live.pop(task, None)
+            again = (not links and self.standing and not self.closed
+                     and task not in self.redialing)
+            if again:
+                self.redialing.add(task)
+        if again:
+            threading.Thread(target=self._stand_again, args=(task,), daemon=True,
+                             name=f"rdmadev-redial {task}").start()
 
     def count(self):
         """(links open now, of them those the peers dialed): one per peer task, two for a

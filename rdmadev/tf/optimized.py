@@ -80,7 +80,7 @@ class Optimized(polymorphic_function.Function):
         rt = runtime.current()
         if rt is not None:  # watched once (instances.py keys it by the scope)
             release = functools.partial(serving.broadcast, rt, serving.serving_tasks(rt))
-            instances.watch_function(self, release, name=scope)
+            instances.watch_function(self, release, name=scope, links=rt.links)
         self._rdmadev_inlined += 1
         fn = self._python_function
         if self._autograph:  # as tf.function traces it
@@ -116,7 +116,8 @@ class Optimized(polymorphic_function.Function):
         tasks = serving.serving_tasks(rt)
         for concrete in self._list_all_concrete_functions():
             instances.watch_function(concrete._inference_function,  # pylint: disable=protected-access
-                                     functools.partial(serving.broadcast, rt, tasks))
+                                     functools.partial(serving.broadcast, rt, tasks),
+                                     links=rt.links)
 
     def _rdmadev_prepare(self):
         # In the coordinator: the pass must run here too (a call from the coordinator is
