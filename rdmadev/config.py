@@ -1,9 +1,9 @@
 """Configuration from environment variables: the one place rdmadev reads them. Generic
 settings are validated here, with messages that name the variable and the fix; the settings
-of one fabric (RDMADEV_DEVICE, RDMADEV_PORT, RDMADEV_GID_INDEX, RDMADEV_ACK_TIMEOUT) travel as that fabric's
-options (`Config.fabric_options()`, "<fabric>.<key>" -> text) and the fabric validates them
-(the native core's <fabric>_options.h); `with_variable_names` makes its errors name the
-variable.
+of one fabric (RDMADEV_DEVICE, RDMADEV_PORT, RDMADEV_GID_INDEX, RDMADEV_ACK_TIMEOUT) travel
+as that fabric's options (`Config.fabric_options()`, "<fabric>.<key>" -> text) and the fabric
+validates them (the native core's <fabric>_options.h); `with_variable_names` makes its errors
+name the variable.
 
 Example:
     >>> cfg = Config.from_env({"RDMADEV_FABRIC": "tcp", "RDMADEV_SECRET": "s3cret",

@@ -206,6 +206,7 @@ def test_a_task_that_restarts_is_told_the_standing_requests_again(pair):
 
 
 def test_a_request_that_no_longer_stands_is_not_sent_again(pair):
+    """Once the function was released (sit), a restarted task is not dialed for it."""
     coordinator, worker = pair[PS], pair[W0]
     coordinator.links.stand(("function", "step"), {"op": "own_function", "function": "step"})
     coordinator.links.sit(("function", "step"))
