@@ -216,3 +216,15 @@ def test_a_request_that_no_longer_stands_is_not_sent_again(pair):
     pair[W0] = worker = runtime.Runtime(spec, "worker", 0, config)
     time.sleep(3 * links.REDIAL_EVERY_S)
     assert worker.server.connections == 0 and not coordinator.links.redialing
+
+
+def test_an_instantiation_filed_after_its_function_was_released_goes_at_once():
+    """A worker may finish planning a closure of the job after its coordinator exited (the
+    link's end released the function first): the late instantiation is released as soon as
+    it is filed, not kept."""
+    tracker = instances._tracker()
+    name = f"late-{time.monotonic_ns()}"
+    assert tracker.release_function(name) == 0  # the owner's link ended: nothing filed yet
+    released = threading.Event()
+    tracker.file({name}, "planned-late", released.set)
+    assert released.wait(10) and name not in tracker.by_function

@@ -33,6 +33,7 @@ is told again once it is back (a standing request: links.py). Channels a killed 
 (open_pairs is held by the connection it came on).
 """
 import atexit
+import collections
 import contextlib
 import logging
 import queue
@@ -50,6 +51,9 @@ log.addHandler(logging.NullHandler())
 #: Seconds between re-checks of a collected function whose name is still registered (another
 #: AtomicFunction object shares the registration): only such deferred ones are polled.
 RECHECK_S = 1.0
+#: Function names released here that a task remembers: an instantiation planned for one of them
+#: afterwards (TF ran a closure of it while its owner exited) is released as soon as it is filed.
+RELEASED_NAMES_KEPT = 4096
 
 _lock = threading.Lock()
 _the_tracker = None
@@ -109,6 +113,9 @@ class _Tracker:
     def __init__(self):
         self.live = {}  # watch id -> (release(), function name, context)
         self.by_function = {}  # function name -> {instance: release()}, owned elsewhere
+        # Names released here, newest last (at most RELEASED_NAMES_KEPT): an instantiation
+        # filed for one later (planned while its owner exited) is released at once.
+        self.released_names = collections.OrderedDict()
         self.gone = queue.SimpleQueue()
         self.lock = threading.Lock()
         self.releasing = threading.Lock()  # held while a release runs
@@ -131,11 +138,20 @@ class _Tracker:
 
     def file(self, functions, instance, release):
         with self.lock:
-            for function in functions:
-                self.by_function.setdefault(function, {})[instance] = release
+            late = any(function in self.released_names for function in functions)
+            if not late:
+                for function in functions:
+                    self.by_function.setdefault(function, {})[instance] = release
+        if late:  # its owner let it go while it was planned: released now, off the planner
+            threading.Thread(target=release, daemon=True, name=f"rdmadev-late {instance}").start()
+            with self.lock:
+                self.released += 1
 
     def release_function(self, function):
         with self.lock:
+            self.released_names[function] = None
+            while len(self.released_names) > RELEASED_NAMES_KEPT:
+                self.released_names.popitem(last=False)
             owned = self.by_function.pop(function, {})
             for name in list(self.by_function):  # filed under other names too: released once
                 others = self.by_function[name]

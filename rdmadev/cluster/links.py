@@ -42,7 +42,7 @@ log.addHandler(logging.NullHandler())
 #: Seconds a task whose offer was refused waits for the peer's own link before it dials again.
 OFFER_WAIT_S = 1.0
 #: Seconds between dials of a task whose link ended while requests stand (until it is back).
-REDIAL_EVERY_S = 0.5
+REDIAL_EVERY_S = 0.1
 
 
 class Links:
