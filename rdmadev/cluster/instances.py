@@ -19,17 +19,17 @@ name is no longer registered (``Context.has_function``), asks every task of the
 instantiation to release its channels. At interpreter exit every instantiation still tracked
 is released.
 
-An instantiation planned outside a Python call (a worker partitioning a
-ParameterServerStrategy step in a TF thread) has no such owner there. Its owner lives in
-another process: the coordinator that traced the function and sent it, under the same name,
-to the worker. So the planner files it under its function's name, and the coordinator's
-``rdmadev.optimize`` watches each function it traces (``watch_function``): once that is
-gone too, it sends ``release_function`` to every task, and the task that planned releases
-the instantiations filed under that name (``release_function``). The coordinator also tells
-every task it owns the function (``own_function``), over the control connection it keeps
-open: should that connection end before release_function (the coordinator was killed, or
-exited without it), the task releases then (control.Session). A task that restarts meanwhile
-is told again once it is back (a standing request: links.py). Channels a killed process planned itself go the same way
+An instantiation planned outside a Python call (a worker partitioning a ParameterServerStrategy
+step in a TF thread) has no such owner there. Its owner lives in another process: the
+coordinator that traced the function and sent it, under the same name, to the worker. So the
+planner files it under its function's name, and the coordinator's ``rdmadev.optimize`` watches
+each function it traces (``watch_function``): once that is gone too, it sends
+``release_function`` to every task, and the task that planned releases the instantiations filed
+under that name (``release_function``). The coordinator also tells every task it owns the
+function (``own_function``), over the control connection it keeps open: should that connection
+end before release_function (the coordinator was killed, or exited without it), the task
+releases then (control.Session). A task that restarts meanwhile is told again once it is back
+(a standing request: links.py). Channels a killed process planned itself go the same way
 (open_pairs is held by the connection it came on).
 """
 import atexit
@@ -237,21 +237,19 @@ def track(call, instance, transfers, function="", marked=()):
     return True
 
 
-def watch_function(function, broadcast, name=None, links=None):
+def watch_function(function, broadcast, links, name=None):
     """Calls ``broadcast({"op": "release_function", "function": name})`` once TF dropped
     `function` (an AtomicFunction: collected, no longer registered; anything else: collected)
-    in this process, or at exit. `name`: the function's own name unless given. `links` (this
-    process's Links): its own_function stands until then, so that a task that restarts in
-    the meantime holds it too (links.py)."""
+    in this process, or at exit. `links` (this process's Links): its own_function stands until
+    then, so that a task that restarts in the meantime holds it too (links.py). `name`: the
+    function's own name unless given."""
     name = name or _name_of(function)
     own = {"op": "own_function", "function": name}
     broadcast(own)
-    if links is not None:
-        links.stand(("function", name), own)
+    links.stand(("function", name), own)
 
     def release():
-        if links is not None:
-            links.sit(("function", name))
+        links.sit(("function", name))
         broadcast({"op": "release_function", "function": name})
     _tracker().add(function, ("function", name), release)
 

@@ -80,7 +80,7 @@ class Optimized(polymorphic_function.Function):
         rt = runtime.current()
         if rt is not None:  # watched once (instances.py keys it by the scope)
             release = functools.partial(serving.broadcast, rt, serving.serving_tasks(rt))
-            instances.watch_function(self, release, name=scope, links=rt.links)
+            instances.watch_function(self, release, rt.links, name=scope)
         self._rdmadev_inlined += 1
         fn = self._python_function
         if self._autograph:  # as tf.function traces it
@@ -117,7 +117,7 @@ class Optimized(polymorphic_function.Function):
         for concrete in self._list_all_concrete_functions():
             instances.watch_function(concrete._inference_function,  # pylint: disable=protected-access
                                      functools.partial(serving.broadcast, rt, tasks),
-                                     links=rt.links)
+                                     rt.links)
 
     def _rdmadev_prepare(self):
         # In the coordinator: the pass must run here too (a call from the coordinator is
