@@ -193,7 +193,7 @@ def tf_ops_extension():
         "rdmadev._tf_ops",
         [os.path.join(KERNELS_DIR, f) for f in (
             "ops.cc", "send_op.cc", "send_write.cc", "recv_op.cc", "recv_delivery.cc",
-            "recv_output.cc")]
+            "recv_output.cc", "tf_path.cc")]
         + [os.path.join(PASS_DIR, f) for f in (
             "pass.cc", "opt_in.cc", "branch_exits.cc", "planner_call.cc", "shapes.cc", "host_hop.cc")],
         include_dirs=[CORE, TF_DIR, sysconfig.get_paths()["include"]], language="c++", depends=HEADERS,

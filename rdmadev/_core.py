@@ -23,14 +23,15 @@ from ._native.region import Region
 from ._native.registry import (LATE_WRITE_GRACE_S, PARKED_GRACE_S, RELEASED_GRACE_S,
                                VERDICT_WAIT_S,
                                bound_channels, channel_counts, channel_recv, channel_send,
-                               channel_want, fail_half, growing_channels, half_held, half_lost,
+                               channel_want, fail_half, growing_channels, half_held,
+                               half_kept_on_tf, half_lost, keep_half_on_tf,
                                peer_verdict, release_drained, transfer_counts, unbind_channel,
                                unbind_domain, unbind_peer, unfail_half)
 
 __all__ = [
     "Domain", "Region", "Endpoint", "RemoteRegion", "RingLayout", "RingSender", "RingReceiver",
     "CREDIT_BYTES", "ANY_PEER", "wire_layout", "error_kinds", "unbind_channel",
-    "bound_channels", "channel_send", "channel_recv", "channel_want", "growing_channels", "fail_half", "unfail_half", "half_held", "half_lost", "RegionLease", "unbind_domain", "unbind_peer",
+    "bound_channels", "channel_send", "channel_recv", "channel_want", "growing_channels", "fail_half", "unfail_half", "keep_half_on_tf", "half_kept_on_tf", "half_held", "half_lost", "RegionLease", "unbind_domain", "unbind_peer",
     "peer_verdict",
     "release_drained", "PARKED_GRACE_S", "RELEASED_GRACE_S", "LATE_WRITE_GRACE_S",
     "VERDICT_WAIT_S", "VERBS_STAGING_BYTES",

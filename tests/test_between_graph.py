@@ -22,7 +22,7 @@ import netns
 import tf_cluster
 from graph_pass.devices import task_name
 from rdmadev import Config
-from rdmadev.cluster import half_pairs, runtime
+from rdmadev.cluster import runtime
 from rdmadev.cluster.reports import Report
 from rdmadev.tf import protocol
 
@@ -230,30 +230,68 @@ def test_closing_the_sessions_releases_every_half_on_every_task(runs):
 
 
 def _mixed_launcher(job, index, spec_json):
-    """The ps serves grpc+rdmadev; the workers plain gRPC (a task started without rdmadev)."""
-    rpc_layer = protocol.PROTOCOL if job == "ps" else "grpc"
-    return tf_cluster.protocol_launcher(rpc_layer)(job, index, spec_json)
+    """The ps is `rdmadev serve` (grpc+rdmadev, its warnings on stderr: with RDMADEV_AUTO=1 it
+    plans TF1 graphs); the workers serve plain gRPC (a task started without rdmadev)."""
+    if job == "ps":
+        return tf_cluster.rdmadev_launcher(job, index, spec_json)
+    return tf_cluster.protocol_launcher("grpc")(job, index, spec_json)
+
+
+def _kept_job(env, launcher):
+    """Worker 0's client alone on a cluster of its own (1 ps + 1 worker, `env`, `launcher`)
+    whose half pairs cannot all be set up; returns its RESULT, the ps's reports and both
+    tasks' logs."""
+    env = {**ENV, "RDMADEV_AUTO": "1", **env}  # `rdmadev serve` plans TF1 graphs with it
+    cluster = tf_cluster.Cluster(num_ps=1, num_workers=1, env=env, launcher=launcher)
+    cluster.start()
+    rt = runtime.Runtime(cluster.spec, config=Config(secret=SECRET.encode()))
+    try:
+        (p,) = _clients(cluster.spec, [0], env)
+        result = _printed(p.returncode, p.stdout + p.stderr, "RESULT ")
+        reports = [Report.from_dict(d) for d in rt.call(task_name("ps", 0), {"op": "reports"})]
+        logs = {t: cluster.log_path(*t).read_text(errors="replace") for t in (("ps", 0), ("worker", 0))}
+    finally:
+        rt.close()
+        cluster.stop()
+    return result, reports, logs
+
+
+def _kept_pairs(reports):
+    """The (tensor, route) of every pair the ps's reports say it kept on TF's path."""
+    from rdmadev.tf.bridge import KEPT_ON_TF
+    return {(name, route) for r in reports for name, route, reason in r.kept if reason == KEPT_ON_TF}
 
 
 @pytest.mark.tf
-def test_a_half_whose_peer_task_runs_without_rdmadev_fails_at_once_naming_it():
-    """The worker serves plain gRPC: the ps's halves can never meet theirs. Its kernels fail as
-    soon as the ps finds the worker does not answer rdmadev's control requests, not at the
-    deadline (here longer than the client may take: the old behaviour times the test out)."""
+def test_a_half_whose_peer_task_runs_without_rdmadev_keeps_tfs_path(runs):
+    """The worker serves plain gRPC: the ps's halves can never meet theirs. The ps keeps them on
+    TF's own path (its kernels send and receive through the step's rendezvous, the worker's
+    are TF's own), as soon as it finds the worker does not answer rdmadev's control requests,
+    not at the deadline (here longer than the client may take), and the job trains as on gRPC,
+    bit for bit. It failed every step before."""
     env = {"RDMADEV_DEADLINE_S": str(2 * CLIENT_TIMEOUT_S)}
-    cluster = tf_cluster.Cluster(num_ps=1, num_workers=1, env={**ENV, **env},
-                                 launcher=_mixed_launcher)
-    cluster.start()
-    try:
-        (p,) = _clients(cluster.spec, [0], env)
-    finally:
-        cluster.stop()
-    assert p.returncode != 0, p.stdout[-2000:]
-    err = p.stderr
-    assert "InvalidArgumentError" in err and "bound for channel" in err, err[-4000:]
-    assert f"task {W0} does not answer rdmadev's control requests" in err or \
-        f"setting up the pair from task {W0} failed" in err, err[-4000:]
-    assert half_pairs.HALF_FIX in err, err[-4000:]
+    result, reports, logs = _kept_job(env, _mixed_launcher)
+    assert result["results"] == runs["grpc"][0]["results"], "TF's path must compute what gRPC computes"
+    routes = {route for _, route in _kept_pairs(reports)}
+    assert routes == {f"{task_name('ps', 0)} -> {W0}", f"{W0} -> {task_name('ps', 0)}"}, reports
+    log = logs[("ps", 0)]
+    assert "stay on TF's gRPC path" in log and \
+        f"their receiving task {W0} does not answer rdmadev's control requests" in log, log[-4000:]
+
+
+@pytest.mark.tf
+def test_half_pairs_past_the_receivers_budget_keep_tfs_path(runs):
+    """Every task's RDMADEV_MAX_REGISTERED_BYTES is 4 KiB, smaller than the slots of the
+    model's pairs: each receiver keeps its halves on TF's path and tells their sender, and the
+    job trains as on gRPC, bit for bit, where its steps failed before."""
+    env = {"RDMADEV_MAX_REGISTERED_BYTES": "4K"}
+    result, reports, logs = _kept_job(env, tf_cluster.rdmadev_launcher)
+    assert result["results"] == runs["grpc"][0]["results"], "TF's path must compute what gRPC computes"
+    routes = {route for _, route in _kept_pairs(reports)}
+    assert routes == {f"{task_name('ps', 0)} -> {W0}", f"{W0} -> {task_name('ps', 0)}"}, reports
+    for task, log in logs.items():
+        assert "stay on TF's gRPC path" in log and "RDMADEV_MAX_REGISTERED_BYTES" in log, \
+            f"{task}: {log[-4000:]}"
 
 
 # Two sessions of one graph in one client share its half pairs (same rendezvous attrs, so the

@@ -691,22 +691,31 @@ def _half(key, capacity):
     return {"key": key, "slots": SLOTS, "capacity_bytes": capacity, "rank_capacity": 4}
 
 
-def test_a_half_pair_past_the_memory_limit_fails_naming_that_limit(world):
-    """A half pair that cannot be set up fails its steps with the cause's own fix: here the
-    registered-memory limit and its setting, not "start every task with grpc+rdmadev"."""
+def test_a_half_pair_past_the_memory_limit_keeps_tfs_path_naming_that_limit(world, caplog):
+    """A half pair this task has no room for within its budget is kept on TF's path in both
+    tasks (its kernels carry the tensor through the step's rendezvous: test_between_graph),
+    and says why with the cause's own fix: the registered-memory limit and its setting, not
+    "start every task with grpc+rdmadev". No rdmadev half carries it any more."""
     rt, _ = world
-    key = f"half-too-big-{os.getpid()}"
+    key = f"half-too-big-{rt.config.fabric}-{os.getpid()}"  # kept here for the process's life
     config = rt.table.config
     rt.table.config = dataclasses.replace(
         config, max_registered_bytes=rt.table.domain.region_stats[1] + (1 << 20))
     try:
-        rt.table.offer_halves(PS, [_half(key, 1 << 20)])  # 2 slots of 1 MiB
-        rt.call(PS, {"op": "t_want", "sizes": {key: None}})
-        with pytest.raises(rdmadev.RdmadevError) as failed:
-            _core.channel_recv(key, timeout=60)
-        said = f"{failed.value} {failed.value.hint}"
-        assert "past its limit" in said and "RDMADEV_MAX_REGISTERED_BYTES" in said, said
+        with caplog.at_level("WARNING", logger=channels.__name__):
+            rt.table.offer_halves(PS, [_half(key, 1 << 20)])  # 2 slots of 1 MiB
+            rt.call(PS, {"op": "t_want", "sizes": {key: None}})
+            assert wait_until(lambda: _core.half_kept_on_tf(key, "recv"), 60)
+        # the sender was told: it keeps its half, and says so to whoever asks for its size
+        assert wait_until(lambda: rt.call(PS, {"op": "half_sizes", "keys": [key], "wait_s": 0})
+                          .get("kept") == [key], 10)
+        said = " ".join(r.getMessage() for r in caplog.records if key in r.getMessage())
+        assert "stay on TF's gRPC path" in said and "past its limit" in said and \
+            "RDMADEV_MAX_REGISTERED_BYTES" in said, said
         assert "grpc+rdmadev" not in said, said
+        with pytest.raises(ProtocolError, match="kept on TF's path"):
+            _core.channel_recv(key, timeout=1)
+        assert f"recv:{key}" not in _core.bound_channels()
     finally:
         rt.table.config = config
         rt.call(PS, {"op": "release", "keys": [key], "half": "both"})

@@ -102,6 +102,7 @@ T ChannelRegistry::Find(std::map<std::string, T>& table, const std::string& key,
                          " bound for channel '" + key + "'";
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
+    if (kept_on_tf_.count({key, half})) return T{};
     auto it = table.find(key);
     if (it != table.end()) return it->second;
     auto failed = failed_.find({key, half});
@@ -127,7 +128,7 @@ ChannelRegistry::Sender ChannelRegistry::FindSender(const std::string& key, cons
                                                     Sender* moving_from,
                                                     const Cancelled& cancelled) {
   Sender s = Find(senders_, key, d, kSend, cancelled);
-  if (moving_from == nullptr) return s;
+  if (moving_from == nullptr || !s.ring) return s;  // no ring: kept on TF's path
   std::lock_guard<std::mutex> lock(mu_);
   auto current = senders_.find(key);
   if (current == senders_.end()) return s;  // unbound meanwhile: the send fails on its own
@@ -386,6 +387,19 @@ void ChannelRegistry::Fail(const std::string& key, Half half, const std::string&
     failed_[{key, half}] = {ErrorKind::kConfig, why, hint};
   }
   bound_.notify_all();  // waiters fail now
+}
+
+void ChannelRegistry::KeepOnTf(const std::string& key, Half half) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    kept_on_tf_.insert({key, half});
+  }
+  bound_.notify_all();  // waiters take TF's path now
+}
+
+bool ChannelRegistry::KeptOnTf(const std::string& key, Half half) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return kept_on_tf_.count({key, half}) > 0;
 }
 
 void ChannelRegistry::Unfail(const std::string& key, Half half) {

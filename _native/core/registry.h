@@ -23,6 +23,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -109,10 +110,11 @@ class ChannelRegistry {
 
   void Bind(const std::string& key, Sender s);
   void Bind(const std::string& key, Receiver r);
-  // Waits until `key` is bound (the control plane may still be exchanging descriptors);
-  // throws kTimeout naming the key at the deadline, kConfig once the half was given up on
-  // (Fail), and kClosed once `cancelled` (asked at least every kFindPollMs; a TF kernel's:
-  // its step was cancelled) returns true.
+  // Waits until `key` is bound (the control plane may still be exchanging descriptors), or
+  // kept on TF's path (KeepOnTf: an empty half, no ring, is returned, and kept wins over a
+  // half bound meanwhile); throws kTimeout naming the key at the deadline, kConfig once the
+  // half was given up on (Fail), and kClosed once `cancelled` (asked at least every
+  // kFindPollMs; a TF kernel's: its step was cancelled) returns true.
   // With `moving_from`, a sending successor bound for `key` replaces the half first, and
   // the replaced half, until Moved(key), is put in *moving_from: its ring must carry the
   // marker before anything goes on the successor (a send whose marker failed leaves it for
@@ -181,6 +183,15 @@ class ChannelRegistry {
   void Fail(const std::string& key, Half half, const std::string& why, const std::string& hint);
   void Unfail(const std::string& key, Half half);
 
+  // A half pair the control plane could not set up (its peer task runs without rdmadev, the
+  // receiving task has no room within its budget, the peer never planned its half): a kernel
+  // looking for `half` of `key` finds an empty half (no ring) and carries the tensor on TF's
+  // own path instead, through its step's rendezvous (_native/tf/kernels/tf_path.h). Kept for
+  // as long as this process lives, and on both tasks (rdmadev/cluster/half_pairs.py tells the
+  // peer): a pair met again on one side only would carry one step's tensor on two paths.
+  void KeepOnTf(const std::string& key, Half half);
+  bool KeptOnTf(const std::string& key, Half half) const;
+
   // A half pair's kernels (the TF ops' `owned` attr) hold `half` of `key` while they live:
   // several graphs of one session, or two sessions of one graph, share a pair's channel. The
   // half is unbound when its last holder lets go.
@@ -241,6 +252,7 @@ class ChannelRegistry {
     std::optional<Clock::time_point> verdict_by;
   };
   std::map<std::pair<std::string, int>, Failure> failed_;  // (key, half) -> why
+  std::set<std::pair<std::string, int>> kept_on_tf_;     // (key, half): KeepOnTf
   std::map<std::string, Sender> senders_;
   std::map<std::string, Receiver> receivers_;
   std::map<std::string, Sender> next_senders_;  // successors (growth)

@@ -116,9 +116,9 @@ class ChannelTable:
         op = request["op"]
         return getattr(self.serving[op], op)(request)
 
-    def want_halves(self, sizes, receivers=None):
+    def want_halves(self, sizes, receivers=None, on_kept=None):
         """HalfPairs.want_halves: the sending halves this task's pass planned (TF1)."""
-        self.halves.want_halves(sizes, receivers)
+        self.halves.want_halves(sizes, receivers, on_kept)
 
     def offer_halves(self, sender, channels, on_met=None):
         """HalfPairs.offer_halves: the receiving halves this task's pass planned (TF1)."""

@@ -21,7 +21,8 @@ bit. The tasks count both (``evicted``, ``set_up_again`` in their counters).
 What is evicted is what this process planned and can see called: the instantiations of
 functions called from Python here (rdmadev.optimize, grpc+rdmadev's in-graph steps). Those a
 ParameterServerStrategy worker or a TF1 task planned in TF's threads run without a Python call
-to see, and are never evicted: past the budget their setup is refused as before.
+to see, and are never evicted: past the budget a worker's instantiation stays on TF's gRPC path
+(tf/bridge.py, ``over_budget``), and a TF1 half pair too (half_pairs.py, ``keep_on_tf``).
 
 Example:
     >>> fabrics, registered = evictions.open_within_budget(call, instance, swapped, regions)

@@ -13,11 +13,23 @@ or pass waiting on the other task (a master registers its own task's partition i
         as many as a static channel gets when the size is known (it never chunks)
         attach_halves -> sender  (attach_senders)
 
-Either pass may run first; a half that never meets its peer fails at the deadline, or at
-once when setting it up failed (the peer task runs without rdmadev: _give_up). A pair
-whose connection broke is met again by reopen (recovery.py: ``held``, ``meet_again``). The
-kernels wait for their half to be bound (the registry's deadline) and hold it while they
-live; the last one TF destroys unbinds it (the `owned` attr: _native/tf/kernels/ops.cc).
+Either pass may run first. The kernels wait for their half to be bound (the registry's
+deadline) and hold it while they live; the last one TF destroys unbinds it (the `owned` attr:
+_native/tf/kernels/ops.cc). A pair whose connection broke is met again by reopen
+(recovery.py: ``held``, ``meet_again``).
+
+A pair the two tasks cannot set up stays on TF's own path (``keep_on_tf``), as TF would run it:
+the receiving task runs without rdmadev (its pings fail: the sender keeps its half), the sender
+runs without rdmadev or never plans its half within the deadline, or the receiving task has no
+room for the slots within RDMADEV_MAX_REGISTERED_BYTES (the receiver keeps its half and tells
+the sender: ``keep_halves``). A half pair's nodes keep TF's rendezvous attrs, and a kernel whose
+half is kept puts or takes the tensor in its step's rendezvous as TF's own kernels do
+(_native/tf/kernels/tf_path.h), so a task without rdmadev runs TF's kernels at the other end. A
+pair is kept in both tasks for as long as they live (a pair met again on one side only would
+send a step's tensor one way and wait for it the other): the sender answers ``half_sizes`` with
+the keys it keeps and refuses to attach them, and the receiver then keeps them too. A failure
+that is not for good (a connection broke while the pair was being met: ``_for_good``) fails the
+steps that use the pair until it is met again.
 """
 import logging
 import threading
@@ -26,7 +38,7 @@ import time
 from graph_pass.plan import Config as PlanConfig
 
 from .. import _core
-from ..errors import ProtocolError
+from ..errors import ProtocolError, RegionError
 from .channel_common import reason_of
 from .growth import channel_lineage, laid_out
 
@@ -47,6 +59,11 @@ HALF_POLL_S = 1.0
 log = logging.getLogger("rdmadev.cluster.channels")  # channel setup logs as one, whichever part
 
 
+class _Unmet(ProtocolError):
+    """Half pairs their sender will never meet: it keeps them on TF's path, or never planned
+    them within the deadline (_sender_sizes)."""
+
+
 def _half_in_use(key, half, bound):
     """Whether `half` of the half pair `key` still belongs to a TF graph here: held by a
     kernel, bound (`bound`: _core.bound_channels()), or lost to a broken connection while
@@ -59,7 +76,8 @@ class HalfPairs:
     """A task's half pairs (the module's docstring). Its state is its own, under its own lock:
 
     - ``wanted``: key -> bytes (None: run-time shape) of the sending halves planned here,
-      and ``wanted_at``: key -> when its pass last planned it (time.monotonic);
+      ``wanted_at``: key -> when its pass last planned it (time.monotonic), and ``on_kept``:
+      key -> what its pass asked to be called with the keys kept on TF's path;
     - ``offered``: sender task -> {key: channel entry}, the receiving halves offered here
       (kept to meet them again after a broken connection);
     - a lock held while half pairs are set up, one setup at a time (``one_at_a_time``).
@@ -72,7 +90,7 @@ class HalfPairs:
     """
 
     #: The control requests it serves (ChannelTable.handle routes them here).
-    REQUESTS = ("half_sizes", "attach_halves")
+    REQUESTS = ("half_sizes", "attach_halves", "keep_halves")
 
     def __init__(self, table, growth):
         self.table = table
@@ -82,20 +100,29 @@ class HalfPairs:
         self.meeting = threading.Lock()  # one half-pair setup at a time (_meet, reopen)
         self.wanted = {}
         self.wanted_at = {}
+        self.on_kept = {}
         self.offered = {}
 
-    def want_halves(self, sizes, receivers=None):
+    def want_halves(self, sizes, receivers=None, on_kept=None):
         """Records the sending halves this task's pass planned: ``{key: bytes per tensor, or
         None when its shape is known only at run time}``. `receivers` (``{key: receiving
         task}``): each is asked, in the background, whether it runs rdmadev at all; the halves
-        to one that does not answer fail at once (HALF_FIX) rather than at the deadline."""
+        to one that does not answer are kept on TF's path at once rather than waited for until
+        the deadline. ``on_kept(keys)`` is called with those of `sizes` kept on TF's path."""
         with self.wanting:
             self._forget_unwanted_locked()
             self.wanted.update(sizes)
             self.wanted_at.update(dict.fromkeys(sizes, time.monotonic()))
+            if on_kept is not None:
+                self.on_kept.update(dict.fromkeys(sizes, on_kept))
             self.wanting.notify_all()
+        kept = [key for key in sizes if _core.half_kept_on_tf(key, "send")]
+        if kept and on_kept is not None:  # kept before this pass planned them (keep_halves)
+            on_kept(kept)
         by_receiver = {}
         for key, task in (receivers or {}).items():
+            if _core.half_kept_on_tf(key, "send"):
+                continue
             _core.unfail_half(key, "send")  # a new graph: its halves are being set up again
             by_receiver.setdefault(task, []).append(key)
         if by_receiver:
@@ -116,29 +143,54 @@ class HalfPairs:
         for key in old:
             if not _half_in_use(key, "send", bound):
                 del self.wanted[key], self.wanted_at[key]
+                self.on_kept.pop(key, None)
 
     def _ask_receivers(self, by_receiver):
         for task, keys in by_receiver.items():
             try:
                 self.table.call(task, {"op": "ping"})
-            except Exception as e:
-                self._give_up(keys, "send", f"its receiving task {task} does not answer rdmadev's "
-                                            "control requests, so it never sets up its side: "
-                                            f"{reason_of(e)}")
+            except Exception as e:  # it runs without rdmadev: TF's own _Recv waits there
+                self.keep_on_tf(keys, "send", f"their receiving task {task} does not answer "
+                                              f"rdmadev's control requests: {reason_of(e)}")
 
-    def _give_up(self, keys, half, why, hint=HALF_FIX):
-        """Fails `half` of `keys` now (their kernels' waits end with `why`, then `hint`), and
-        says so."""
+    def keep_on_tf(self, keys, half, why, hint=HALF_FIX):
+        """Keeps `half` of the half pairs `keys` on TF's own path for as long as this process
+        lives (the module's docstring; _core.keep_half_on_tf), and says so once, with `why`
+        and `hint`."""
         for key in keys:
-            _core.fail_half(key, half, why, hint)
-        log.warning("rdmadev: %d half pair(s) of %s stay unbound (first %s), and the steps using "
-                    "them fail: %s", len(keys), self.table.task, keys[0], why)
+            _core.keep_half_on_tf(key, half)
+        told = {}
+        with self.lock:
+            if half == "recv":  # not met again after a broken connection (held)
+                for offered in self.offered.values():
+                    for key in keys:
+                        offered.pop(key, None)
+            else:
+                for key in keys:
+                    if key in self.on_kept:
+                        told.setdefault(self.on_kept[key], []).append(key)
+        for on_kept, mine in told.items():
+            on_kept(mine)
+        log.warning("rdmadev: %d half pair(s) %s %s (first %s) stay on TF's gRPC path: %s; %s",
+                    len(keys), "from" if half == "send" else "to", self.table.task, keys[0],
+                    why, hint)
+
+    def keep_halves(self, r):
+        """The receiving task ``r["receiver"]`` keeps the half pairs ``r["keys"]`` on TF's path
+        (``r["why"]``): so does their sending half here."""
+        keys = [k for k in r["keys"] if not _core.half_kept_on_tf(k, "send")]
+        if keys:
+            self.keep_on_tf(keys, "send", f"{r['receiver']} keeps them: {r['why']}",
+                            hint="see that task's log")
+        return {"kept": len(r["keys"])}
 
     def offer_halves(self, sender, channels, on_met=None):
         """Sets up, in the background, the receiving halves `channels` (entries with "key",
         "slots", "capacity_bytes" and "rank_capacity") from task `sender`, skipping those bound
-        here already (the session's earlier graph shares them). ``on_met(fabric, bytes)`` is
-        called once they are bound; if they cannot be, their kernels fail (HALF_FIX)."""
+        here already (the session's earlier graph shares them) and those kept on TF's path.
+        ``on_met(fabric, bytes)`` is called once they are bound; if they cannot be, they are
+        kept on TF's path (keep_on_tf), and ``on_met(None, why)`` is called."""
+        channels = [c for c in channels if not _core.half_kept_on_tf(c["key"], "recv")]
         with self.lock:  # kept for setting them up again after a broken connection (reopen)
             self.offered.setdefault(sender, {}).update((c["key"], c) for c in channels)
         bound = set(_core.bound_channels())
@@ -161,10 +213,51 @@ class HalfPairs:
                 fabric, size = self._meet_now(sender, channels, sizes)
             if on_met is not None:
                 on_met(fabric, size)
-        except Exception as e:  # nothing tries again until a new graph offers them
-            self._give_up([c["key"] for c in channels], "recv",
-                          f"setting up the pair from task {sender} failed: {reason_of(e)}",
-                          getattr(e, "hint", None) or HALF_FIX)
+        except Exception as e:
+            why = f"setting them up with task {sender} failed: {reason_of(e)}"
+            keys, hint = [c["key"] for c in channels], getattr(e, "hint", None) or HALF_FIX
+            if not self._for_good(sender, keys, e):
+                self._fail(keys, why, hint)
+                return
+            self.keep_on_tf(keys, "recv", why, hint)
+            self._tell_sender_kept(sender, keys, why)
+            if on_met is not None:
+                on_met(None, why)
+
+    def _for_good(self, sender, keys, e):
+        """Whether `e`, raised meeting the half pairs `keys` with `sender`, is for good: the
+        sender will never meet them (_Unmet; asked again here, as it may have kept them since
+        it said their sizes), a task has no room for them within its budget, or the sender does
+        not answer (it runs without rdmadev, or is gone). Else it is transient (a connection
+        broke meanwhile), and the pairs are met again (recovery.py's reopen, or a later graph's
+        offer)."""
+        if isinstance(e, (_Unmet, RegionError)) or getattr(e, "kind", None) == "RegionError":
+            return True
+        try:
+            got = self.table.call(sender, {"op": "half_sizes", "keys": keys, "wait_s": 0})
+        except Exception:
+            return True
+        return bool(got.get("kept"))
+
+    def _fail(self, keys, why, hint):
+        """Fails the steps waiting for the receiving halves `keys` at once, until they are met
+        again (a failure for now: _for_good), and says so."""
+        for key in keys:
+            _core.fail_half(key, "recv", why, hint)
+        log.warning("rdmadev: %d half pair(s) to %s (first %s) stay unbound until they are met "
+                    "again, and the steps using them fail: %s", len(keys), self.table.task,
+                    keys[0], why)
+
+    def _tell_sender_kept(self, sender, keys, why):
+        """Tells `sender` that this task keeps the half pairs `keys` on TF's path (keep_halves).
+        A sender that runs without rdmadev does not answer, and needs no telling: its _Send is
+        TF's own."""
+        try:
+            self.table.call(sender, {"op": "keep_halves", "receiver": self.table.task,
+                                     "keys": keys, "why": why})
+        except Exception as e:
+            log.info("rdmadev: could not tell %s to keep %d half pair(s) on TF's path: %s",
+                     sender, len(keys), reason_of(e))
 
     def _meet_now(self, sender, channels, sizes):
         """Lays out the receiving halves `channels` from `sender` in one region, slots sized
@@ -196,10 +289,14 @@ class HalfPairs:
         while True:
             got = self.table.call(sender, {"op": "half_sizes", "keys": keys,
                                            "wait_s": HALF_POLL_S})
+            if got.get("kept"):
+                raise _Unmet(f"task {sender} keeps the sending half of {len(got['kept'])} "
+                                    f"of them on TF's path (first {got['kept'][0]})",
+                                    hint="see that task's log")
             if not got["missing"]:
                 return got["sizes"]
             if time.monotonic() > deadline or self.table.closing.is_set():
-                raise ProtocolError(
+                raise _Unmet(
                     f"task {sender} never planned the sending half of {len(got['missing'])} "
                     f"channel(s) {self.table.task} planned to receive (first "
                     f"{got['missing'][0]}) within {deadline_s:g} s",
@@ -208,7 +305,11 @@ class HalfPairs:
     def half_sizes(self, r):
         """What this task's pass planned of the sending halves ``r["keys"]``, waiting up to
         ``r["wait_s"]`` (at most HALF_POLL_S) for all of them: ``{"sizes": {key: bytes or
-        None}, "missing": [keys not planned yet]}``."""
+        None}, "missing": [keys not planned yet], "kept": [keys kept on TF's path here]}``
+        (any kept: at once, and the receiver keeps them all)."""
+        kept = sorted(k for k in r["keys"] if _core.half_kept_on_tf(k, "send"))
+        if kept:
+            return {"sizes": {}, "missing": [], "kept": kept}
         keys = set(r["keys"])
         wait_s = min(float(r.get("wait_s", 0)), HALF_POLL_S)
         with self.wanting:
@@ -218,6 +319,11 @@ class HalfPairs:
 
     def attach_halves(self, r):
         """attach_senders for half pairs this task's pass planned (half_sizes said so)."""
+        kept = [c["key"] for c in r["channels"] if _core.half_kept_on_tf(c["key"], "send")]
+        if kept:
+            raise ProtocolError(f"task {self.table.task} keeps the sending half of channel "
+                                f"{kept[0]} on TF's path: {r['receiver']} must keep its own",
+                                hint="see this task's log")
         with self.wanting:
             missing = sorted({c["key"] for c in r["channels"]} - self.wanted.keys())
         if missing:

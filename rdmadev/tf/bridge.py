@@ -27,7 +27,7 @@ from ..errors import ProtocolError
 from ..cluster.opening import lineage
 from .api import opt_in_marker
 
-__all__ = ["rewrites", "plan_config", "lineage_scope", "OPS_CARRY", "OVER_BUDGET"]
+__all__ = ["rewrites", "plan_config", "lineage_scope", "OPS_CARRY", "OVER_BUDGET", "KEPT_ON_TF"]
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
@@ -48,6 +48,9 @@ OPS_CARRY = {"dynamic_shapes": True, "half_pairs": True, "dead_tensors": True, "
 #: A report's reason for a pair the plan swapped that stays on gRPC after all: its receiving
 #: task has no room within RDMADEV_MAX_REGISTERED_BYTES (_kept_over_budget).
 OVER_BUDGET = "over_budget"
+#: A report's reason for a half pair (TF1) its two tasks could not set up, which carries its
+#: tensors on TF's own path (half_pairs.py keep_on_tf; the task's log says why).
+KEPT_ON_TF = "half_kept_on_tf"
 
 
 def plan_config(config, halves=False):
@@ -154,7 +157,9 @@ def _meet_halves(rt, halves, report):
     # The receiver sizes the slots: a static tensor's bytes, else the bound the policy took.
     rt.table.want_halves({t.channel_key: t.bytes if t.bytes is not None else
                           t.capacity_bytes if t.bound_bytes is not None else None for t in sending},
-                         {t.channel_key: t.recv_task for t in sending})
+                         {t.channel_key: t.recv_task for t in sending},
+                         functools.partial(_kept_sending, report,
+                                           {t.channel_key: t.tensor_name for t in sending}))
     by_sender = {}
     for t in halves:
         if t.halves == "recv":
@@ -165,9 +170,22 @@ def _meet_halves(rt, halves, report):
         rt.table.offer_halves(sender, channels, functools.partial(_met, report, sender))
 
 
+def _kept_sending(report, names, keys):
+    """`report` says the sending halves `keys` (their tensors: `names`, ``{key: tensor name}``)
+    are kept on TF's path."""
+    kept = {names[k] for k in keys}
+    report.kept += [(s[0], s[1], KEPT_ON_TF) for s in report.swapped if s[0] in kept]
+    report.swapped = [s for s in report.swapped if s[0] not in kept]
+
+
 def _met(report, sender, fabric, registered):
-    """Completes `report` once the receiving halves from `sender` met theirs."""
+    """Completes `report` once the receiving halves from `sender` met theirs, or (`fabric`
+    None) were kept on TF's path."""
     route = f"{sender} -> {report.task}"
+    if fabric is None:
+        report.kept += [(s[0], route, KEPT_ON_TF) for s in report.swapped if s[1] == route]
+        report.swapped = [s for s in report.swapped if s[1] != route]
+        return
     report.swapped = [(*s[:4], s[4].replace("recv half", f"{fabric} half", 1) if s[1] == route else s[4])
                       for s in report.swapped]
     report.registered[report.task] = report.registered.get(report.task, 0) + registered

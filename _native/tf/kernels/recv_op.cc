@@ -27,7 +27,8 @@ constexpr double kHeldSlotGraceS = 5.0;
 
 }  // namespace
 
-RecvOp::RecvOp(OpKernelConstruction* c) : AsyncOpKernel(c), transfer_node_(IsTransferNode(c)) {
+RecvOp::RecvOp(OpKernelConstruction* c)
+    : AsyncOpKernel(c), transfer_node_(IsTransferNode(c)), tf_path_(c) {
   OP_REQUIRES_OK(c, c->GetAttr(Setting(c, "channel"), &channel_));
   OP_REQUIRES_OK(c, Deliveries::Build(c, channel_, &deliveries_));
   OP_REQUIRES_OK(c, c->GetAttr(Setting(c, "timeout_s"), &timeout_s_));
@@ -48,6 +49,10 @@ void RecvOp::ComputeAsync(OpKernelContext* ctx, DoneCallback done) {
     FailedSteps::Global().Add(StepTagOf(ctx));
     ctx->SetStatus(ToStatus(e));
     done();
+    return;
+  }
+  if (!r.ring) {  // a half pair kept on TF's path (registry.h KeepOnTf)
+    tf_path_.RecvAsync(ctx, std::move(done));
     return;
   }
   // Step tags are compared on channels the control plane set up for an instantiation

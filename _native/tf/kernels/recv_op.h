@@ -19,6 +19,7 @@
 
 #include "kernel_support.h"
 #include "recv_delivery.h"
+#include "tf_path.h"
 
 namespace rdmadev_tf {
 
@@ -82,6 +83,7 @@ class RecvOp : public AsyncOpKernel {
   float timeout_s_ = 0;  // always set from the attr (the plan's deadline)
   bool owned_ = false;  // a half pair's kernel: holds its half while it lives
   const bool transfer_node_;  // TF's _Recv, labelled: may output a dead tensor
+  TfPath tf_path_;  // a half pair kept on TF's path receives through the step's rendezvous
   std::unique_ptr<const Deliveries> deliveries_;  // built once from the attributes
 };
 

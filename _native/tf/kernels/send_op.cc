@@ -13,6 +13,7 @@
 
 #include "kernel_support.h"
 #include "send_write.h"
+#include "tf_path.h"
 #include "trace.h"
 
 namespace rdmadev_tf {
@@ -70,7 +71,7 @@ class WaitCancel : public std::enable_shared_from_this<WaitCancel> {
 
 class SendOp : public AsyncOpKernel {
  public:
-  explicit SendOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
+  explicit SendOp(OpKernelConstruction* c) : AsyncOpKernel(c), tf_path_(c) {
     OP_REQUIRES_OK(c, c->GetAttr(Setting(c, "channel"), &channel_));
     OP_REQUIRES_OK(c, c->GetAttr(Setting(c, "timeout_s"), &timeout_s_));
     OP_REQUIRES_OK(c, c->GetAttr(Setting(c, "max_bytes"), &max_bytes_));
@@ -100,6 +101,11 @@ class SendOp : public AsyncOpKernel {
     } catch (const rdmadev::Error& e) {
       FailedSteps::Global().Add(StepTagOf(ctx));
       ctx->SetStatus(ToStatus(e));
+      done();
+      return;
+    }
+    if (!s.ring) {  // a half pair kept on TF's path (registry.h KeepOnTf)
+      tf_path_.Send(ctx);
       done();
       return;
     }
@@ -247,6 +253,7 @@ class SendOp : public AsyncOpKernel {
   int64_t max_bytes_ = 0;
   bool owned_ = false;  // a half pair's kernel: holds its half while it lives
   std::unique_ptr<const Payload> payload_;  // its input, or a bundle's inputs in one buffer
+  TfPath tf_path_;  // a half pair kept on TF's path sends through the step's rendezvous
 };
 
 REGISTER_KERNEL_BUILDER(Name("RdmadevSendBundle").Device(tensorflow::DEVICE_CPU), SendOp);

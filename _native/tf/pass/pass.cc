@@ -135,8 +135,11 @@ absl::Status DataInput(const Node* send, tensorflow::NodeBuilder::NodeOut* out) 
 
 // rdmadev's node for half `h` in `g`, on `device` (as requested: `requested`): an RdmadevSend
 // of `input`, or an RdmadevRecv.
-absl::Status NewNode(Graph* g, const SwappedHalf& h, const std::string& requested, const std::string& device,
-                     const tensorflow::NodeBuilder::NodeOut& input, Node** fresh) {
+// The RdmadevSend/RdmadevRecv node of `h`, replacing TF's `old`; a half pair's keeps `old`'s
+// rendezvous attrs (labelled.h kRendezvousAttrs).
+absl::Status NewNode(Graph* g, const SwappedHalf& h, const Node* old, const std::string& requested,
+                     const std::string& device, const tensorflow::NodeBuilder::NodeOut& input,
+                     Node** fresh) {
   const auto dtype = static_cast<tensorflow::DataType>(h.facts.dtype);
   tensorflow::NodeBuilder b(NodeName(h), h.send ? "RdmadevSend" : "RdmadevRecv");
   if (h.send) {
@@ -148,6 +151,13 @@ absl::Status NewNode(Graph* g, const SwappedHalf& h, const std::string& requeste
   TF_RETURN_IF_ERROR(WriteSettings(h, [&b](const std::string& name, const auto& value) {
     b.Attr(name, value);
   }));
+  if (h.decision.owned) {
+    for (const char* name : kRendezvousAttrs) {
+      const tensorflow::AttrValue* value = old->attrs().Find(name);
+      if (value == nullptr) return absl::InternalError(old->name() + " has no attr " + name);
+      b.Attr(kRendezvousPrefix + std::string(name), *value);
+    }
+  }
   b.Device(requested);
   TF_RETURN_IF_ERROR(b.Finalize(g, fresh));
   (*fresh)->set_assigned_device_name(device);
@@ -179,9 +189,9 @@ absl::Status ApplyViaHost(Node* old, const SwappedHalf& h, HostHops& hops) {
       g->AddEdge(taken, 0, fresh, 0);
       return absl::OkStatus();
     }
-    return NewNode(g, h, host, host, tensorflow::NodeBuilder::NodeOut(taken, 0), &fresh);
+    return NewNode(g, h, old, host, host, tensorflow::NodeBuilder::NodeOut(taken, 0), &fresh);
   }
-  if (!fresh) TF_RETURN_IF_ERROR(NewNode(g, h, host, host, {}, &fresh));
+  if (!fresh) TF_RETURN_IF_ERROR(NewNode(g, h, old, host, host, {}, &fresh));
   return hops.FromHost(old, host, fresh, 0);
 }
 
@@ -191,7 +201,7 @@ absl::Status Apply(Graph* g, Node* old, const SwappedHalf& h, HostHops& hops) {
   tensorflow::NodeBuilder::NodeOut data;
   if (h.send) TF_RETURN_IF_ERROR(DataInput(old, &data));
   Node* fresh = nullptr;
-  TF_RETURN_IF_ERROR(NewNode(g, h, old->requested_device(), old->assigned_device_name(), data, &fresh));
+  TF_RETURN_IF_ERROR(NewNode(g, h, old, old->requested_device(), old->assigned_device_name(), data, &fresh));
   std::vector<const tensorflow::Edge*> in(old->in_edges().begin(), old->in_edges().end());
   std::vector<const tensorflow::Edge*> outs(old->out_edges().begin(), old->out_edges().end());
   for (const auto* e : in) if (e->IsControlEdge()) g->AddControlEdge(e->src(), fresh);

@@ -132,6 +132,8 @@ cdef extern from "registry.h" namespace "rdmadev":
         size_t Unbind(const string& key, Half half, double park_s)
         void Fail(const string& key, Half half, const string& why, const string& hint)
         void Unfail(const string& key, Half half)
+        void KeepOnTf(const string& key, Half half)
+        bool KeptOnTf(const string& key, Half half) nogil
         bool Held(const string& key, Half half)
         bool Lost(const string& key, Half half)
         size_t UnbindDomain(const Domain* domain)

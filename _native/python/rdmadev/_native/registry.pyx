@@ -17,7 +17,8 @@ from rdmadev._native.endpoint cimport Endpoint
 from rdmadev import errors as _errors
 
 __all__ = ["PARKED_GRACE_S", "RELEASED_GRACE_S", "LATE_WRITE_GRACE_S", "VERDICT_WAIT_S",
-           "unbind_channel", "fail_half", "unfail_half", "half_held", "half_lost", "unbind_domain",
+           "unbind_channel", "fail_half", "unfail_half", "keep_half_on_tf", "half_kept_on_tf",
+           "half_held", "half_lost", "unbind_domain",
            "unbind_peer", "peer_verdict", "release_drained", "channel_counts", "transfer_counts", "growing_channels",
            "channel_send", "channel_recv", "channel_want", "bound_channels"]
 
@@ -71,6 +72,24 @@ def fail_half(key, half, why, hint=""):
 def unfail_half(key, half):
     """Undoes fail_half(key, half): kernels wait for the half again (it is being set up)."""
     ChannelRegistry.Global().Unfail(as_bytes(key), _half(half))
+
+
+def keep_half_on_tf(key, half):
+    """Keeps `half` ("send" or "recv") of the half pair `key` on TF's own path for as long as
+    this process lives: a TF kernel waiting for it, or running it from now on, carries its
+    tensor through the step's rendezvous, as TF's own _Send/_Recv would (registry.h KeepOnTf).
+    channel_send/channel_recv refuse it."""
+    ChannelRegistry.Global().KeepOnTf(as_bytes(key), _one_half(half))
+
+
+def half_kept_on_tf(key, half):
+    """Whether keep_half_on_tf(key, half) was called in this process."""
+    return ChannelRegistry.Global().KeptOnTf(as_bytes(key), _one_half(half))
+
+
+cdef _refuse_kept(key, half):
+    raise _errors.ProtocolError(f"the {half} half of channel {key!r} is kept on TF's path "
+                                "(keep_half_on_tf): no rdmadev half carries it")
 
 
 def half_held(key, half):
@@ -170,10 +189,13 @@ def channel_send(key, data, timeout=30.0, uint32_t tag=0):
     cdef const unsigned char* ptr = &view[0] if view.shape[0] else NULL
     with nogil:
         s = ChannelRegistry.Global().FindSender(k, dl, &moving_from)
-        if moving_from.ring:
-            moving_from.ring.get().SendMoved(dl)
-            ChannelRegistry.Global().Moved(k)
-        n = s.ring.get().Send(ptr, view.shape[0], dl, tag, NULL, 0)
+        if s.ring:
+            if moving_from.ring:
+                moving_from.ring.get().SendMoved(dl)
+                ChannelRegistry.Global().Moved(k)
+            n = s.ring.get().Send(ptr, view.shape[0], dl, tag, NULL, 0)
+    if not s.ring:
+        _refuse_kept(key, "send")
     return n
 
 
@@ -187,11 +209,14 @@ def channel_recv(key, timeout=30.0):
     cdef CSlot s
     with nogil:
         r = ChannelRegistry.Global().FindReceiver(k, dl)
-        s = r.ring.get().Acquire(dl)
-        while s.moved:
-            r.ring.get().Retire()
-            r = ChannelRegistry.Global().AdvanceReceiver(k)
+        if r.ring:
             s = r.ring.get().Acquire(dl)
+            while s.moved:
+                r.ring.get().Retire()
+                r = ChannelRegistry.Global().AdvanceReceiver(k)
+                s = r.ring.get().Acquire(dl)
+    if not r.ring:
+        _refuse_kept(key, "recv")
     try:
         return s.seq, bytes((<const char*>s.data)[:s.length])
     finally:
@@ -206,6 +231,8 @@ def channel_want(key, uint64_t nbytes):
     cdef string k = as_bytes(key)
     cdef Deadline dl = deadline_of(0)
     cdef Receiver r = ChannelRegistry.Global().FindReceiver(k, dl)
+    if not r.ring:
+        _refuse_kept(key, "recv")
     r.ring.get().Want(nbytes)
 
 
