@@ -279,6 +279,27 @@ def test_a_half_whose_peer_task_runs_without_rdmadev_keeps_tfs_path(runs):
         f"their receiving task {W0} does not answer rdmadev's control requests" in log, log[-4000:]
 
 
+def _unplanned_launcher(job, index, spec_json):
+    """Every task is `rdmadev serve`; the workers without RDMADEV_AUTO, so their pass rewrites
+    only rdmadev.optimize'd functions and plans none of a TF1 graph's halves."""
+    command = tf_cluster.rdmadev_launcher(job, index, spec_json)
+    return command if job == "ps" else ["env", "RDMADEV_AUTO=0", *command]
+
+
+@pytest.mark.tf
+def test_half_pairs_with_a_task_that_plans_no_tf1_graph_keep_tfs_path(runs):
+    """The worker runs rdmadev but does not plan TF1 graphs: the ps finds that out with one
+    control request each way (not at the deadline, here longer than the client may take),
+    keeps its halves on TF's path, and the job trains as on gRPC, bit for bit."""
+    env = {"RDMADEV_DEADLINE_S": str(2 * CLIENT_TIMEOUT_S)}
+    result, reports, logs = _kept_job(env, _unplanned_launcher)
+    assert result["results"] == runs["grpc"][0]["results"], "TF's path must compute what gRPC computes"
+    routes = {route for _, route in _kept_pairs(reports)}
+    assert routes == {f"{task_name('ps', 0)} -> {W0}", f"{W0} -> {task_name('ps', 0)}"}, reports
+    assert "does not plan TF1 graphs" in logs[("ps", 0)] and "RDMADEV_AUTO=1" in logs[("ps", 0)], \
+        logs[("ps", 0)][-4000:]
+
+
 @pytest.mark.tf
 def test_half_pairs_past_the_receivers_budget_keep_tfs_path(runs):
     """Every task's RDMADEV_MAX_REGISTERED_BYTES is 4 KiB, smaller than the slots of the

@@ -19,17 +19,17 @@ _native/tf/kernels/ops.cc). A pair whose connection broke is met again by reopen
 (recovery.py: ``held``, ``meet_again``).
 
 A pair the two tasks cannot set up stays on TF's own path (``keep_on_tf``), as TF would run it:
-the receiving task runs without rdmadev (its pings fail: the sender keeps its half), the sender
-runs without rdmadev or never plans its half within the deadline, or the receiving task has no
-room for the slots within RDMADEV_MAX_REGISTERED_BYTES (the receiver keeps its half and tells
-the sender: ``keep_halves``). A half pair's nodes keep TF's rendezvous attrs, and a kernel whose
-half is kept puts or takes the tensor in its step's rendezvous as TF's own kernels do
-(_native/tf/kernels/tf_path.h), so a task without rdmadev runs TF's kernels at the other end. A
-pair is kept in both tasks for as long as they live (a pair met again on one side only would
-send a step's tensor one way and wait for it the other): the sender answers ``half_sizes`` with
-the keys it keeps and refuses to attach them, and the receiver then keeps them too. A failure
-that is not for good (a connection broke while the pair was being met: ``_for_good``) fails the
-steps that use the pair until it is met again.
+the receiving task runs without rdmadev or plans no TF1 graph (its "facts" say so; the sender
+keeps its half), the sending task does either or never plans its half within the deadline, or
+the receiving task has no room for the slots within RDMADEV_MAX_REGISTERED_BYTES (the receiver
+keeps its half and tells the sender: ``keep_halves``). A half pair's nodes keep TF's rendezvous
+attrs, and a kernel whose half is kept puts or takes the tensor in its step's rendezvous as TF's
+own kernels do (_native/tf/kernels/tf_path.h), so a task without rdmadev runs TF's kernels at
+the other end. A pair is kept in both tasks for as long as they live (a pair met again on one
+side only would send a step's tensor one way and wait for it the other): the sender answers
+``half_sizes`` with the keys it keeps and refuses to attach them, and the receiver then keeps
+them too. A failure that is not for good (a connection broke while the pair was being met:
+``_for_good``) fails the steps that use the pair until it is met again.
 """
 import logging
 import threading
@@ -50,6 +50,10 @@ HALF_PAIRS = "halves"
 #: The fix named when a half pair cannot be set up: both tasks must run rdmadev.
 HALF_FIX = ("start every task with the grpc+rdmadev protocol (or RDMADEV_AUTO=1), with the "
             "same RDMADEV_SECRET and rdmadev version in each")
+
+#: The fix named when a task's pass does not rewrite TF1 graphs, so it never plans its halves.
+PLANS_NO_HALVES_FIX = ("start it with RDMADEV_AUTO=1 (`rdmadev serve`), or as a server of the "
+                       "grpc+rdmadev protocol, as its peers are")
 
 #: Seconds one ``half_sizes`` request waits at the sender for its pass before answering with
 #: what is still missing; the receiver asks again until its deadline. Short, so the control
@@ -148,10 +152,22 @@ class HalfPairs:
     def _ask_receivers(self, by_receiver):
         for task, keys in by_receiver.items():
             try:
-                self.table.call(task, {"op": "ping"})
+                plans = self._plans_halves(task)
             except Exception as e:  # it runs without rdmadev: TF's own _Recv waits there
                 self.keep_on_tf(keys, "send", f"their receiving task {task} does not answer "
                                               f"rdmadev's control requests: {reason_of(e)}")
+                continue
+            if plans is False:  # its graph keeps TF's own _Recv
+                self.keep_on_tf(keys, "send", f"their receiving task {task} does not plan TF1 "
+                                              "graphs (its pass rewrites only rdmadev.optimize'd "
+                                              "functions)", PLANS_NO_HALVES_FIX)
+
+    def _plans_halves(self, task):
+        """Whether `task`'s partition pass plans its halves of TF1 pairs (it rewrites every
+        graph: its "pass_mode" fact is "all"), None when it does not say (its TF layer is not
+        loaded yet). Raises what the request raised: a task without rdmadev does not answer."""
+        mode = self.table.call(task, {"op": "facts"}).get("pass_mode")
+        return None if mode is None else mode == "all"
 
     def keep_on_tf(self, keys, half, why, hint=HALF_FIX):
         """Keeps `half` of the half pairs `keys` on TF's own path for as long as this process
@@ -286,15 +302,21 @@ class HalfPairs:
         `keys`, asking every HALF_POLL_S until this task's deadline."""
         deadline_s = self.table.config.deadline_s
         deadline = time.monotonic() + deadline_s
+        asked = False
         while True:
             got = self.table.call(sender, {"op": "half_sizes", "keys": keys,
                                            "wait_s": HALF_POLL_S})
             if got.get("kept"):
                 raise _Unmet(f"task {sender} keeps the sending half of {len(got['kept'])} "
-                                    f"of them on TF's path (first {got['kept'][0]})",
-                                    hint="see that task's log")
+                             f"of them on TF's path (first {got['kept'][0]})",
+                             hint="see that task's log")
             if not got["missing"]:
                 return got["sizes"]
+            if not asked:  # its pass has not planned them yet: will it ever?
+                asked = True
+                if self._plans_halves(sender) is False:
+                    raise _Unmet(f"task {sender} does not plan TF1 graphs (its pass rewrites "
+                                 "only rdmadev.optimize'd functions)", hint=PLANS_NO_HALVES_FIX)
             if time.monotonic() > deadline or self.table.closing.is_set():
                 raise _Unmet(
                     f"task {sender} never planned the sending half of {len(got['missing'])} "
