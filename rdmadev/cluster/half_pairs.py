@@ -55,6 +55,11 @@ HALF_FIX = ("start every task with the grpc+rdmadev protocol (or RDMADEV_AUTO=1)
 PLANS_NO_HALVES_FIX = ("start it with RDMADEV_AUTO=1 (`rdmadev serve`), or as a server of the "
                        "grpc+rdmadev protocol, as its peers are")
 
+#: How often, and how far apart in seconds, a task asks a peer before concluding from its
+#: silence that it runs without rdmadev (its pairs then keep TF's path for good): a refused
+#: connection is that, or a task starting or restarting that very moment.
+ASK_TRIES, ASK_EVERY_S = 3, 0.5
+
 #: Seconds one ``half_sizes`` request waits at the sender for its pass before answering with
 #: what is still missing; the receiver asks again until its deadline. Short, so the control
 #: connection it holds stays free for other requests in between.
@@ -166,7 +171,7 @@ class HalfPairs:
         """Whether `task`'s partition pass plans its halves of TF1 pairs (it rewrites every
         graph: its "pass_mode" fact is "all"), None when it does not say (its TF layer is not
         loaded yet). Raises what the request raised: a task without rdmadev does not answer."""
-        mode = self.table.call(task, {"op": "facts"}).get("pass_mode")
+        mode = self._ask(task, {"op": "facts"}).get("pass_mode")
         return None if mode is None else mode == "all"
 
     def keep_on_tf(self, keys, half, why, hint=HALF_FIX):
@@ -250,10 +255,19 @@ class HalfPairs:
         if isinstance(e, (_Unmet, RegionError)) or getattr(e, "kind", None) == "RegionError":
             return True
         try:
-            got = self.table.call(sender, {"op": "half_sizes", "keys": keys, "wait_s": 0})
+            got = self._ask(sender, {"op": "half_sizes", "keys": keys, "wait_s": 0})
         except Exception:
             return True
         return bool(got.get("kept"))
+
+    def _ask(self, task, request):
+        """`task`'s answer to `request`, asked up to ASK_TRIES times; raises the last failure."""
+        for attempt in range(ASK_TRIES):
+            try:
+                return self.table.call(task, request)
+            except Exception:
+                if attempt == ASK_TRIES - 1 or self.table.closing.wait(ASK_EVERY_S):
+                    raise
 
     def _fail(self, keys, why, hint):
         """Fails the steps waiting for the receiving halves `keys` at once, until they are met
