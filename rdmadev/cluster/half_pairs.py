@@ -283,8 +283,8 @@ class HalfPairs:
         A sender that runs without rdmadev does not answer, and needs no telling: its _Send is
         TF's own."""
         try:
-            self.table.call(sender, {"op": "keep_halves", "receiver": self.table.task,
-                                     "keys": keys, "why": why})
+            self._ask(sender, {"op": "keep_halves", "receiver": self.table.task, "keys": keys,
+                               "why": why})
         except Exception as e:
             log.info("rdmadev: could not tell %s to keep %d half pair(s) on TF's path: %s",
                      sender, len(keys), reason_of(e))
