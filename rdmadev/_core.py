@@ -31,7 +31,9 @@ from ._native.registry import (LATE_WRITE_GRACE_S, PARKED_GRACE_S, RELEASED_GRAC
 __all__ = [
     "Domain", "Region", "Endpoint", "RemoteRegion", "RingLayout", "RingSender", "RingReceiver",
     "CREDIT_BYTES", "ANY_PEER", "wire_layout", "error_kinds", "unbind_channel",
-    "bound_channels", "channel_send", "channel_recv", "channel_want", "growing_channels", "fail_half", "unfail_half", "keep_half_on_tf", "half_kept_on_tf", "half_held", "half_lost", "RegionLease", "unbind_domain", "unbind_peer",
+    "bound_channels", "channel_send", "channel_recv", "channel_want", "growing_channels",
+    "fail_half", "unfail_half", "keep_half_on_tf", "half_kept_on_tf", "half_held", "half_lost",
+    "RegionLease", "unbind_domain", "unbind_peer",
     "peer_verdict",
     "release_drained", "PARKED_GRACE_S", "RELEASED_GRACE_S", "LATE_WRITE_GRACE_S",
     "VERDICT_WAIT_S", "VERBS_STAGING_BYTES",

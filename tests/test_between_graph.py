@@ -24,7 +24,7 @@ from graph_pass.devices import task_name
 from rdmadev import Config
 from rdmadev.cluster import runtime
 from rdmadev.cluster.reports import Report
-from rdmadev.tf import protocol
+from rdmadev.tf import bridge, protocol
 
 HERE = Path(__file__).resolve().parent
 SECRET = "rdmadev-between-graph-secret"
@@ -237,6 +237,10 @@ def _mixed_launcher(job, index, spec_json):
     return tf_cluster.protocol_launcher("grpc")(job, index, spec_json)
 
 
+#: What a job whose pairs keep TF's path must train.
+SAME_AS_GRPC = "TF's path must compute what gRPC computes"
+
+
 def _kept_job(env, launcher):
     """Worker 0's client alone on a cluster of its own (1 ps + 1 worker, `env`, `launcher`)
     whose half pairs cannot all be set up; returns its RESULT, the ps's reports and both
@@ -249,7 +253,8 @@ def _kept_job(env, launcher):
         (p,) = _clients(cluster.spec, [0], env)
         result = _printed(p.returncode, p.stdout + p.stderr, "RESULT ")
         reports = [Report.from_dict(d) for d in rt.call(task_name("ps", 0), {"op": "reports"})]
-        logs = {t: cluster.log_path(*t).read_text(errors="replace") for t in (("ps", 0), ("worker", 0))}
+        logs = {t: cluster.log_path(*t).read_text(errors="replace")
+                for t in (("ps", 0), ("worker", 0))}
     finally:
         rt.close()
         cluster.stop()
@@ -258,8 +263,8 @@ def _kept_job(env, launcher):
 
 def _kept_pairs(reports):
     """The (tensor, route) of every pair the ps's reports say it kept on TF's path."""
-    from rdmadev.tf.bridge import KEPT_ON_TF
-    return {(name, route) for r in reports for name, route, reason in r.kept if reason == KEPT_ON_TF}
+    return {(name, route) for r in reports for name, route, reason in r.kept
+            if reason == bridge.KEPT_ON_TF}
 
 
 @pytest.mark.tf
@@ -271,7 +276,7 @@ def test_a_half_whose_peer_task_runs_without_rdmadev_keeps_tfs_path(runs):
     bit for bit. It failed every step before."""
     env = {"RDMADEV_DEADLINE_S": str(2 * CLIENT_TIMEOUT_S)}
     result, reports, logs = _kept_job(env, _mixed_launcher)
-    assert result["results"] == runs["grpc"][0]["results"], "TF's path must compute what gRPC computes"
+    assert result["results"] == runs["grpc"][0]["results"], SAME_AS_GRPC
     routes = {route for _, route in _kept_pairs(reports)}
     assert routes == {f"{task_name('ps', 0)} -> {W0}", f"{W0} -> {task_name('ps', 0)}"}, reports
     log = logs[("ps", 0)]
@@ -293,7 +298,7 @@ def test_half_pairs_with_a_task_that_plans_no_tf1_graph_keep_tfs_path(runs):
     keeps its halves on TF's path, and the job trains as on gRPC, bit for bit."""
     env = {"RDMADEV_DEADLINE_S": str(2 * CLIENT_TIMEOUT_S)}
     result, reports, logs = _kept_job(env, _unplanned_launcher)
-    assert result["results"] == runs["grpc"][0]["results"], "TF's path must compute what gRPC computes"
+    assert result["results"] == runs["grpc"][0]["results"], SAME_AS_GRPC
     routes = {route for _, route in _kept_pairs(reports)}
     assert routes == {f"{task_name('ps', 0)} -> {W0}", f"{W0} -> {task_name('ps', 0)}"}, reports
     assert "does not plan TF1 graphs" in logs[("ps", 0)] and "RDMADEV_AUTO=1" in logs[("ps", 0)], \
@@ -307,7 +312,7 @@ def test_half_pairs_past_the_receivers_budget_keep_tfs_path(runs):
     job trains as on gRPC, bit for bit, where its steps failed before."""
     env = {"RDMADEV_MAX_REGISTERED_BYTES": "4K"}
     result, reports, logs = _kept_job(env, tf_cluster.rdmadev_launcher)
-    assert result["results"] == runs["grpc"][0]["results"], "TF's path must compute what gRPC computes"
+    assert result["results"] == runs["grpc"][0]["results"], SAME_AS_GRPC
     routes = {route for _, route in _kept_pairs(reports)}
     assert routes == {f"{task_name('ps', 0)} -> {W0}", f"{W0} -> {task_name('ps', 0)}"}, reports
     for task, log in logs.items():

@@ -201,7 +201,8 @@ absl::Status Apply(Graph* g, Node* old, const SwappedHalf& h, HostHops& hops) {
   tensorflow::NodeBuilder::NodeOut data;
   if (h.send) TF_RETURN_IF_ERROR(DataInput(old, &data));
   Node* fresh = nullptr;
-  TF_RETURN_IF_ERROR(NewNode(g, h, old, old->requested_device(), old->assigned_device_name(), data, &fresh));
+  TF_RETURN_IF_ERROR(
+      NewNode(g, h, old, old->requested_device(), old->assigned_device_name(), data, &fresh));
   std::vector<const tensorflow::Edge*> in(old->in_edges().begin(), old->in_edges().end());
   std::vector<const tensorflow::Edge*> outs(old->out_edges().begin(), old->out_edges().end());
   for (const auto* e : in) if (e->IsControlEdge()) g->AddControlEdge(e->src(), fresh);
