@@ -125,12 +125,12 @@ class HalfPairs:
             if on_kept is not None:
                 self.on_kept.update(dict.fromkeys(sizes, on_kept))
             self.wanting.notify_all()
-        kept = [key for key in sizes if _core.half_kept_on_tf(key, "send")]
+        kept = {key for key in sizes if _core.half_kept_on_tf(key, "send")}
         if kept and on_kept is not None:  # kept before this pass planned them (keep_halves)
-            on_kept(kept)
+            on_kept(sorted(kept))
         by_receiver = {}
         for key, task in (receivers or {}).items():
-            if _core.half_kept_on_tf(key, "send"):
+            if key in kept:
                 continue
             _core.unfail_half(key, "send")  # a new graph: its halves are being set up again
             by_receiver.setdefault(task, []).append(key)
